@@ -1,0 +1,1 @@
+"""ctxlake.schemas"""
