@@ -1,0 +1,230 @@
+"""Opening the lake: LanceDB connections and tables, shared by the write and the read side (no Prefect)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import types
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ctxlake.errors import LakeError, NotIndexedError
+
+if TYPE_CHECKING:
+    import lancedb
+    from lancedb.table import Table
+
+FILES_TABLE = "files"
+CHUNKS_TABLE = "chunks"
+STATE_FILE = "state.json"
+
+
+def _skip_unused_rest_client() -> None:
+    """Register lancedb's generated REST client package without running its __init__.
+
+    `import lancedb` pulls in `lance_namespace_urllib3_client`, whose __init__ imports ~200
+    generated API modules (1.3 s of a 2.4 s import) that only remote namespaces use. Local tables
+    need its `models` subpackage alone, which still imports normally on demand. This halves the
+    start-up of every `ctx search`; if the layout ever changes we simply import as usual.
+    """
+    name = "lance_namespace_urllib3_client"
+    if name in sys.modules:
+        return
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return
+    if spec is None or not spec.submodule_search_locations:
+        return
+    stub = types.ModuleType(name)
+    stub.__path__ = list(spec.submodule_search_locations)
+    stub.__spec__ = spec
+    stub.__file__ = spec.origin
+    sys.modules[name] = stub
+
+
+def import_lancedb() -> types.ModuleType:
+    if "lancedb" not in sys.modules:
+        _skip_unused_rest_client()
+    import lancedb
+
+    return lancedb
+
+
+def connect(
+    lake_dir: Path, *, create: bool = False, read_consistency: timedelta | None = None
+) -> lancedb.DBConnection:
+    """A connection to the lake folder; `create` makes it, else a missing lake is NotIndexedError.
+
+    `read_consistency` makes long-lived readers pick up versions committed after they opened a
+    table (lancedb otherwise keeps reading the version it opened).
+    """
+    if not lake_dir.is_dir():
+        if not create:
+            raise NotIndexedError(
+                f"no index at {lake_dir}", hint="run `ctx run index` in the project first"
+            )
+        try:
+            lake_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LakeError(f"cannot create the lake at {lake_dir}: {exc.strerror}") from exc
+    return import_lancedb().connect(str(lake_dir), read_consistency_interval=read_consistency)
+
+
+def table_names(db: lancedb.DBConnection) -> set[str]:
+    return set(db.list_tables().tables)
+
+
+def open_table(db: lancedb.DBConnection, name: str) -> Table | None:
+    return db.open_table(name) if name in table_names(db) else None
+
+
+@dataclass
+class IndexState:
+    """What the last run of a lake recorded; read without importing lancedb (`state.json`).
+
+    `clean` is False from the moment a run starts writing until it has finished: a reader or the
+    next run then knows a crash may have left work undone and does not trust the fast no-op path.
+    """
+
+    provider: str = ""
+    model: str = ""
+    model_id: str = ""
+    dims: int = 0
+    clean: bool = False
+    last_run: dict[str, Any] | None = None
+    roots: dict[str, str] | None = None  # source -> Merkle root hash at the last clean run
+    pending_vectors: int = 0
+
+    @classmethod
+    def read(cls, lake_dir: Path) -> IndexState | None:
+        path = lake_dir / STATE_FILE
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise LakeError(f"cannot read {path}: {exc}") from exc
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+    def write(self, lake_dir: Path) -> None:
+        write_atomic(lake_dir / STATE_FILE, json.dumps(self.__dict__, indent=2, default=str))
+
+
+def write_atomic(path: Path, text: str | bytes) -> None:
+    """Write via a temp file and rename, so a reader or a crash never sees half a file."""
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise LakeError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+class WriterLock:
+    """One writer per lake: an flock on `.ctx/lake/writer.lock` holding the owner's pid.
+
+    The kernel drops an flock when its process dies, so a lock left by a killed indexer is free
+    at once; the pid and start time written inside only make "busy" messages useful.
+    """
+
+    def __init__(self, lake_dir: Path, purpose: str = "ctx run index") -> None:
+        self.path = lake_dir / "writer.lock"
+        self.purpose = purpose
+        self._fd: int | None = None
+        self.took_over_from: int | None = None
+
+    def owner(self) -> dict[str, Any]:
+        try:
+            data: dict[str, Any] = json.loads(self.path.read_text(encoding="utf-8") or "{}")
+            return data
+        except (OSError, ValueError):
+            return {}
+
+    def acquire(self, wait_s: float = 0.0) -> WriterLock:
+        import fcntl
+        import time
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise LakeError(f"cannot open {self.path}: {exc.strerror}") from exc
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    from ctxlake.errors import LockBusyError
+
+                    owner = self.owner()
+                    who = f"pid {owner.get('pid', '?')} ({owner.get('purpose', 'an indexer')}, since {owner.get('since', '?')})"
+                    raise LockBusyError(
+                        f"another writer holds the lake: {who}",
+                        hint="wait for it to finish, or pass --wait SECONDS",
+                    ) from None
+                time.sleep(0.2)
+        previous = self.owner().get("pid")
+        if isinstance(previous, int) and previous != os.getpid() and not _pid_alive(previous):
+            self.took_over_from = previous
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "purpose": self.purpose,
+                                 "since": time.strftime("%Y-%m-%dT%H:%M:%S")}).encode())
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            import fcntl
+
+            os.ftruncate(self._fd, 0)
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def held_by_other(self) -> dict[str, Any] | None:
+        """The owner's record if another live process holds the lock (used by `ctx status`)."""
+        import fcntl
+
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return self.owner() or {"pid": None}
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)
+
+    def __enter__(self) -> WriterLock:
+        return self if self._fd is not None else self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

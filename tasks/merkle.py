@@ -1,0 +1,417 @@
+"""Scan stage: walk a source tree, hash files into a Merkle tree, and diff it against the last run (MANIFEST)."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+import pathspec
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import xxhash
+
+from ctxlake.schemas.config import IndexSettings
+from ctxlake.schemas.tables import MANIFEST
+from ctxlake.tasks.lake import write_atomic
+from ctxlake.tasks.stage import stage
+
+# Folders and files no one wants in a code index; a user's include globs cannot bring them back.
+DEFAULT_EXCLUDES = [
+    ".git/", ".hg/", ".svn/", ".ctx/", "node_modules/", "__pycache__/", ".venv/", "venv/",
+    ".tox/", ".nox/", ".mypy_cache/", ".pytest_cache/", ".ruff_cache/", ".ipynb_checkpoints/",
+    "*.egg-info/", "dist/", "build/", "target/", ".next/", ".nuxt/", ".gradle/", ".idea/",
+    ".DS_Store", "*.pyc", "*.pyo", "*.min.js", "*.map", "*.lock", "package-lock.json",
+]
+
+# Decided by name alone, so they are never read.
+BINARY_EXTENSIONS = frozenset(
+    (
+        ".png .jpg .jpeg .gif .bmp .ico .webp .tif .tiff .psd .svgz .pdf .zip .gz .tgz .bz2 .xz "
+        ".7z .rar .tar .jar .war .whl .egg .so .dylib .dll .exe .o .a .lib .obj .class .pyd .wasm "
+        ".bin .dat .db .sqlite .sqlite3 .npy .npz .pkl .pickle .parquet .arrow .feather .lance "
+        ".h5 .hdf5 .pt .pth .onnx .safetensors .ckpt .mp3 .mp4 .wav .ogg .flac .avi .mov .mkv "
+        ".webm .woff .woff2 .ttf .otf .eot .doc .docx .xls .xlsx .ppt .pptx .odt .dmg .iso .mo"
+    ).split()
+)
+SNIFF_BYTES = 8192
+# A file whose mtime is this close to the previous scan may have changed again within the
+# clock's granularity after being hashed (git's "racily clean" case): hash it again.
+RACY_WINDOW_NS = 2_000_000_000
+
+INDEXED = "indexed"
+
+
+class Entry(NamedTuple):
+    path: str  # posix, relative to the source root
+    size: int
+    mtime_ns: int
+    hash: str
+    status: str  # indexed | binary | too_large | unreadable
+
+
+class Diff(NamedTuple):
+    """What changed between two scans; paths of indexable files only."""
+
+    added: list[str]
+    modified: list[str]
+    removed: list[str]
+
+    @property
+    def changed(self) -> list[str]:
+        return self.added + self.modified
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.modified or self.removed)
+
+
+@dataclass
+class ScanStats:
+    seen: int = 0
+    hashed: int = 0  # read and hashed
+    reused: int = 0  # (size, mtime) unchanged: hash taken from the snapshot without reading
+    ignored: int = 0  # by .gitignore, default or configured excludes
+    symlinks: int = 0
+    vanished: int = 0  # listed, then gone before we could read it
+    skipped: dict[str, int] = field(default_factory=dict)  # status -> count, for non-indexed files
+
+
+@dataclass
+class Tree:
+    """A Merkle tree over file hashes: each folder's hash covers its children's names and hashes."""
+
+    entries: dict[str, Entry]
+    dirs: dict[str, str]  # "" is the root
+    children: dict[str, dict[str, tuple[bool, str]]]  # folder -> name -> (is_dir, hash)
+    scanned_at_ns: int = 0
+
+    @property
+    def root_hash(self) -> str:
+        return self.dirs.get("", EMPTY_HASH)
+
+    @classmethod
+    def build(cls, entries: dict[str, Entry], scanned_at_ns: int = 0) -> Tree:
+        children: dict[str, dict[str, tuple[bool, str]]] = {"": {}}
+        for path, entry in entries.items():
+            parent, _, name = path.rpartition("/")
+            children.setdefault(parent, {})[name] = (False, entry.hash)
+            # Register each ancestor folder so empty-of-files levels still get a node.
+            while parent:
+                grand, _, dname = parent.rpartition("/")
+                siblings = children.setdefault(grand, {})
+                if dname in siblings:
+                    break
+                siblings[dname] = (True, "")
+                children.setdefault(parent, {})
+                parent = grand
+        dirs: dict[str, str] = {}
+        # Deepest folders first, so every child folder's hash exists before its parent's.
+        for folder in sorted(children, key=lambda d: d.count("/") + (1 if d else 0), reverse=True):
+            kids = children[folder]
+            h = xxhash.xxh3_128()
+            for name in sorted(kids):
+                is_dir, value = kids[name]
+                if is_dir:
+                    value = dirs[f"{folder}/{name}" if folder else name]
+                    kids[name] = (True, value)
+                h.update(f"{name}{'/' if is_dir else ''}\0{value}\n".encode())
+            dirs[folder] = h.hexdigest()
+        return cls(entries, dirs, children, scanned_at_ns)
+
+
+EMPTY_HASH = xxhash.xxh3_128(b"").hexdigest()
+
+
+def diff_trees(old: Tree, new: Tree) -> Diff:
+    """Descend only into folders whose hashes differ: unchanged subtrees are skipped whole."""
+    added: list[str] = []
+    modified: list[str] = []
+    removed: list[str] = []
+
+    def files_under(tree: Tree, folder: str) -> Iterator[str]:
+        for name, (is_dir, _) in tree.children.get(folder, {}).items():
+            path = f"{folder}/{name}" if folder else name
+            if is_dir:
+                yield from files_under(tree, path)
+            else:
+                yield path
+
+    def indexed(tree: Tree, path: str) -> bool:
+        entry = tree.entries.get(path)
+        return entry is not None and entry.status == INDEXED
+
+    def walk(folder: str) -> None:
+        if old.dirs.get(folder) == new.dirs.get(folder):
+            return
+        before = old.children.get(folder, {})
+        after = new.children.get(folder, {})
+        for name in sorted(before.keys() | after.keys()):
+            path = f"{folder}/{name}" if folder else name
+            was, now = before.get(name), after.get(name)
+            if was is not None and now is not None and was == now:
+                continue
+            was_dir = was is not None and was[0]
+            now_dir = now is not None and now[0]
+            if was_dir and now_dir:
+                walk(path)
+                continue
+            if was_dir:
+                removed.extend(p for p in files_under(old, path) if indexed(old, p))
+            if now_dir:
+                added.extend(p for p in files_under(new, path) if indexed(new, p))
+            old_file = was is not None and not was_dir and indexed(old, path)
+            new_file = now is not None and not now_dir and indexed(new, path)
+            if old_file and new_file:
+                modified.append(path)
+            elif old_file:
+                removed.append(path)
+            elif new_file:
+                added.append(path)
+
+    walk("")
+    return Diff(sorted(added), sorted(modified), sorted(removed))
+
+
+class _Matcher:
+    """One ignore file's patterns, answering "ignored?" with git's last-match-wins rule.
+
+    Without negations the answer is "does any pattern match", so the patterns are compiled into
+    two alternations: slash-free patterns (most of them: `*.pyc`, `node_modules/`) only ever see
+    the last path component, the rest see the whole path. A walk of a django-size tree spent
+    most of its time in per-pattern regex searches before this.
+    """
+
+    def __init__(self, lines: list[str]) -> None:
+        self.spec = pathspec.GitIgnoreSpec.from_lines(lines)
+        active = [p for p in self.spec.patterns if p.include is not None and p.regex is not None]
+        self.empty = not active
+        self.fast = bool(active) and all(p.include for p in active)
+        base_parts: list[str] = []
+        path_parts: list[str] = []
+        for p in active:
+            pattern = _NAMED_GROUP.sub("(?:", p.regex.pattern)
+            if pattern.startswith(_ANY_FOLDER):
+                base_parts.append("^" + pattern[len(_ANY_FOLDER) :])
+            else:
+                path_parts.append(pattern)
+        try:
+            self.base_re = re.compile("|".join(base_parts)) if base_parts else None
+            self.path_re = re.compile("|".join(path_parts)) if path_parts else None
+        except re.error:
+            self.fast = False
+
+    def verdict(self, probe: str) -> bool | None:
+        """True: ignored, False: re-included by a negation, None: no pattern speaks."""
+        if self.empty:
+            return None
+        if self.fast:
+            if self.base_re is not None:
+                name = probe[probe.rfind("/", 0, len(probe) - 1) + 1 :]
+                if self.base_re.match(name):
+                    return True
+            if self.path_re is not None and self.path_re.match(probe):
+                return True
+            return None
+        include: bool | None = self.spec.check_file(probe).include
+        return include
+
+
+_NAMED_GROUP = re.compile(r"\(\?P<[A-Za-z_][A-Za-z0-9_]*>")
+_ANY_FOLDER = "^(?:.+/)?"  # how pathspec starts a pattern that matches at any depth
+
+
+class _Rules:
+    """Ignore rules: defaults + configured excludes at the root, then each folder's .gitignore."""
+
+    def __init__(self, root: Path, index: IndexSettings) -> None:
+        lines = [*DEFAULT_EXCLUDES, *index.exclude]
+        info_exclude = root / ".git" / "info" / "exclude"
+        if index.respect_gitignore and info_exclude.is_file():
+            lines += _read_lines(info_exclude)
+        self.base = _Matcher(lines)
+        self.include = _Matcher(index.include) if index.include else None
+        self.respect_gitignore = index.respect_gitignore
+
+    def folder_matcher(self, gitignore: str) -> _Matcher | None:
+        try:
+            lines = _read_lines(Path(gitignore))
+        except OSError:
+            return None
+        matcher = _Matcher(lines)
+        return None if matcher.empty else matcher
+
+    def ignored(self, rel: str, is_dir: bool, stack: list[tuple[str, _Matcher]]) -> bool:
+        probe = rel + "/" if is_dir else rel
+        if self.base.verdict(probe):
+            return True
+        # The deepest .gitignore with an opinion wins, as in git.
+        for folder, matcher in reversed(stack):
+            verdict = matcher.verdict(probe[len(folder) + 1 :] if folder else probe)
+            if verdict is not None:
+                return verdict
+        return False
+
+    def excluded_by_include(self, rel: str) -> bool:
+        return self.include is not None and not self.include.verdict(rel)
+
+
+def _read_lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8", errors="replace").splitlines()
+
+
+def walk_files(
+    root: Path, index: IndexSettings, stats: ScanStats
+) -> Iterator[tuple[str, os.stat_result]]:
+    """Every file under root that the rules keep, as (posix relative path, lstat); no symlinks."""
+    rules = _Rules(root, index)
+    # Each item: (absolute folder, relative folder, the .gitignore matchers in force there).
+    pending: list[tuple[str, str, list[tuple[str, _Matcher]]]] = [(str(root), "", [])]
+    while pending:
+        folder, rel_folder, stack = pending.pop()
+        try:
+            with os.scandir(folder) as it:
+                items = list(it)
+        except OSError:
+            stats.skipped["unreadable"] = stats.skipped.get("unreadable", 0) + 1
+            continue
+        names = {item.name for item in items}
+        if rel_folder and "pyvenv.cfg" in names:
+            stats.ignored += 1  # a virtualenv, whatever its name
+            continue
+        if rules.respect_gitignore and ".gitignore" in names:
+            matcher = rules.folder_matcher(os.path.join(folder, ".gitignore"))
+            if matcher is not None:
+                stack = [*stack, (rel_folder, matcher)]
+        subfolders = []
+        for item in items:
+            rel = f"{rel_folder}/{item.name}" if rel_folder else item.name
+            try:
+                st = item.stat(follow_symlinks=False)
+            except OSError:
+                stats.vanished += 1
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                # Not followed: a link can point outside the root or back into a loop.
+                stats.symlinks += 1
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                if rules.ignored(rel, True, stack):
+                    stats.ignored += 1
+                else:
+                    subfolders.append((item.path, rel, stack))
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            if rules.ignored(rel, False, stack) or rules.excluded_by_include(rel):
+                stats.ignored += 1
+                continue
+            yield rel, st
+        pending.extend(reversed(subfolders))
+
+
+def hash_file(path: Path, size: int, max_bytes: int) -> tuple[str, str]:
+    """(hash, status) for one file: xxh3-128 of its bytes, or why it is not indexed."""
+    if size > max_bytes:
+        return f"too_large:{size}", "too_large"
+    if path.suffix.lower() in BINARY_EXTENSIONS:
+        return f"binary:{size}", "binary"
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise
+    except OSError:
+        return f"unreadable:{size}", "unreadable"
+    if b"\0" in data[:SNIFF_BYTES]:
+        return f"binary:{size}", "binary"
+    return xxhash.xxh3_128(data).hexdigest(), INDEXED
+
+
+def scan_tree(
+    root: Path,
+    index: IndexSettings,
+    previous: Tree | None = None,
+    on_file: Callable[[int], None] | None = None,
+) -> tuple[Tree, ScanStats]:
+    """Walk `root` and hash what changed since `previous`: unchanged (size, mtime) reuse the hash."""
+    started = time.time_ns()
+    stats = ScanStats()
+    old = previous.entries if previous is not None else {}
+    racy_after = (previous.scanned_at_ns - RACY_WINDOW_NS) if previous is not None else 0
+    entries: dict[str, Entry] = {}
+    for rel, st in walk_files(root, index, stats):
+        stats.seen += 1
+        before = old.get(rel)
+        if (
+            before is not None
+            and before.size == st.st_size
+            and before.mtime_ns == st.st_mtime_ns
+            and st.st_mtime_ns < racy_after
+        ):
+            entries[rel] = before
+            stats.reused += 1
+        else:
+            try:
+                digest, status = hash_file(root / rel, st.st_size, index.max_file_bytes)
+            except FileNotFoundError:
+                stats.vanished += 1
+                continue
+            entries[rel] = Entry(rel, st.st_size, st.st_mtime_ns, digest, status)
+            stats.hashed += 1
+        status = entries[rel].status
+        if status != INDEXED:
+            stats.skipped[status] = stats.skipped.get(status, 0) + 1
+        if on_file is not None:
+            on_file(stats.seen)
+    return Tree.build(entries, started), stats
+
+
+@stage("scan")
+def scan(root: Path, index: IndexSettings, previous: Tree | None) -> tuple[Tree, Diff, ScanStats]:
+    """Source folder -> (new Merkle tree, Diff against `previous`, counts)."""
+    tree, stats = scan_tree(root, index, previous)
+    return tree, diff_trees(previous or Tree.build({}), tree), stats
+
+
+# --- the snapshot file -------------------------------------------------------------------------
+
+
+def snapshot_path(lake_dir: Path, source: str) -> Path:
+    return lake_dir / "manifest" / f"{source}.arrow"
+
+
+def load_snapshot(lake_dir: Path, source: str) -> Tree | None:
+    path = snapshot_path(lake_dir, source)
+    try:
+        with pa.memory_map(str(path)) as source_file:
+            table = ipc.open_file(source_file).read_all()
+    except FileNotFoundError:
+        return None
+    except (OSError, pa.ArrowInvalid):
+        return None  # unreadable snapshot: the caller treats it as "no previous scan"
+    meta = table.schema.metadata or {}
+    scanned_at = int(meta.get(b"scanned_at_ns", b"0"))
+    cols = [table.column(name).to_pylist() for name in MANIFEST.names]
+    entries = {row[0]: Entry(*row) for row in zip(*cols, strict=True)}
+    return Tree.build(entries, scanned_at)
+
+
+def save_snapshot(lake_dir: Path, source: str, tree: Tree) -> None:
+    rows = list(tree.entries.values())
+    table = pa.Table.from_arrays(
+        [pa.array([getattr(r, name) for r in rows], type=MANIFEST.field(name).type) for name in MANIFEST.names],
+        schema=MANIFEST.with_metadata(
+            {**(MANIFEST.metadata or {}), b"scanned_at_ns": str(tree.scanned_at_ns).encode(),
+             b"root_hash": tree.root_hash.encode()}
+        ),
+    )
+    sink = pa.BufferOutputStream()
+    with ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    path = snapshot_path(lake_dir, source)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, sink.getvalue().to_pybytes())

@@ -1,0 +1,175 @@
+"""Scan and Merkle diff over real folders: ignore rules, binary/huge files, symlinks, fast path."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from helpers import write_files
+
+from ctxlake.schemas.config import IndexSettings
+from ctxlake.tasks import merkle
+from ctxlake.tasks.merkle import Diff, Tree, diff_trees, load_snapshot, save_snapshot, scan_tree
+
+
+def scan(root: Path, index: IndexSettings | None = None, previous: Tree | None = None) -> Tree:
+    tree, _ = scan_tree(root, index or IndexSettings(), previous)
+    return tree
+
+
+def indexed(tree: Tree) -> set[str]:
+    return {p for p, e in tree.entries.items() if e.status == "indexed"}
+
+
+def test_ignore_rules_defaults_gitignore_nested_and_globs(tmp_path: Path) -> None:
+    write_files(tmp_path, {
+        "src/app.py": "x = 1\n",
+        "src/app.log": "log\n",
+        "src/keep.log": "kept by negation\n",
+        "src/.gitignore": "!keep.log\ngenerated/\n",
+        "src/generated/out.py": "y = 2\n",
+        ".gitignore": "*.log\n/secret.txt\n",
+        "secret.txt": "s\n",
+        "docs/secret.txt": "not anchored here\n",
+        "node_modules/lib/index.js": "z\n",
+        "pkg/__pycache__/m.cpython-311.pyc": "c",
+        "myenv/pyvenv.cfg": "home = /usr\n",
+        "myenv/lib/site.py": "v\n",
+        ".git/config": "[core]\n",
+        "notes/todo.md": "# todo\n",
+        "vendor/big.py": "v = 1\n",
+    })
+    tree = scan(tmp_path, IndexSettings(exclude=["vendor/"]))
+    assert indexed(tree) == {
+        ".gitignore", "src/.gitignore", "src/app.py", "src/keep.log", "docs/secret.txt", "notes/todo.md",
+    }
+    only_py = scan(tmp_path, IndexSettings(include=["*.py"]))
+    assert indexed(only_py) == {"src/app.py", "vendor/big.py"}
+    no_gitignore = scan(tmp_path, IndexSettings(respect_gitignore=False))
+    assert {"src/app.log", "secret.txt", "src/generated/out.py"} <= indexed(no_gitignore)
+
+
+def test_binary_huge_and_unreadable_files_are_skipped_and_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_files(tmp_path, {
+        "a.py": "print('hi')\n",
+        "image.png": b"\x89PNG\r\n\x1a\n....",
+        "blob.dat2": b"abc\x00def",
+        "huge.txt": "x" * 5000,
+        "locked.py": "secret = 1\n",
+    })
+    real_read = Path.read_bytes
+
+    def faulty(self: Path) -> bytes:  # root reads anything, so the fault is injected
+        if self.name == "locked.py":
+            raise PermissionError(13, "Permission denied")
+        return real_read(self)
+
+    monkeypatch.setattr(Path, "read_bytes", faulty)
+    tree, stats = scan_tree(tmp_path, IndexSettings(max_file_bytes=4000))
+    status = {p: e.status for p, e in tree.entries.items()}
+    assert status == {"a.py": "indexed", "image.png": "binary", "blob.dat2": "binary",
+                      "huge.txt": "too_large", "locked.py": "unreadable"}
+    assert stats.skipped == {"binary": 2, "too_large": 1, "unreadable": 1}
+
+
+def test_symlinks_are_not_followed_and_loops_are_harmless(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    write_files(outside, {"secret.py": "key = 1\n"})
+    root = tmp_path / "root"
+    write_files(root, {"a/b.py": "x = 1\n"})
+    (root / "a" / "loop").symlink_to(root / "a")
+    (root / "escape").symlink_to(outside)
+    (root / "link.py").symlink_to(root / "a" / "b.py")
+    tree, stats = scan_tree(root, IndexSettings())
+    assert indexed(tree) == {"a/b.py"}
+    assert stats.symlinks == 3
+
+
+def test_empty_folder_has_the_empty_root_hash(tmp_path: Path) -> None:
+    tree = scan(tmp_path)
+    assert tree.entries == {}
+    assert tree.root_hash == Tree.build({}).root_hash
+
+
+def test_merkle_hashes_are_content_addressed_and_order_free(tmp_path: Path) -> None:
+    write_files(tmp_path / "one", {"a/x.py": "1", "a/y.py": "2", "b/z.py": "3"})
+    write_files(tmp_path / "two", {"b/z.py": "3", "a/y.py": "2", "a/x.py": "1"})
+    one, two = scan(tmp_path / "one"), scan(tmp_path / "two")
+    assert one.root_hash == two.root_hash
+    (tmp_path / "two" / "a" / "x.py").write_text("changed")
+    changed = scan(tmp_path / "two")
+    assert changed.root_hash != one.root_hash
+    assert changed.dirs["b"] == one.dirs["b"]  # an untouched subtree keeps its hash
+    assert changed.dirs["a"] != one.dirs["a"]
+
+
+def test_diff_reports_added_modified_removed_and_skips_unchanged_subtrees(tmp_path: Path) -> None:
+    write_files(tmp_path, {"keep/deep/a.py": "a", "keep/b.py": "b", "mod/c.py": "c", "gone/d.py": "d"})
+    old = scan(tmp_path)
+    (tmp_path / "mod" / "c.py").write_text("c2")
+    (tmp_path / "gone" / "d.py").unlink()
+    (tmp_path / "gone").rmdir()
+    write_files(tmp_path, {"new/e.py": "e", "mod/f.py": "f"})
+    new = scan(tmp_path)
+
+    class Untouchable(dict[str, tuple[bool, str]]):
+        def items(self):  # type: ignore[no-untyped-def]
+            raise AssertionError("diff descended into an unchanged subtree")
+
+        def keys(self):  # type: ignore[no-untyped-def]
+            raise AssertionError("diff descended into an unchanged subtree")
+
+    for tree in (old, new):
+        tree.children["keep"] = Untouchable(tree.children["keep"])
+    assert diff_trees(old, new) == Diff(added=["mod/f.py", "new/e.py"], modified=["mod/c.py"],
+                                        removed=["gone/d.py"])
+    assert not diff_trees(new, new)
+
+
+def test_file_becoming_binary_counts_as_removed(tmp_path: Path) -> None:
+    write_files(tmp_path, {"data.txt": "text"})
+    old = scan(tmp_path)
+    (tmp_path / "data.txt").write_bytes(b"\x00\x01\x02")
+    assert diff_trees(old, scan(tmp_path)) == Diff([], [], ["data.txt"])
+
+
+def test_fast_path_reuses_hashes_without_reading(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_files(tmp_path, {"a.py": "a", "b/c.py": "c"})
+    first = scan(tmp_path)
+    # Pretend the previous scan ran well after these files were written (outside the racy window).
+    first.scanned_at_ns = time.time_ns() + 10 * merkle.RACY_WINDOW_NS
+    reads: list[str] = []
+    real = merkle.hash_file
+    monkeypatch.setattr(merkle, "hash_file", lambda p, s, m: reads.append(p.name) or real(p, s, m))
+    second, stats = scan_tree(tmp_path, IndexSettings(), first)
+    assert (stats.reused, stats.hashed, reads) == (2, 0, [])
+    assert second.root_hash == first.root_hash
+
+
+def test_racy_edit_with_same_size_and_mtime_is_still_detected(tmp_path: Path) -> None:
+    write_files(tmp_path, {"a.py": "aaaa"})
+    before = scan(tmp_path)
+    path = tmp_path / "a.py"
+    st = path.stat()
+    path.write_text("bbbb")  # same size
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # and the same mtime
+    after = scan(tmp_path, previous=before)
+    assert diff_trees(before, after).modified == ["a.py"]
+
+
+def test_snapshot_roundtrip(tmp_path: Path) -> None:
+    write_files(tmp_path / "src", {"a.py": "a", "img.png": b"\x89PNG", "d/e.md": "# e"})
+    tree = scan(tmp_path / "src")
+    save_snapshot(tmp_path / "lake", "project", tree)
+    loaded = load_snapshot(tmp_path / "lake", "project")
+    assert loaded is not None
+    assert loaded.entries == tree.entries
+    assert loaded.root_hash == tree.root_hash
+    assert loaded.scanned_at_ns == tree.scanned_at_ns
+    assert load_snapshot(tmp_path / "lake", "other") is None
+    (tmp_path / "lake" / "manifest" / "project.arrow").write_bytes(b"garbage")
+    assert load_snapshot(tmp_path / "lake", "project") is None
