@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
-from ctxlake.errors import ConfigError
+from ctxlake.errors import ConfigError, InputError
 
 CTX_DIR = ".ctx"
 # Where each HTTP embedding provider's key comes from.
@@ -99,9 +99,9 @@ SECTIONS: dict[str, type[_Section]] = {
 
 
 def default_home(env: dict[str, str] | None = None) -> Path:
-    env = os.environ if env is None else env
-    if env.get("CTX_HOME"):
-        return Path(env["CTX_HOME"]).expanduser().resolve()
+    source = os.environ if env is None else env
+    if source.get("CTX_HOME"):
+        return Path(source["CTX_HOME"]).expanduser().resolve()
     from platformdirs import user_data_dir
 
     return Path(user_data_dir("ctxlake", appauthor=False))
@@ -135,9 +135,9 @@ def resolve_root(path: Path | None, *, for_write: bool) -> Path:
     """
     if path is not None:
         if not path.exists():
-            raise ConfigError(f"path does not exist: {path}")
+            raise InputError(f"path does not exist: {path}")
         if not path.is_dir():
-            raise ConfigError(f"not a folder: {path}", hint="ctx indexes folders")
+            raise InputError(f"not a folder: {path}", hint="ctx indexes folders")
         found = find_root(path)
         return found if (found is not None and not for_write) else path.resolve()
     cwd = Path.cwd()

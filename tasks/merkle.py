@@ -31,13 +31,7 @@ DEFAULT_EXCLUDES = [
 
 # Decided by name alone, so they are never read.
 BINARY_EXTENSIONS = frozenset(
-    (
-        ".png .jpg .jpeg .gif .bmp .ico .webp .tif .tiff .psd .svgz .pdf .zip .gz .tgz .bz2 .xz "
-        ".7z .rar .tar .jar .war .whl .egg .so .dylib .dll .exe .o .a .lib .obj .class .pyd .wasm "
-        ".bin .dat .db .sqlite .sqlite3 .npy .npz .pkl .pickle .parquet .arrow .feather .lance "
-        ".h5 .hdf5 .pt .pth .onnx .safetensors .ckpt .mp3 .mp4 .wav .ogg .flac .avi .mov .mkv "
-        ".webm .woff .woff2 .ttf .otf .eot .doc .docx .xls .xlsx .ppt .pptx .odt .dmg .iso .mo"
-    ).split()
+    [".png", ".jpg", ".jpeg", ".gif", ".bmp", ".ico", ".webp", ".tif", ".tiff", ".psd", ".svgz", ".pdf", ".zip", ".gz", ".tgz", ".bz2", ".xz", ".7z", ".rar", ".tar", ".jar", ".war", ".whl", ".egg", ".so", ".dylib", ".dll", ".exe", ".o", ".a", ".lib", ".obj", ".class", ".pyd", ".wasm", ".bin", ".dat", ".db", ".sqlite", ".sqlite3", ".npy", ".npz", ".pkl", ".pickle", ".parquet", ".arrow", ".feather", ".lance", ".h5", ".hdf5", ".pt", ".pth", ".onnx", ".safetensors", ".ckpt", ".mp3", ".mp4", ".wav", ".ogg", ".flac", ".avi", ".mov", ".mkv", ".webm", ".woff", ".woff2", ".ttf", ".otf", ".eot", ".doc", ".docx", ".xls", ".xlsx", ".ppt", ".pptx", ".odt", ".dmg", ".iso", ".mo"]
 )
 SNIFF_BYTES = 8192
 # A file whose mtime is this close to the previous scan may have changed again within the
@@ -194,6 +188,7 @@ class _Matcher:
         base_parts: list[str] = []
         path_parts: list[str] = []
         for p in active:
+            assert p.regex is not None  # filtered above
             pattern = _NAMED_GROUP.sub("(?:", p.regex.pattern)
             if pattern.startswith(_ANY_FOLDER):
                 base_parts.append("^" + pattern[len(_ANY_FOLDER) :])

@@ -30,13 +30,12 @@ class Stage(Generic[P, R]):
 
             # Stages pass Arrow tables and open handles: never hash or persist them as results.
             self._task = task(
-                self.fn,
                 name=self.name,
                 cache_policy=NO_CACHE,
                 persist_result=False,
                 retries=self.retries,
                 retry_delay_seconds=1 if self.retries else 0,
-            )
+            )(self.fn)
         result: R = self._task(*args, **kwargs)
         return result
 

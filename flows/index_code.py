@@ -1,0 +1,199 @@
+"""Pipeline: scan -> diff -> chunk -> fill vectors from cache -> upsert -> FTS -> embed -> optimize -> manifest."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from ctxlake.errors import ModelMismatchError
+from ctxlake.schemas.config import Settings
+from ctxlake.schemas.tables import PROJECT_SOURCE
+from ctxlake.tasks import freshness
+from ctxlake.tasks.chunk_stage import chunk_files
+from ctxlake.tasks.embed import EmbeddingCache, embed_pending, fill_from_cache
+from ctxlake.tasks.embedders import Embedder, make_embedder
+from ctxlake.tasks.lake import IndexState
+from ctxlake.tasks.merkle import Diff, load_snapshot, save_snapshot, scan
+from ctxlake.tasks.progress import reporter
+from ctxlake.tasks.store import (
+    LakeTables,
+    append_chunks,
+    build_fts,
+    delete_source,
+    open_for_write,
+    optimize,
+    sql_str,
+    upsert,
+)
+
+# Files per upsert transaction: bounds memory and what a crash can leave half-done.
+BATCH_FILES = 400
+
+
+@dataclass
+class IndexReport:
+    """What one run did; printed by the CLI, stored in state.json as `last_run`."""
+
+    source: str
+    root: str
+    files_seen: int = 0
+    added: int = 0
+    modified: int = 0
+    removed: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    chunks_inserted: int = 0
+    chunks_deleted: int = 0
+    vectors_from_cache: int = 0
+    embedded: int = 0
+    warnings: list[str] = field(default_factory=list)
+    keyword_ready_s: float = 0.0
+    seconds: float = 0.0
+    encode_seconds: float = 0.0
+    finished_at: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["warnings"] = self.warnings[:50]
+        return out
+
+
+def check_model(state: IndexState | None, embedder: Embedder, force: bool) -> bool:
+    """True when the lake must be rebuilt for another model (only allowed with force)."""
+    if state is None or not state.model_id or state.model_id == embedder.model_id:
+        return False
+    if force:
+        return True
+    raise ModelMismatchError(
+        f"index was built with {state.model_id}, config says {embedder.model_id}",
+        hint="run `ctx run index --force` to rebuild it with the configured model",
+    )
+
+
+def reset_lake(lake_dir: Path) -> None:
+    """Drop every table and snapshot of the lake (a model change invalidates all vectors)."""
+    for child in lake_dir.iterdir() if lake_dir.exists() else ():
+        if child.name == "writer.lock":
+            continue
+        shutil.rmtree(child) if child.is_dir() else child.unlink()
+
+
+def _batches(paths: list[str], size: int) -> list[list[str]]:
+    return [paths[i : i + size] for i in range(0, len(paths), size)]
+
+
+@flow(name="index-code", validate_parameters=False, log_prints=False)
+def index_code(
+    settings: Settings,
+    source: str = PROJECT_SOURCE,
+    root: Path | None = None,
+    force: bool = False,
+    embed: bool = True,
+) -> IndexReport:
+    """Index one source tree (the project itself by default) into the lake, incrementally."""
+    started = time.perf_counter()
+    root = (root or settings.root).resolve()
+    lake = settings.lake_dir
+    progress = reporter()
+    report = IndexReport(source=source, root=str(root))
+
+    embedder = make_embedder(settings.embed, settings.models_dir)
+    state = IndexState.read(lake)
+    if check_model(state, embedder, force):
+        reset_lake(lake)
+        state = None
+    previous = None if force else load_snapshot(lake, source)
+
+    progress.start("scan", None, "scanning")
+    tree, diff, stats = scan(root, settings.index, previous)
+    progress.finish("scan")
+    journal = freshness.read_journal(lake)
+    if state is not None and not state.clean:
+        diff = freshness.with_journal(diff, tree, journal.get(source, []))
+    report.files_seen, report.skipped = stats.seen, dict(stats.skipped)
+    report.added, report.modified, report.removed = len(diff.added), len(diff.modified), len(diff.removed)
+
+    # From here on the lake may be half-written: say so before the first write.
+    state = state or IndexState()
+    state.provider, state.model, state.model_id, state.dims = (
+        settings.embed.provider, settings.embed.model, embedder.model_id, embedder.dims)
+    state.clean = False
+    lake.mkdir(parents=True, exist_ok=True)
+    journal[source] = sorted(set(journal.get(source, [])) | set(diff.changed) | set(diff.removed))
+    freshness.write_journal(lake, journal)
+    state.write(lake)
+
+    tables = open_for_write(lake, embedder.dims)
+    if force:
+        delete_source(tables, source)
+    cache = EmbeddingCache(settings.cache_dir, embedder.model_id, embedder.dims)
+    _write_changes(tables, cache, root, source, diff, settings, embedder.dims, report, force)
+
+    if build_fts(tables):
+        progress.note("keyword search is ready")
+    report.keyword_ready_s = time.perf_counter() - started
+    state.pending_vectors = tables.chunks.count_rows("vector IS NULL")
+    state.write(lake)
+
+    if embed:
+        result = embed_pending(tables, cache, embedder, use_cache=not force)
+        report.vectors_from_cache += result.from_cache
+        report.embedded, report.encode_seconds = result.embedded, result.encode_seconds
+    progress.start("optimize", None, "optimizing")
+    optimize(tables)
+    progress.finish("optimize")
+
+    save_snapshot(lake, source, tree)
+    freshness.clear_journal(lake, source)
+    report.seconds = time.perf_counter() - started
+    report.finished_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    state.pending_vectors = tables.chunks.count_rows("vector IS NULL")
+    state.clean = True
+    state.roots = {**(state.roots or {}), source: tree.root_hash}
+    state.last_run = report.as_dict()
+    state.write(lake)
+    return report
+
+
+def _write_changes(
+    tables: LakeTables,
+    cache: EmbeddingCache,
+    root: Path,
+    source: str,
+    diff: Diff,
+    settings: Settings,
+    dims: int,
+    report: IndexReport,
+    force: bool,
+) -> None:
+    """Changed and removed files -> the lake, one transaction per batch of files."""
+    progress = reporter()
+    todo = diff.changed + diff.removed
+    if not todo:
+        return
+    # A lake with no rows of this source cannot hold stale rows: append instead of merging.
+    where = f"source = {sql_str(source)}"
+    cold = tables.files.count_rows(where) == 0 and tables.chunks.count_rows(where) == 0
+    removed = set(diff.removed)
+    progress.start("chunk", len(todo), "chunking")
+    for batch in _batches(todo, BATCH_FILES):
+        changed = [p for p in batch if p not in removed]
+        rows = chunk_files(root, source, changed, settings.index, dims)
+        chunks, hits = (rows.chunks, 0) if force else fill_from_cache(rows.chunks, cache)
+        report.vectors_from_cache += hits
+        for reason, n in rows.skipped.items():
+            report.skipped[reason] = report.skipped.get(reason, 0) + n
+        report.warnings.extend(rows.warnings)
+        if cold:
+            append_chunks(tables, chunks, rows.files)
+            report.chunks_inserted += chunks.num_rows
+        else:
+            result = upsert(tables, source, chunks, rows.files, batch)
+            report.chunks_inserted += result.inserted
+            report.chunks_deleted += result.deleted
+        progress.advance("chunk", len(batch))
+    progress.finish("chunk")

@@ -1,0 +1,133 @@
+"""Chunk stage: changed files of a source -> decoded text -> CHUNKS rows (vectors null) and FILES rows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import NamedTuple
+
+import pyarrow as pa
+import xxhash
+
+from ctxlake.schemas.config import IndexSettings
+from ctxlake.schemas.tables import FILES, chunks_schema
+from ctxlake.tasks.chunk import Chunk, ChunkOptions, chunk_text, language_for
+from ctxlake.tasks.stage import stage
+from ctxlake.tasks.terms import chunk_terms
+
+# --- the chunk stage: changed files -> CHUNKS rows (no vectors yet) and their FILES rows ---------
+
+# A file decoded with more replacement characters than this share is not text we can index.
+MAX_REPLACED_SHARE = 0.01
+
+
+class ChunkedFiles(NamedTuple):
+    chunks: pa.Table  # CHUNKS rows, vector null
+    files: pa.Table  # FILES rows of the files that produced chunks
+    skipped: dict[str, int]  # reason -> count (vanished, undecodable, ...)
+    warnings: list[str]
+
+
+def decode_text(data: bytes) -> tuple[str | None, str | None]:
+    """(text, warning): UTF-8 (BOM allowed), UTF-16 by BOM, else UTF-8 with a few replacements."""
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        try:
+            return data.decode("utf-16"), None
+        except UnicodeDecodeError:
+            return None, "invalid UTF-16"
+    try:
+        return data.decode("utf-8-sig"), None
+    except UnicodeDecodeError as exc:
+        text = data.decode("utf-8", errors="replace")
+        replaced = text.count("\ufffd")
+        if replaced > max(8, len(text) * MAX_REPLACED_SHARE):
+            return None, f"not UTF-8 ({exc.reason} at byte {exc.start})"
+        return text, f"{replaced} invalid UTF-8 byte sequence(s) replaced"
+
+
+def chunk_id(source: str, path: str, chunk: Chunk, content_hash: str) -> str:
+    key = f"{source}\0{path}\0{chunk.start_line}\0{chunk.end_line}\0{chunk.symbol or ''}\0{content_hash}"
+    return xxhash.xxh3_128(key.encode()).hexdigest()
+
+
+def chunk_rows(
+    source: str, path: str, text: str, lang: str | None, opts: ChunkOptions
+) -> tuple[list[dict[str, object]], str | None]:
+    """One decoded file -> its CHUNKS rows (without vectors) and the chunker's warning."""
+    result = chunk_text(text, lang, opts)
+    rows: list[dict[str, object]] = []
+    for chunk in result.chunks:
+        content_hash = xxhash.xxh3_128(chunk.text.encode("utf-8", "surrogatepass")).hexdigest()
+        rows.append(
+            {
+                "id": chunk_id(source, path, chunk, content_hash),
+                "source": source,
+                "path": path,
+                "lang": lang,
+                "kind": chunk.kind,
+                "symbol": chunk.symbol,
+                "start_line": chunk.start_line,
+                "end_line": chunk.end_line,
+                "text": chunk.text,
+                "terms": chunk_terms(path, chunk.symbol, chunk.text),
+                "content_hash": content_hash,
+                "vector": None,
+            }
+        )
+    return rows, result.warning
+
+
+@stage("chunk")
+def chunk_files(
+    root: Path, source: str, paths: Sequence[str], index: IndexSettings, dims: int
+) -> ChunkedFiles:
+    """Changed paths of a source -> CHUNKS rows without vectors + FILES rows; bad files skipped."""
+    opts = ChunkOptions.from_settings(index)
+    now = datetime.now(UTC)
+    chunk_rows_all: list[dict[str, object]] = []
+    file_rows: list[dict[str, object]] = []
+    skipped: dict[str, int] = {}
+    warnings: list[str] = []
+    for path in paths:
+        full = root / path
+        try:
+            st = full.lstat()
+            data = full.read_bytes()
+        except FileNotFoundError:
+            skipped["vanished"] = skipped.get("vanished", 0) + 1
+            continue
+        except OSError as exc:
+            skipped["unreadable"] = skipped.get("unreadable", 0) + 1
+            warnings.append(f"{path}: cannot read ({exc.strerror})")
+            continue
+        text, warning = decode_text(data)
+        if text is None:
+            skipped["undecodable"] = skipped.get("undecodable", 0) + 1
+            warnings.append(f"{path}: skipped, {warning}")
+            continue
+        if warning:
+            warnings.append(f"{path}: {warning}")
+        lang = language_for(path)
+        rows, chunk_warning = chunk_rows(source, path, text, lang, opts)
+        if chunk_warning:
+            warnings.append(f"{path}: {chunk_warning}")
+        chunk_rows_all.extend(rows)
+        file_rows.append(
+            {
+                "source": source,
+                "path": path,
+                "size": st.st_size,
+                "mtime_ns": st.st_mtime_ns,
+                "hash": xxhash.xxh3_128(data).hexdigest(),
+                "lang": lang,
+                "n_chunks": len(rows),
+                "indexed_at": now,
+            }
+        )
+    return ChunkedFiles(
+        pa.Table.from_pylist(chunk_rows_all, schema=chunks_schema(dims)),
+        pa.Table.from_pylist(file_rows, schema=FILES),
+        skipped,
+        warnings,
+    )

@@ -1,0 +1,244 @@
+"""Embed stage: CHUNKS rows without vectors -> vectors, through the content-addressed EMBEDDINGS cache."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import xxhash
+
+from ctxlake.errors import LakeError
+from ctxlake.schemas.tables import embeddings_schema
+from ctxlake.tasks.lake import connect, open_table
+from ctxlake.tasks.progress import reporter
+from ctxlake.tasks.stage import stage
+from ctxlake.tasks.store import LakeTables, sql_str
+
+if TYPE_CHECKING:
+    from lancedb.table import Table
+
+    from ctxlake.tasks.embedders import Embedder
+
+LOOKUP_BATCH = 2000
+# Texts per encode call: large enough that sorting by length keeps padding low, small enough
+# that progress moves and a kill loses little.
+ENCODE_GROUP = 256
+# Vectors are written back in batches this big, or at least this often.
+FLUSH_ROWS = 4096
+FLUSH_SECONDS = 15.0
+
+
+def vector_array(vectors: np.ndarray, dims: int) -> pa.FixedSizeListArray:
+    flat = pa.array(np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1))
+    return pa.FixedSizeListArray.from_arrays(flat, dims)
+
+
+class EmbeddingCache:
+    """(model_id, content hash) -> vector, in a LanceDB table per model under the user data dir.
+
+    Shared by every project and source of a user: a renamed file, a duplicated function or a
+    branch switch finds its vectors here and embeds nothing.
+    """
+
+    def __init__(self, cache_dir: Path, model_id: str, dims: int) -> None:
+        self.model_id = model_id
+        self.dims = dims
+        self.name = "emb_" + xxhash.xxh3_64(model_id.encode()).hexdigest()
+        db = connect(cache_dir, create=True)
+        table = open_table(db, self.name)
+        if table is None:
+            schema = embeddings_schema(dims)
+            try:
+                table = db.create_table(self.name, schema=schema)
+            except (ValueError, RuntimeError, OSError):
+                # Another process created it between our check and create.
+                table = db.open_table(self.name)
+        self.table: Table = table
+
+    def get_many(self, hashes: Sequence[str]) -> dict[str, np.ndarray]:
+        found: dict[str, np.ndarray] = {}
+        unique = list(dict.fromkeys(hashes))
+        for start in range(0, len(unique), LOOKUP_BATCH):
+            part = unique[start : start + LOOKUP_BATCH]
+            where = f"content_hash IN ({', '.join(sql_str(h) for h in part)})"
+            rows = self.table.search().where(where).select(["content_hash", "vector"]).to_arrow()
+            if rows.num_rows == 0:
+                continue
+            matrix = rows.column("vector").combine_chunks().flatten().to_numpy().reshape(-1, self.dims)
+            for h, vec in zip(rows.column("content_hash").to_pylist(), matrix, strict=True):
+                found[h] = vec
+        return found
+
+    def put_many(self, hashes: Sequence[str], vectors: np.ndarray) -> None:
+        if not hashes:
+            return
+        # Appends from concurrent writers commit independently in Lance; a race can store a
+        # hash twice, which lookups tolerate, whereas a merge would conflict and retry.
+        self.table.add(
+            pa.Table.from_arrays(
+                [pa.array([self.model_id] * len(hashes)), pa.array(list(hashes)), vector_array(vectors, self.dims)],
+                schema=embeddings_schema(self.dims),
+            )
+        )
+
+
+def fill_from_cache(chunks: pa.Table, cache: EmbeddingCache) -> tuple[pa.Table, int]:
+    """CHUNKS rows -> the same rows with vectors wherever the cache has their content; (rows, hits)."""
+    if chunks.num_rows == 0:
+        return chunks, 0
+    hashes = chunks.column("content_hash").to_pylist()
+    hits = cache.get_many(hashes)
+    if not hits:
+        return chunks, 0
+    zero = np.zeros(cache.dims, dtype=np.float32)
+    matrix = np.stack([hits.get(h, zero) for h in hashes])
+    mask = pa.array([h not in hits for h in hashes])
+    vectors = vector_array(matrix, cache.dims)
+    import pyarrow.compute as pc
+
+    vectors = pc.if_else(mask, pa.nulls(len(hashes), vectors.type), vectors)
+    index = chunks.schema.get_field_index("vector")
+    return chunks.set_column(index, chunks.schema.field(index), vectors), sum(h in hits for h in hashes)
+
+
+class EmbedResult(NamedTuple):
+    pending: int  # chunks without a vector when the stage started
+    from_cache: int  # of those, filled from the cache
+    embedded: int  # texts encoded by the model (after de-duplicating equal content)
+    seconds: float
+    encode_seconds: float  # time inside the model's encode calls
+
+
+class _Writer:
+    """Writes vectors to the cache, then to CHUNKS, on a thread of its own so encoding never
+    waits for Lance commits. Cache first: a crash after it costs a lookup, not a re-embed."""
+
+    def __init__(self, tables: LakeTables, cache: EmbeddingCache, dims: int) -> None:
+        self.tables, self.cache, self.dims = tables, cache, dims
+        self.jobs: queue.Queue[tuple[list[str], np.ndarray, list[str], np.ndarray] | None] = queue.Queue(maxsize=4)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="ctx-vector-writer", daemon=True)
+        self.thread.start()
+
+    def submit(self, hashes: list[str], vectors: np.ndarray, ids: list[str], id_vectors: np.ndarray) -> None:
+        if self.error is not None:
+            raise LakeError(f"writing vectors failed: {self.error}") from self.error
+        self.jobs.put((hashes, vectors, ids, id_vectors))
+
+    def _run(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            if self.error is not None:
+                continue
+            hashes, vectors, ids, id_vectors = job
+            try:
+                self.cache.put_many(hashes, vectors)
+                write_vectors(self.tables.chunks, ids, id_vectors, self.dims)
+            except BaseException as exc:  # surfaced to the encoding thread on its next submit
+                self.error = exc
+
+    def close(self) -> None:
+        self.jobs.put(None)
+        self.thread.join()
+        if self.error is not None:
+            raise LakeError(f"writing vectors failed: {self.error}") from self.error
+
+
+def write_vectors(chunks: Table, ids: Sequence[str], vectors: np.ndarray, dims: int) -> None:
+    if not ids:
+        return
+    update = pa.table({"id": pa.array(list(ids)), "vector": vector_array(vectors, dims)})
+    chunks.merge_insert("id").when_matched_update_all().execute(update)
+
+
+@stage("embed")
+def embed_pending(
+    tables: LakeTables,
+    cache: EmbeddingCache,
+    embedder: Embedder,
+    on_batch: Callable[[int], None] | None = None,
+    use_cache: bool = True,
+) -> EmbedResult:
+    """CHUNKS rows with a null vector -> vectors: cache hits first, then the model, streamed."""
+    started = time.perf_counter()
+    pending = (
+        tables.chunks.search()
+        .where("vector IS NULL")
+        .select(["id", "content_hash", "text"])
+        .to_arrow()
+    )
+    progress = reporter()
+    if pending.num_rows == 0:
+        return EmbedResult(0, 0, 0, 0.0, 0.0)
+    ids_by_hash: dict[str, list[str]] = {}
+    text_by_hash: dict[str, str] = {}
+    for cid, h, text in zip(
+        pending.column("id").to_pylist(),
+        pending.column("content_hash").to_pylist(),
+        pending.column("text").to_pylist(),
+        strict=True,
+    ):
+        ids_by_hash.setdefault(h, []).append(cid)
+        text_by_hash[h] = text
+    del pending
+
+    progress.start("embed", sum(len(v) for v in ids_by_hash.values()), "embedding")
+    cached = cache.get_many(list(ids_by_hash)) if use_cache else {}
+    from_cache = 0
+    if cached:
+        ids = [cid for h in cached for cid in ids_by_hash[h]]
+        write_vectors(tables.chunks, ids, np.stack([cached[h] for h in cached for _ in ids_by_hash[h]]), cache.dims)
+        from_cache = len(ids)
+        progress.advance("embed", from_cache)
+
+    # Similar lengths side by side keep the model's padded batches tight.
+    todo = sorted((h for h in ids_by_hash if h not in cached), key=lambda h: len(text_by_hash[h]))
+    writer = _Writer(tables, cache, cache.dims)
+    encode_seconds = 0.0
+    buffer_h: list[str] = []
+    buffer_v: list[np.ndarray] = []
+    last_flush = time.monotonic()
+
+    def flush() -> None:
+        nonlocal buffer_h, buffer_v, last_flush
+        if not buffer_h:
+            return
+        vectors = np.concatenate(buffer_v)
+        ids, rows = [], []
+        for i, h in enumerate(buffer_h):
+            for cid in ids_by_hash[h]:
+                ids.append(cid)
+                rows.append(i)
+        writer.submit(buffer_h, vectors, ids, vectors[rows])
+        buffer_h, buffer_v, last_flush = [], [], time.monotonic()
+
+    try:
+        for start in range(0, len(todo), ENCODE_GROUP):
+            group = todo[start : start + ENCODE_GROUP]
+            t0 = time.perf_counter()
+            vectors = embedder.embed_documents([text_by_hash[h] for h in group])
+            encode_seconds += time.perf_counter() - t0
+            buffer_h.extend(group)
+            buffer_v.append(vectors)
+            done = sum(len(ids_by_hash[h]) for h in group)
+            progress.advance("embed", done)
+            if on_batch is not None:
+                on_batch(done)
+            if len(buffer_h) >= FLUSH_ROWS or time.monotonic() - last_flush >= FLUSH_SECONDS:
+                flush()
+        flush()
+    finally:
+        writer.close()
+        progress.finish("embed")
+    return EmbedResult(
+        pending=sum(len(v) for v in ids_by_hash.values()),
+        from_cache=from_cache,
+        embedded=len(todo),
+        seconds=time.perf_counter() - started,
+        encode_seconds=encode_seconds,
+    )

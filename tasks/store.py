@@ -1,0 +1,140 @@
+"""Store stage: upsert CHUNKS and FILES rows into LanceDB, one transaction per batch; FTS and optimize."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+import pyarrow as pa
+
+from ctxlake.errors import LakeError
+from ctxlake.schemas.tables import FILES, chunks_schema
+from ctxlake.tasks.lake import CHUNKS_TABLE, FILES_TABLE, connect, open_table
+from ctxlake.tasks.stage import stage
+
+if TYPE_CHECKING:
+    import lancedb
+    from lancedb.table import Table
+
+# The columns BM25 searches: code text, and the words the tokenizer cannot see in it.
+FTS_COLUMNS = ("text", "terms")
+# Rows a vector search scans flat before an ANN index pays for itself.
+ANN_MIN_ROWS = 50_000
+# Old table versions are kept this long so a reader that opened one can finish with it.
+KEEP_VERSIONS = timedelta(minutes=30)
+
+
+class LakeTables(NamedTuple):
+    db: lancedb.DBConnection
+    chunks: Table
+    files: Table
+
+
+def open_for_write(lake_dir: Path, dims: int) -> LakeTables:
+    """The lake's tables, created with their declared schemas when missing."""
+    try:
+        db = connect(lake_dir, create=True)
+        chunks = open_table(db, CHUNKS_TABLE) or db.create_table(CHUNKS_TABLE, schema=chunks_schema(dims))
+        files = open_table(db, FILES_TABLE) or db.create_table(FILES_TABLE, schema=FILES)
+    except OSError as exc:
+        raise LakeError(f"cannot open the lake at {lake_dir}: {exc}") from exc
+    return LakeTables(db, chunks, files)
+
+
+def sql_str(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def paths_filter(source: str, paths: Iterable[str]) -> str:
+    listed = ", ".join(sql_str(p) for p in paths)
+    return f"source = {sql_str(source)} AND path IN ({listed})"
+
+
+class UpsertResult(NamedTuple):
+    inserted: int
+    deleted: int
+
+
+@stage("upsert", retries=2)
+def upsert(
+    tables: LakeTables, source: str, chunks: pa.Table, files: pa.Table, paths: Sequence[str]
+) -> UpsertResult:
+    """CHUNKS + FILES rows of `paths` (changed or removed) -> the lake, replacing those paths.
+
+    Chunk ids hash (source, path, lines, symbol, content), so an id already present is the very
+    same row: it is kept as is (with its vector) and only new ids are inserted, while rows of
+    these paths that the batch no longer has are deleted, all in one transaction. Chunks go
+    first: a crash between the two writes leaves FILES behind, and the run's journal makes the
+    next run redo these paths.
+    """
+    if not paths:
+        return UpsertResult(0, 0)
+    where = paths_filter(source, paths)
+    # A null vector is "not embedded yet", which lancedb calls a bad vector unless told.
+    result = (
+        tables.chunks.merge_insert("id")
+        .when_not_matched_insert_all()
+        .when_not_matched_by_source_delete(where)
+        .execute(chunks, on_bad_vectors="null")
+    )
+    (
+        tables.files.merge_insert(["source", "path"])
+        .when_matched_update_all()
+        .when_not_matched_insert_all()
+        .when_not_matched_by_source_delete(where)
+        .execute(files)
+    )
+    return UpsertResult(result.num_inserted_rows, result.num_deleted_rows)
+
+
+def append_chunks(tables: LakeTables, chunks: pa.Table, files: pa.Table) -> None:
+    """Cold-index fast path: plain appends into tables known to hold none of these paths."""
+    tables.chunks.add(chunks, on_bad_vectors="null")
+    tables.files.add(files)
+
+
+def has_fts(table: Table) -> bool:
+    return {c for idx in table.list_indices() if idx.index_type == "FTS" for c in idx.columns} >= set(
+        FTS_COLUMNS
+    )
+
+
+@stage("fts-index")
+def build_fts(tables: LakeTables) -> bool:
+    """CHUNKS -> its BM25 indexes on text and terms; True when they were built now."""
+    from lancedb.index import FTS
+
+    if has_fts(tables.chunks):
+        return False
+    if tables.chunks.count_rows() == 0:
+        return False
+    for column in FTS_COLUMNS:
+        # Code is not English prose: no stemming or stop words, so `get`, `for`, `is_` survive.
+        tables.chunks.create_index(
+            column, config=FTS(stem=False, remove_stop_words=False, with_position=False), replace=True
+        )
+    return True
+
+
+@stage("optimize")
+def optimize(tables: LakeTables, ann: bool = True) -> None:
+    """Fold new rows into the indexes, compact fragments, drop versions no reader still needs."""
+    for table in (tables.chunks, tables.files):
+        table.optimize(cleanup_older_than=KEEP_VERSIONS)
+    if ann:
+        _maybe_ann_index(tables.chunks)
+
+
+def _maybe_ann_index(chunks: Table) -> None:
+    if any(idx.columns == ["vector"] for idx in chunks.list_indices()):
+        return
+    embedded = chunks.count_rows("vector IS NOT NULL")
+    if embedded >= ANN_MIN_ROWS:
+        chunks.create_index(metric="cosine", vector_column_name="vector", index_type="IVF_HNSW_SQ")
+
+
+def delete_source(tables: LakeTables, source: str) -> None:
+    tables.chunks.delete(f"source = {sql_str(source)}")
+    tables.files.delete(f"source = {sql_str(source)}")

@@ -1,0 +1,270 @@
+"""index_code scenarios through the real CLI: incremental re-embedding, renames, deletes, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import ctx_subprocess, git, write_files
+
+from ctxlake.schemas.config import load_settings
+from ctxlake.tasks.lake import CHUNKS_TABLE, FILES_TABLE, IndexState, WriterLock, connect
+
+pytestmark = pytest.mark.usefixtures("prefect_server", "fake_embedder")
+
+APP = '''"""User service."""
+
+import json
+
+
+class UserService:
+    """Looks users up."""
+
+    def __init__(self, db):
+        self.db = db
+
+    def getUserById(self, user_id):
+        row = self.db.get(user_id)
+        return json.loads(row) if row else None
+
+    def delete_user(self, user_id):
+        self.db.delete(user_id)
+        return True
+'''
+
+UTIL = '''def parse_date(text):
+    """Parse an ISO date string into a tuple."""
+    year, month, day = text.split("-")
+    return int(year), int(month), int(day)
+
+
+def format_date(value):
+    return "-".join(str(v) for v in value)
+'''
+
+README = "# Demo\n\nA tiny service used by the tests.\n\n## Usage\n\nCall `getUserById`.\n"
+
+
+def lake_rows(root: Path, table: str, columns: list[str]) -> list[dict[str, Any]]:
+    db = connect(root / ".ctx" / "lake")
+    rows: list[dict[str, Any]] = db.open_table(table).search().select(columns).to_arrow().to_pylist()
+    return rows
+
+
+def chunk_paths(root: Path) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for row in lake_rows(root, CHUNKS_TABLE, ["path"]):
+        out[row["path"]] = out.get(row["path"], 0) + 1
+    return out
+
+
+@pytest.fixture
+def project(make_repo: Callable[..., Path]) -> Path:
+    return make_repo({"app/service.py": APP, "app/util.py": UTIL, "README.md": README})
+
+
+def test_first_run_creates_project_and_indexes(project: Path, cli: Callable[..., Any], fake_embedder: Any) -> None:
+    result = cli("run", "index", "--json", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["added"], report["modified"], report["removed"]) == (3, 0, 0)
+    assert "Created" in result.stderr and (project / ".ctx" / "config.toml").is_file()
+    assert (project / ".ctx" / ".gitignore").read_text() == "lake/\n"
+    assert set(chunk_paths(project)) == {"app/service.py", "app/util.py", "README.md"}
+    symbols = {r["symbol"] for r in lake_rows(project, CHUNKS_TABLE, ["symbol"])}
+    assert {"UserService.getUserById", "parse_date"} <= {s for sym in symbols if sym for s in sym.split(", ")}
+    # Every chunk got a vector; each distinct text was embedded once.
+    n_chunks = sum(chunk_paths(project).values())
+    assert report["embedded"] == fake_embedder.texts_embedded <= n_chunks
+    state = IndexState.read(project / ".ctx" / "lake")
+    assert state is not None and state.clean and state.pending_vectors == 0
+    assert state.model_id == "fake:hash:64"
+
+
+def test_edit_reembeds_only_that_file_then_delete_removes_its_chunks(
+    project: Path, cli: Callable[..., Any], fake_embedder: Any
+) -> None:
+    assert cli("run", "index", cwd=project).exit_code == 0
+    before = {r["id"]: r for r in lake_rows(project, CHUNKS_TABLE, ["id", "path", "text"])}
+    fake_embedder.reset_counters()
+
+    service = project / "app" / "service.py"
+    service.write_text(APP.replace("return True", "return self.db.count() > 0"))
+    result = cli("run", "index", "--json", cwd=project)
+    report = json.loads(result.stdout)
+    assert (report["added"], report["modified"], report["removed"]) == (0, 1, 0)
+    after = {r["id"]: r for r in lake_rows(project, CHUNKS_TABLE, ["id", "path", "text"])}
+    new_ids = set(after) - set(before)
+    # Only chunks of the edited file changed, and only their new texts went to the model.
+    assert new_ids and {after[i]["path"] for i in new_ids} == {"app/service.py"}
+    assert {before[i]["path"] for i in set(before) - set(after)} == {"app/service.py"}
+    new_texts = {after[i]["text"] for i in new_ids} - {r["text"] for r in before.values()}
+    assert fake_embedder.texts_embedded == len(new_texts) > 0
+
+    service.unlink()
+    fake_embedder.reset_counters()
+    report = json.loads(cli("run", "index", "--json", cwd=project).stdout)
+    assert report["removed"] == 1
+    assert "app/service.py" not in chunk_paths(project)
+    assert {r["path"] for r in lake_rows(project, FILES_TABLE, ["path"])} == {"app/util.py", "README.md"}
+    assert fake_embedder.texts_embedded == 0
+
+
+def test_rename_embeds_nothing(project: Path, cli: Callable[..., Any], fake_embedder: Any) -> None:
+    assert cli("run", "index", cwd=project).exit_code == 0
+    fake_embedder.reset_counters()
+    (project / "app" / "util.py").rename(project / "app" / "dates.py")
+    report = json.loads(cli("run", "index", "--json", cwd=project).stdout)
+    assert (report["added"], report["removed"]) == (1, 1)
+    assert fake_embedder.texts_embedded == 0
+    assert report["vectors_from_cache"] > 0
+    assert "app/util.py" not in chunk_paths(project) and "app/dates.py" in chunk_paths(project)
+    vectors = lake_rows(project, CHUNKS_TABLE, ["vector"])
+    assert all(r["vector"] is not None for r in vectors)
+
+
+def test_noop_is_decided_without_prefect(project: Path, cli: Callable[..., Any]) -> None:
+    assert cli("run", "index", cwd=project).exit_code == 0
+    # A fresh process pointed at an unreachable Prefect API: any flow run would fail.
+    done = ctx_subprocess("run", "index", cwd=project, env={
+        "PREFECT_API_URL": "http://127.0.0.1:9/api", "CTX_EMBED_PROVIDER": "fake", "CTX_EMBED_MODEL": "hash",
+        "CTX_HOME": os.environ["CTX_HOME"]})
+    assert done.returncode == 0, done.stderr
+    assert "Up to date" in done.stdout
+
+
+def test_force_reembeds_everything(project: Path, cli: Callable[..., Any], fake_embedder: Any) -> None:
+    assert cli("run", "index", cwd=project).exit_code == 0
+    first = fake_embedder.texts_embedded
+    fake_embedder.reset_counters()
+    report = json.loads(cli("run", "index", "--force", "--json", cwd=project).stdout)
+    assert fake_embedder.texts_embedded == first == report["embedded"]
+    assert report["vectors_from_cache"] == 0
+
+
+def test_model_change_needs_force(project: Path, cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cli("run", "index", cwd=project).exit_code == 0
+    monkeypatch.setenv("CTX_EMBED_DIMENSIONS", "32")
+    result = cli("run", "index", cwd=project)
+    assert result.exit_code == 6
+    assert "index was built with fake:hash:64, config says fake:hash:32" in result.stderr
+    assert "ctx run index --force" in result.stderr
+    searched = cli("search", "user", "--mode", "semantic", cwd=project)
+    assert searched.exit_code == 6
+    assert cli("run", "index", "--force", cwd=project).exit_code == 0
+    state = IndexState.read(project / ".ctx" / "lake")
+    assert state is not None and state.model_id == "fake:hash:32" and state.dims == 32
+
+
+def test_bad_input_is_skipped_and_counted(make_repo: Callable[..., Path], cli: Callable[..., Any]) -> None:
+    long_file = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(7000))  # 21,000 lines
+    repo = make_repo({
+        "ok.py": "def ok():\n    return 1\n",
+        "long.py": long_file,
+        "latin1.py": "s = 'caf\xe9'\n".encode("latin-1") * 50,
+        "mostly_utf8.txt": b"hello \xff world\n" + b"fine line\n" * 200,
+        "blob.bin2": b"\x00\x01\x02binary",
+        "logo.png": b"\x89PNG\r\n\x1a\n",
+    })
+    with open(repo / "huge.log", "wb") as fh:  # 50 MB, sparse: never read
+        fh.truncate(50 * 1024 * 1024)
+    result = cli("run", "index", "--json", cwd=repo)
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["skipped"] == {"binary": 2, "too_large": 1, "undecodable": 1}
+    assert any("latin1.py: skipped, not UTF-8" in w for w in report["warnings"])
+    assert any("mostly_utf8.txt: 1 invalid UTF-8" in w for w in report["warnings"])
+    paths = chunk_paths(repo)
+    assert set(paths) == {"ok.py", "long.py", "mostly_utf8.txt"}
+    spans = [(r["start_line"], r["end_line"]) for r in lake_rows(repo, CHUNKS_TABLE, ["path", "start_line", "end_line"])
+             if r["path"] == "long.py"]
+    covered = set().union(*(range(a, b + 1) for a, b in spans))
+    assert covered == set(range(1, 21001))
+
+
+def test_empty_repo_and_missing_path(make_repo: Callable[..., Path], cli: Callable[..., Any], tmp_path: Path) -> None:
+    repo = make_repo({}, name="empty")
+    result = cli("run", "index", "--json", cwd=repo)
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["files_seen"] == 0
+    assert cli("search", "anything", "--mode", "keyword", cwd=repo).exit_code == 0
+    missing = cli("run", "index", str(tmp_path / "nope"), cwd=tmp_path)
+    assert missing.exit_code == 2 and "path does not exist" in missing.stderr
+
+
+def test_second_writer_is_refused_and_dead_lock_taken_over(project: Path, cli: Callable[..., Any]) -> None:
+    assert cli("run", "index", cwd=project).exit_code == 0
+    lake = project / ".ctx" / "lake"
+    write_files(project, {"new.py": "x = 1\n"})
+    held = WriterLock(lake, purpose="test holder").acquire()
+    try:
+        busy = cli("run", "index", cwd=project)
+        assert busy.exit_code == 5
+        assert f"pid {os.getpid()} (test holder" in busy.stderr
+    finally:
+        held.release()
+    # A lock file left by a process that is gone (the kernel already dropped its flock).
+    (lake / "writer.lock").write_text(json.dumps({"pid": 999_999, "purpose": "ctx run index"}))
+    taken = cli("run", "index", cwd=project)
+    assert taken.exit_code == 0
+    assert "Took over the lock of a finished indexer (pid 999999)" in taken.stderr
+
+
+def test_interrupted_run_is_repaired_by_the_next(project: Path, cli: Callable[..., Any]) -> None:
+    assert cli("run", "index", cwd=project).exit_code == 0
+    write_files(project, {"app/extra.py": "def extra():\n    return 42\n"})
+    (project / "app" / "util.py").write_text(UTIL.replace("int(day)", "int(day or 1)"))
+
+    from ctxlake.tasks import embed
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.MonkeyPatch.context() as fault:
+        fault.setattr(embed.embed_pending, "fn", interrupted)
+        fault.setattr(embed.embed_pending, "_task", None)
+        result = cli("run", "index", cwd=project)
+    embed.embed_pending._task = None  # rebuild the Prefect task around the real function
+    assert result.exit_code == 130 and "interrupted" in result.stderr
+    state = IndexState.read(project / ".ctx" / "lake")
+    assert state is not None and not state.clean
+    # The user reverts one of the files before re-running: the journal still makes it redone.
+    (project / "app" / "util.py").write_text(UTIL)
+    repaired = cli("run", "index", "--json", cwd=project)
+    assert repaired.exit_code == 0, repaired.stderr
+    rows = lake_rows(project, CHUNKS_TABLE, ["path", "text", "vector"])
+    assert all(r["vector"] is not None for r in rows)
+    util_text = "\n".join(r["text"] for r in rows if r["path"] == "app/util.py")
+    assert "int(day or 1)" not in util_text and "int(day)" in util_text
+    assert any(r["path"] == "app/extra.py" for r in rows)
+
+
+def test_config_file_and_env_precedence(project: Path, cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cli("run", "index", cwd=project).exit_code == 0
+    config = project / ".ctx" / "config.toml"
+    config.write_text(config.read_text().replace('# mode = "hybrid"', 'mode = "keyword"').replace("# limit = 10", "limit = 1"))
+    settings = load_settings(project)
+    assert (settings.search.mode, settings.search.limit) == ("keyword", 1)
+    monkeypatch.setenv("CTX_SEARCH_LIMIT", "2")
+    out = json.loads(cli("search", "user", "--json", cwd=project).stdout)
+    assert out["mode"] == "keyword" and len(out["hits"]) == 2
+    config.write_text("[serach]\nmode = 1\n")
+    bad = cli("status", cwd=project)
+    assert bad.exit_code == 3 and "unknown section(s) serach" in bad.stderr
+
+
+def test_git_checkout_of_another_branch_is_picked_up(project: Path, cli: Callable[..., Any]) -> None:
+    assert cli("run", "index", cwd=project).exit_code == 0
+    git(project, "checkout", "-q", "-b", "feature")
+    write_files(project, {"app/feature.py": "def feature_flag():\n    return 'on'\n"})
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "feature")
+    assert cli("run", "index", cwd=project).exit_code == 0
+    assert "app/feature.py" in chunk_paths(project)
+    git(project, "checkout", "-q", "main")
+    report = json.loads(cli("run", "index", "--json", cwd=project).stdout)
+    assert report["removed"] == 1 and "app/feature.py" not in chunk_paths(project)
