@@ -1,0 +1,57 @@
+"""Wire formats of the read side: what `--json` prints and what MCP tools return."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+SearchMode = Literal["hybrid", "keyword", "semantic", "fuzzy"]
+
+
+class Hit(BaseModel):
+    """One search result: a chunk of a file."""
+
+    source: str = Field(description="which indexed source the file belongs to ('project' = this repository)")
+    path: str = Field(description="file path relative to the source root")
+    start_line: int = Field(description="first line of the chunk, 1-based")
+    end_line: int = Field(description="last line of the chunk, inclusive")
+    symbol: str | None = Field(None, description="qualified name of the function/class/section, if any")
+    kind: str = Field(description="function, method, class, section, lines ...")
+    lang: str | None = Field(None, description="language of the file")
+    score: float = Field(description="relevance; higher is better; comparable within one result list only")
+    snippet: str = Field(description="the start of the chunk's text, trimmed")
+
+
+class SearchResult(BaseModel):
+    query: str
+    mode: SearchMode
+    hits: list[Hit]
+    stale: bool = Field(description="true when files changed since the last index run")
+    stale_paths: list[str] = Field(default_factory=list, description="changed files (first 50)")
+    embedded_fraction: float = Field(description="share of chunks with vectors (semantic coverage)")
+    warnings: list[str] = Field(default_factory=list)
+    took_ms: float = 0.0
+
+
+class Status(BaseModel):
+    root: str
+    lake_dir: str
+    indexed: bool
+    files: int = 0
+    chunks: int = 0
+    embedded: int = 0
+    pending_vectors: int = 0
+    languages: dict[str, int] = Field(default_factory=dict, description="files per language")
+    sources: dict[str, int] = Field(default_factory=dict, description="chunks per source")
+    provider: str = ""
+    model: str = ""
+    model_id: str = ""
+    dims: int = 0
+    last_run: dict[str, Any] | None = None
+    clean: bool = True
+    stale: bool = False
+    stale_count: int = 0
+    stale_paths: list[str] = Field(default_factory=list)
+    lake_bytes: int = 0
+    writer: dict[str, Any] | None = Field(None, description="the indexer holding the lake, if one runs")

@@ -1,0 +1,390 @@
+"""Read-side queries over the lake (CHUNKS, FILES): search and status, shared by the CLI and the MCP server."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import pyarrow as pa
+
+from ctxlake.errors import InputError, ModelMismatchError, NotIndexedError
+from ctxlake.schemas.config import Settings
+from ctxlake.schemas.tables import PROJECT_SOURCE
+from ctxlake.serve.models import Hit, SearchMode, SearchResult, Status
+from ctxlake.tasks import freshness
+from ctxlake.tasks.lake import (
+    CHUNKS_TABLE,
+    FILES_TABLE,
+    IndexState,
+    WriterLock,
+    connect,
+    open_table,
+)
+from ctxlake.tasks.terms import split_identifier
+
+if TYPE_CHECKING:
+    from lancedb.query import LanceVectorQueryBuilder
+    from lancedb.table import Table
+
+    from ctxlake.tasks.embedders import Embedder
+
+HIT_COLUMNS = ["id", "source", "path", "start_line", "end_line", "symbol", "kind", "lang", "text"]
+SNIPPET_LINES = 12
+SNIPPET_CHARS = 800
+# Candidates each ranked list contributes before fusion, per result asked for.
+CANDIDATES_PER_HIT = 4
+FUZZY_MIN_SCORE = 70.0
+# How stale a long-lived reader (the MCP server) may be before it looks for a newer table version.
+READ_CONSISTENCY = timedelta(seconds=1)
+
+
+class Lake:
+    """The lake opened for reading, once per CLI command or once per MCP server.
+
+    Readers see the last committed version of each table (Lance snapshots), never a half-written
+    one, and re-check for newer versions at most every second.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.state = IndexState.read(settings.lake_dir)
+        if self.state is None:
+            raise NotIndexedError(
+                f"{settings.root} is not indexed yet", hint="run `ctx run index` there first"
+            )
+        self.db = connect(settings.lake_dir, read_consistency=READ_CONSISTENCY)
+        chunks = open_table(self.db, CHUNKS_TABLE)
+        files = open_table(self.db, FILES_TABLE)
+        if chunks is None or files is None:
+            raise NotIndexedError(f"the lake at {settings.lake_dir} has no tables yet",
+                                  hint="run `ctx run index` to build it")
+        self.chunks: Table = chunks
+        self.files: Table = files
+        self._embedder: Embedder | None = None
+        self._symbols: tuple[int, list[str], list[str]] | None = None
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def embedder(self) -> Embedder:
+        """The query embedder, loaded on first semantic query; it must match the index's model."""
+        if self._embedder is None:
+            from ctxlake.tasks.embedders import make_embedder
+
+            embedder = make_embedder(self.settings.embed, self.settings.models_dir)
+            if self.state is not None and self.state.model_id and self.state.model_id != embedder.model_id:
+                raise ModelMismatchError(
+                    f"index was built with {self.state.model_id}, config says {embedder.model_id}",
+                    hint="run `ctx run index --force`, or search with --mode keyword",
+                )
+            self._embedder = embedder
+        return self._embedder
+
+    def refresh(self) -> None:
+        self.state = IndexState.read(self.settings.lake_dir) or self.state
+        for table in (self.chunks, self.files):
+            table.checkout_latest()
+
+
+# -- filters -------------------------------------------------------------------------------------
+
+
+def glob_to_regex(glob: str) -> str:
+    """A path glob as an anchored regex: `**` spans folders, `*` and `?` stay inside one; a glob
+    without a slash matches the file name at any depth, as in .gitignore."""
+    if not glob:
+        raise InputError("empty --path glob")
+    out = []
+    i = 0
+    while i < len(glob):
+        c = glob[i]
+        if glob.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+            continue
+        if glob.startswith("**", i):
+            out.append(".*")
+            i += 2
+            continue
+        if c == "*":
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[":
+            end = glob.find("]", i + 1)
+            if end == -1:
+                raise InputError(f"unbalanced '[' in glob {glob!r}")
+            body = glob[i + 1 : end].replace("\\", "\\\\")
+            out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
+            i = end + 1
+            continue
+        else:
+            out.append(re.escape(c))
+        i += 1
+    body = "".join(out)
+    prefix = "^(?:.*/)?" if "/" not in glob.rstrip("/") else "^"
+    return prefix + body + "$"
+
+
+def _sql(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def build_filter(
+    path_glob: str | None = None, lang: str | None = None, sources: Sequence[str] | None = None
+) -> str | None:
+    parts = []
+    if path_glob:
+        parts.append(f"regexp_like(path, {_sql(glob_to_regex(path_glob))})")
+    if lang:
+        parts.append(f"lang = {_sql(lang.lower())}")
+    if sources:
+        parts.append(f"source IN ({', '.join(_sql(s) for s in sources)})")
+    return " AND ".join(parts) or None
+
+
+# -- ranked lists --------------------------------------------------------------------------------
+
+
+def keyword_query(query: str) -> str:
+    """The query plus the words hidden in its identifiers (`getUserById` -> get user by id), so
+    it matches both the raw text and the split `terms` field."""
+    extra: list[str] = []
+    for token in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", query):
+        parts = split_identifier(token)
+        if len(parts) > 1:
+            extra.extend(parts)
+    return query if not extra else f"{query} {' '.join(extra)}"
+
+
+def keyword_rows(lake: Lake, query: str, limit: int, where: str | None) -> list[dict[str, Any]]:
+    from lancedb.query import MultiMatchQuery
+
+    text = keyword_query(query)
+    if not re.search(r"[A-Za-z0-9]", text):
+        return []
+    # lancedb declares these options as Field(default, kw_only=True), which mypy reads as required.
+    search = lake.chunks.search(MultiMatchQuery(text, ["text", "terms"]), query_type="fts")  # type: ignore[call-arg]
+    if where:
+        search = search.where(where, prefilter=True)
+    rows: list[dict[str, Any]] = search.select(HIT_COLUMNS).limit(limit).to_list()
+    for row in rows:
+        row["_rank_score"] = float(row.get("_score", 0.0))
+    return rows
+
+
+def semantic_rows(lake: Lake, query: str, limit: int, where: str | None) -> list[dict[str, Any]]:
+    vector = lake.embedder().embed_query(query)
+    condition = "vector IS NOT NULL" + (f" AND {where}" if where else "")
+    builder = cast("LanceVectorQueryBuilder", lake.chunks.search(vector.tolist(), vector_column_name="vector"))
+    rows: list[dict[str, Any]] = (
+        builder.distance_type("cosine")
+        .where(condition, prefilter=True)
+        .select(HIT_COLUMNS)
+        .limit(limit)
+        .to_list()
+    )
+    for row in rows:
+        row["_rank_score"] = 1.0 - float(row.get("_distance", 1.0))
+    return rows
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def fuzzy_rows(lake: Lake, query: str, limit: int, where: str | None) -> list[dict[str, Any]]:
+    """Typo-tolerant: symbol names by edit similarity, then fuzzy term matches in the text."""
+    from lancedb.query import MatchQuery
+    from rapidfuzz import fuzz, process
+
+    version = lake.chunks.version
+    if lake._symbols is None or lake._symbols[0] != version:
+        table = lake.chunks.search().where("symbol IS NOT NULL").select(["symbol"]).to_arrow()
+        names = sorted({n.strip() for s in table.column("symbol").to_pylist() for n in s.split(",")})
+        # Each name is matched by its last part (the method) and as a whole (Class.method).
+        keys = [_normalise(n.rsplit(".", 1)[-1]) + "|" + _normalise(n) for n in names]
+        lake._symbols = (version, names, keys)
+    _, names, keys = lake._symbols
+    needle = _normalise(query)
+    scored = process.extract(
+        needle, keys, limit=limit,
+        scorer=lambda q, k, **_: max(fuzz.ratio(q, part) for part in k.split("|")),
+    )
+    out: list[dict[str, Any]] = []
+    good = [(names[i], score) for _, score, i in scored if score >= FUZZY_MIN_SCORE]
+    if good:
+        listed = ", ".join(_sql(n) for n, _ in good)
+        # Merged chunks list several names; match those too.
+        cond = f"(symbol IN ({listed}) OR " + " OR ".join(
+            f"symbol LIKE {_sql('%' + n + '%')}" for n, _ in good[:10]) + ")"
+        if where:
+            cond += f" AND {where}"
+        rows = lake.chunks.search().where(cond).select(HIT_COLUMNS).limit(limit * 4).to_list()
+        rank = {n: s for n, s in good}
+        for row in rows:
+            names_in = [n.strip() for n in (row["symbol"] or "").split(",")]
+            row["_rank_score"] = max((rank.get(n, 0.0) for n in names_in), default=0.0) / 100.0
+        out = sorted(rows, key=lambda r: -r["_rank_score"])[:limit]
+    words = [w for w in re.findall(r"[A-Za-z0-9_]+", query) if len(w) > 2]
+    if words and len(out) < limit:
+        fuzzy = MatchQuery(" ".join(words), "text", fuzziness=2)  # type: ignore[call-arg]
+        search = lake.chunks.search(fuzzy, query_type="fts")
+        if where:
+            search = search.where(where, prefilter=True)
+        for row in search.select(HIT_COLUMNS).limit(limit).to_list():
+            row["_rank_score"] = float(row.get("_score", 0.0)) / 100.0
+            out.append(row)
+    return out
+
+
+def fuse(lists: Sequence[tuple[list[dict[str, Any]], float]], k: int) -> list[dict[str, Any]]:
+    """Weighted reciprocal-rank fusion: each list adds weight / (k + rank) to its rows' scores."""
+    scores: dict[str, float] = {}
+    rows: dict[str, dict[str, Any]] = {}
+    for ranked, weight in lists:
+        for rank, row in enumerate(ranked, start=1):
+            scores[row["id"]] = scores.get(row["id"], 0.0) + weight / (k + rank)
+            rows.setdefault(row["id"], row)
+    ordered = sorted(scores, key=lambda i: -scores[i])
+    return [{**rows[i], "_rank_score": scores[i]} for i in ordered]
+
+
+# -- public queries ------------------------------------------------------------------------------
+
+
+def snippet(text: str) -> str:
+    lines = text.splitlines()
+    out = "\n".join(lines[:SNIPPET_LINES])
+    if len(out) > SNIPPET_CHARS:
+        out = out[:SNIPPET_CHARS].rstrip() + " …"
+    elif len(lines) > SNIPPET_LINES:
+        out += "\n…"
+    return out
+
+
+def embedded_fraction(lake: Lake) -> float:
+    total = lake.chunks.count_rows()
+    if total == 0:
+        return 0.0
+    return 1.0 - lake.chunks.count_rows("vector IS NULL") / total
+
+
+def search(
+    lake: Lake,
+    query: str,
+    mode: SearchMode | None = None,
+    limit: int | None = None,
+    path_glob: str | None = None,
+    lang: str | None = None,
+    sources: Sequence[str] | None = None,
+    bm25_weight: float | None = None,
+    check_stale: bool = True,
+) -> SearchResult:
+    """Search the lake's chunks; the one query behind `ctx search` and the MCP `search_code`."""
+    started = time.perf_counter()
+    query = query.strip()
+    if not query:
+        raise InputError("empty query")
+    cfg = lake.settings.search
+    mode = mode or cfg.mode
+    limit = limit or cfg.limit
+    weight = cfg.bm25_weight if bm25_weight is None else bm25_weight
+    if not 0.0 <= weight <= 1.0:
+        raise InputError(f"bm25_weight must be between 0 and 1, got {weight}")
+    where = build_filter(path_glob, lang, sources)
+    pool = max(limit * CANDIDATES_PER_HIT, 20)
+    warnings: list[str] = []
+    fraction = embedded_fraction(lake)
+
+    if mode == "keyword":
+        rows = keyword_rows(lake, query, limit, where)
+    elif mode == "semantic":
+        if fraction == 0.0:
+            raise NotIndexedError("no chunk has a vector yet", hint="wait for `ctx run index` to embed, or use --mode keyword")
+        rows = semantic_rows(lake, query, limit, where)
+    elif mode == "fuzzy":
+        rows = fuzzy_rows(lake, query, limit, where)
+    elif mode == "hybrid":
+        lexical = keyword_rows(lake, query, pool, where)
+        if fraction == 0.0:
+            warnings.append("semantic part skipped: no chunk is embedded yet")
+            rows = lexical
+        else:
+            rows = fuse([(lexical, weight), (semantic_rows(lake, query, pool, where), 1.0 - weight)], cfg.rrf_k)
+    else:
+        raise InputError(f"unknown mode {mode!r}", hint="hybrid, keyword, semantic or fuzzy")
+    if 0.0 < fraction < 1.0 and mode in ("hybrid", "semantic"):
+        warnings.append(f"only {fraction:.0%} of chunks are embedded so far")
+
+    hits = [
+        Hit(
+            source=r["source"], path=r["path"], start_line=r["start_line"], end_line=r["end_line"],
+            symbol=r["symbol"], kind=r["kind"], lang=r["lang"],
+            score=round(float(r["_rank_score"]), 6), snippet=snippet(r["text"]),
+        )
+        for r in rows[:limit]
+    ]
+    stale_paths: list[str] = []
+    if check_stale:
+        fresh = freshness.check(lake.settings.lake_dir, PROJECT_SOURCE, lake.settings.root, lake.settings.index)
+        stale_paths = fresh.stale_paths
+        if not fresh.up_to_date and not stale_paths and fresh.reason != "up to date":
+            warnings.append(f"index may be behind: {fresh.reason}")
+    return SearchResult(
+        query=query, mode=mode, hits=hits, stale=bool(stale_paths), stale_paths=stale_paths[:50],
+        embedded_fraction=round(fraction, 4), warnings=warnings,
+        took_ms=round((time.perf_counter() - started) * 1000, 1),
+    )
+
+
+def _folder_bytes(folder: Path) -> int:
+    total = 0
+    for dirpath, _, names in os.walk(folder):
+        for name in names:
+            with contextlib.suppress(OSError):  # vanished while we walked
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+def status(settings: Settings, check_stale: bool = True) -> Status:
+    """What is indexed, with which model, how fresh, and whether an indexer is running."""
+    lake_dir = settings.lake_dir
+    out = Status(root=str(settings.root), lake_dir=str(lake_dir), indexed=False)
+    out.writer = WriterLock(lake_dir).held_by_other() if lake_dir.is_dir() else None
+    state = IndexState.read(lake_dir) if lake_dir.is_dir() else None
+    if state is None:
+        return out
+    out.provider, out.model, out.model_id, out.dims = state.provider, state.model, state.model_id, state.dims
+    out.last_run, out.clean = state.last_run, state.clean
+    db = connect(lake_dir)
+    chunks, files = open_table(db, CHUNKS_TABLE), open_table(db, FILES_TABLE)
+    if chunks is not None and files is not None:
+        out.indexed = True
+        out.chunks = chunks.count_rows()
+        out.pending_vectors = chunks.count_rows("vector IS NULL")
+        out.embedded = out.chunks - out.pending_vectors
+        file_rows = files.search().select(["lang", "source"]).to_arrow()
+        out.files = file_rows.num_rows
+        out.languages = _counts(file_rows.column("lang"))
+        chunk_sources = chunks.search().select(["source"]).to_arrow()
+        out.sources = _counts(chunk_sources.column("source"))
+    if check_stale:
+        fresh = freshness.check(lake_dir, PROJECT_SOURCE, settings.root, settings.index)
+        out.stale = not fresh.up_to_date and bool(fresh.stale_paths)
+        out.stale_count = len(fresh.stale_paths)
+        out.stale_paths = fresh.stale_paths[:50]
+    out.lake_bytes = _folder_bytes(lake_dir)
+    return out
+
+
+def _counts(column: pa.ChunkedArray) -> dict[str, int]:
+    import pyarrow.compute as pc
+
+    counts = pc.value_counts(column.fill_null("(unknown)")).to_pylist()
+    return dict(sorted(((c["values"], c["counts"]) for c in counts), key=lambda kv: -kv[1]))

@@ -1,0 +1,145 @@
+"""Terminal rendering for the CLI: Rich progress on stderr, results on stdout (plain when piped)."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+from ctxlake.serve.models import SearchResult, Status
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress, TaskID
+
+
+def stderr_console() -> Console:
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def stdout_console() -> Console:
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=True)
+
+
+class RichReporter:
+    """Progress bars for the index stages on stderr; silent when stderr is not a terminal."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.console = console or stderr_console()
+        self.enabled = self.console.is_terminal
+        self.progress: Progress = Progress(
+            SpinnerColumn(),
+            TextColumn("[bold]{task.description:<12}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=False,
+            disable=not self.enabled,
+        )
+        self.tasks: dict[str, TaskID] = {}
+
+    def __enter__(self) -> RichReporter:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def start(self, stage: str, total: int | None, description: str = "") -> None:
+        if stage in self.tasks:
+            self.progress.reset(self.tasks[stage], total=total)
+            return
+        self.tasks[stage] = self.progress.add_task(description or stage, total=total)
+
+    def advance(self, stage: str, n: int = 1) -> None:
+        if stage in self.tasks:
+            self.progress.advance(self.tasks[stage], n)
+
+    def finish(self, stage: str) -> None:
+        task = self.tasks.get(stage)
+        if task is not None:
+            current = self.progress.tasks[task]
+            total = current.total if current.total is not None else max(current.completed, 1)
+            self.progress.update(task, total=total, completed=total)
+
+    def note(self, message: str) -> None:
+        if self.enabled:
+            self.progress.console.print(f"[green]•[/] {message}")
+
+
+def print_search(result: SearchResult, console: Console) -> None:
+    if not result.hits:
+        console.print(f"No results for {result.query!r} ({result.mode}).")
+    for i, hit in enumerate(result.hits, start=1):
+        where = f"{hit.path}:{hit.start_line}-{hit.end_line}"
+        if hit.source != "project":
+            where = f"[{hit.source}] {where}"
+        symbol = f"  {hit.symbol}" if hit.symbol else ""
+        console.print(f"[bold]{i:>2}. {where}[/]{symbol}  [dim]({hit.kind}, {hit.lang or 'text'}) {hit.score:.4f}[/]",
+                      markup=True, highlight=False)
+        for line in hit.snippet.splitlines():
+            console.print("      " + line, style="dim", markup=False, highlight=False)
+        console.print()
+
+
+def human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def print_status(st: Status, console: Console) -> None:
+    if not st.indexed:
+        console.print(f"{st.root}: not indexed yet (run `ctx run index`).")
+        if st.writer:
+            console.print(f"An indexer is running: pid {st.writer.get('pid')} since {st.writer.get('since')}.")
+        return
+    pct = (st.embedded / st.chunks * 100) if st.chunks else 100.0
+    rows: list[tuple[str, Any]] = [
+        ("root", st.root),
+        ("files", f"{st.files:,}"),
+        ("chunks", f"{st.chunks:,}"),
+        ("embedded", f"{st.embedded:,} ({pct:.1f}%)" + (f", {st.pending_vectors:,} pending" if st.pending_vectors else "")),
+        ("languages", ", ".join(f"{k} {v}" for k, v in list(st.languages.items())[:8]) or "-"),
+        ("sources", ", ".join(f"{k} {v}" for k, v in st.sources.items()) or "-"),
+        ("model", f"{st.provider}/{st.model} ({st.model_id}, {st.dims}d)"),
+        ("lake", f"{st.lake_dir} ({human_bytes(st.lake_bytes)})"),
+    ]
+    if st.last_run:
+        lr = st.last_run
+        rows.append(("last run", f"{lr.get('finished_at', '?')}: +{lr.get('added', 0)} ~{lr.get('modified', 0)} "
+                     f"-{lr.get('removed', 0)} files in {lr.get('seconds', 0):.1f} s"))
+    if not st.clean:
+        rows.append(("state", "the last run did not finish; the next `ctx run index` repairs it"))
+    if st.writer:
+        rows.append(("indexer", f"running: pid {st.writer.get('pid')} since {st.writer.get('since')}"))
+    rows.append(("fresh", "yes" if not st.stale else f"no: {st.stale_count} file(s) changed since the last run"))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        console.print(f"[bold]{key:<{width}}[/]  {value}", highlight=False)
+    for path in st.stale_paths[:10]:
+        console.print(f"{'':<{width}}    {path}", style="yellow", highlight=False)
+
+
+def print_json(data: Any) -> None:
+    import json
+
+    sys.stdout.write(json.dumps(data, indent=2, default=str, ensure_ascii=False) + "\n")

