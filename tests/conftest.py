@@ -16,6 +16,8 @@ os.environ.setdefault("PREFECT_HOME", str(_SESSION_TMP / "prefect"))
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
+# A cold Prefect server (fresh venv, migrations) on a busy 2-core machine can take minutes to start.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
@@ -27,7 +29,7 @@ def prefect_server() -> Iterator[None]:
     """One temporary Prefect API server for the whole session (its start costs ~10 s)."""
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=60):
+    with prefect_test_harness(server_startup_timeout=300):
         yield
 
 

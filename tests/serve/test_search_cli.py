@@ -11,8 +11,6 @@ from typing import Any
 import pytest
 from helpers import ctx_subprocess, write_files
 
-from ctxlake.serve.queries import build_filter, glob_to_regex, keyword_query
-
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
@@ -113,23 +111,6 @@ def test_filters_by_path_glob_language_and_source(indexed: Path, cli: Callable[.
     by_name = search_json(cli, indexed, "tax", "--mode", "keyword", "--path", "*.md")
     assert {h["path"] for h in by_name["hits"]} == {"docs/billing.md"}
     assert search_json(cli, indexed, "invoice", "--sources", "elsewhere")["hits"] == []
-
-
-def test_glob_and_filter_translation() -> None:
-    import re
-
-    cases = {
-        "src/**/*.py": (["src/a.py", "src/x/y/b.py"], ["lib/src/a.py", "src/a.pyc"]),
-        "*.md": (["README.md", "docs/x.md"], ["docs/x.mdx"]),
-        "docs/?.txt": (["docs/a.txt"], ["docs/ab.txt", "docs/a/b.txt"]),
-        "web/[ab]*.js": (["web/app.js", "web/b.js"], ["web/c.js"]),
-    }
-    for glob, (good, bad) in cases.items():
-        rx = re.compile(glob_to_regex(glob))
-        assert all(rx.match(p) for p in good), glob
-        assert not any(rx.match(p) for p in bad), glob
-    assert build_filter(None, "Python", ["a", "o'b"]) == "lang = 'python' AND source IN ('a', 'o''b')"
-    assert keyword_query("why does getUserById fail") == "why does getUserById fail get user by id"
 
 
 def test_stale_results_flag_changed_files(indexed: Path, cli: Callable[..., Any]) -> None:

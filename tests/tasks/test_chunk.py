@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -818,14 +817,12 @@ def test_no_trailing_newline_long_lines_and_odd_options() -> None:
     check("a\nb\nc\n", chunk_text("a\nb\nc\n", "text", odd))
 
 
-def test_twenty_thousand_line_file_is_fast_and_covered() -> None:
+def test_twenty_thousand_line_file_is_covered() -> None:
+    # Speed is measured in the benchmark (tests/bench/bench_index.py), not asserted here.
     block = "def f{i}(x):\n    y = x + {i}\n    z = y * 2\n    return z\n\n\n"
     source = "".join(block.format(i=i) for i in range(3400))
     assert source.count("\n") > 20_000
-    started = time.perf_counter()
-    result = chunk_text(source, "python")
-    assert time.perf_counter() - started < 2.0
-    chunks = check(source, result)
+    chunks = check(source, chunk_text(source, "python"))
     assert len(chunks) == 3400 and chunks[-1].symbol == "f3399"
 
 
