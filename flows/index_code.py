@@ -18,7 +18,7 @@ from ctxlake.tasks.chunk_stage import chunk_files
 from ctxlake.tasks.embed import EmbeddingCache, embed_pending, fill_from_cache
 from ctxlake.tasks.embedders import Embedder, make_embedder
 from ctxlake.tasks.lake import IndexState
-from ctxlake.tasks.merkle import Diff, load_snapshot, save_snapshot, scan
+from ctxlake.tasks.merkle import Diff, Tree, load_snapshot, save_snapshot, scan
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.store import (
     LakeTables,
@@ -86,6 +86,51 @@ def _batches(paths: list[str], size: int) -> list[list[str]]:
     return [paths[i : i + size] for i in range(0, len(paths), size)]
 
 
+class Writer:
+    """The write side of one source for the length of a run (or of a watch session): the lake's
+    tables, the embedding cache and the state file, with the journal protocol that makes an
+    interrupted run repairable by the next one."""
+
+    def __init__(self, settings: Settings, source: str, root: Path, embedder: Embedder,
+                 state: IndexState | None) -> None:
+        self.settings, self.source, self.root, self.embedder = settings, source, root, embedder
+        self.lake = settings.lake_dir
+        self.state = state or IndexState()
+        self.state.provider, self.state.model = settings.embed.provider, settings.embed.model
+        self.state.model_id, self.state.dims = embedder.model_id, embedder.dims
+        self.lake.mkdir(parents=True, exist_ok=True)
+        self.tables = open_for_write(self.lake, embedder.dims)
+        self.cache = EmbeddingCache(settings.cache_dir, embedder.model_id, embedder.dims)
+
+    def begin(self, diff: Diff) -> None:
+        """Before the first write: journal the paths this step may touch, mark the lake unfinished."""
+        journal = freshness.read_journal(self.lake)
+        journal[self.source] = sorted(set(journal.get(self.source, [])) | set(diff.changed) | set(diff.removed))
+        freshness.write_journal(self.lake, journal)
+        self.state.clean = False
+        self.state.write(self.lake)
+
+    def apply(self, diff: Diff, report: IndexReport, force: bool = False) -> None:
+        _write_changes(self.tables, self.cache, self.root, self.source, diff, self.settings,
+                       self.embedder.dims, report, force)
+
+    def embed(self, report: IndexReport, use_cache: bool = True) -> None:
+        result = embed_pending(self.tables, self.cache, self.embedder, use_cache=use_cache)
+        report.vectors_from_cache += result.from_cache
+        report.embedded += result.embedded
+        report.encode_seconds += result.encode_seconds
+
+    def finish(self, tree: Tree, report: IndexReport) -> None:
+        """After the last write: the snapshot, then the state says the lake matches it."""
+        save_snapshot(self.lake, self.source, tree)
+        freshness.clear_journal(self.lake, self.source)
+        self.state.pending_vectors = self.tables.chunks.count_rows("vector IS NULL")
+        self.state.clean = True
+        self.state.roots = {**(self.state.roots or {}), self.source: tree.root_hash}
+        self.state.last_run = report.as_dict()
+        self.state.write(self.lake)
+
+
 @flow(name="index-code", validate_parameters=False, log_prints=False)
 def index_code(
     settings: Settings,
@@ -111,51 +156,30 @@ def index_code(
     progress.start("scan", None, "scanning")
     tree, diff, stats = scan(root, settings.index, previous)
     progress.finish("scan")
-    journal = freshness.read_journal(lake)
     if state is not None and not state.clean:
-        diff = freshness.with_journal(diff, tree, journal.get(source, []))
+        diff = freshness.with_journal(diff, tree, freshness.read_journal(lake).get(source, []))
     report.files_seen, report.skipped = stats.seen, dict(stats.skipped)
     report.added, report.modified, report.removed = len(diff.added), len(diff.modified), len(diff.removed)
 
-    # From here on the lake may be half-written: say so before the first write.
-    state = state or IndexState()
-    state.provider, state.model, state.model_id, state.dims = (
-        settings.embed.provider, settings.embed.model, embedder.model_id, embedder.dims)
-    state.clean = False
-    lake.mkdir(parents=True, exist_ok=True)
-    journal[source] = sorted(set(journal.get(source, [])) | set(diff.changed) | set(diff.removed))
-    freshness.write_journal(lake, journal)
-    state.write(lake)
-
-    tables = open_for_write(lake, embedder.dims)
+    writer = Writer(settings, source, root, embedder, state)
+    writer.begin(diff)
     if force:
-        delete_source(tables, source)
-    cache = EmbeddingCache(settings.cache_dir, embedder.model_id, embedder.dims)
-    _write_changes(tables, cache, root, source, diff, settings, embedder.dims, report, force)
-
-    if build_fts(tables):
+        delete_source(writer.tables, source)
+    writer.apply(diff, report, force)
+    if build_fts(writer.tables):
         progress.note("keyword search is ready")
     report.keyword_ready_s = time.perf_counter() - started
-    state.pending_vectors = tables.chunks.count_rows("vector IS NULL")
-    state.write(lake)
+    writer.state.pending_vectors = writer.tables.chunks.count_rows("vector IS NULL")
+    writer.state.write(lake)
 
     if embed:
-        result = embed_pending(tables, cache, embedder, use_cache=not force)
-        report.vectors_from_cache += result.from_cache
-        report.embedded, report.encode_seconds = result.embedded, result.encode_seconds
+        writer.embed(report, use_cache=not force)
     progress.start("optimize", None, "optimizing")
-    optimize(tables)
+    optimize(writer.tables)
     progress.finish("optimize")
-
-    save_snapshot(lake, source, tree)
-    freshness.clear_journal(lake, source)
     report.seconds = time.perf_counter() - started
     report.finished_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    state.pending_vectors = tables.chunks.count_rows("vector IS NULL")
-    state.clean = True
-    state.roots = {**(state.roots or {}), source: tree.root_hash}
-    state.last_run = report.as_dict()
-    state.write(lake)
+    writer.finish(tree, report)
     return report
 
 

@@ -33,6 +33,9 @@ app.add_typer(run_app, name="run")
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")]
 
 
+WATCH_PURPOSE = "ctx run index --watch"
+
+
 def _overrides(**sections: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {name: {k: v for k, v in values.items() if v is not None} for name, values in sections.items()}
 
@@ -58,12 +61,16 @@ def _prefect_quietly(verbose: bool) -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "WARNING" if verbose else "CRITICAL")
     os.environ.setdefault("PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT", "false")
+    # The first run in a new PREFECT_HOME migrates its database; on a busy 2-core machine the
+    # temporary server's start then overruns Prefect's 20 s default and the run fails.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 
 @run_app.command("index")
 def run_index(
     path: Annotated[Path | None, typer.Argument(help="project folder (default: this project)")] = None,
     force: Annotated[bool, typer.Option("--force", help="rebuild and re-embed everything")] = False,
+    watch: Annotated[bool, typer.Option("--watch", help="after indexing, keep the index fresh until Ctrl-C")] = False,
     wait: Annotated[float, typer.Option("--wait", help="seconds to wait for another indexer")] = 0.0,
     no_embed: Annotated[bool, typer.Option("--no-embed", help="chunk and keyword-index only")] = False,
     model: Annotated[str | None, typer.Option("--model", help="embedding profile or model")] = None,
@@ -82,18 +89,27 @@ def run_index(
     from ctxlake.tasks.embedders import make_embedder
     from ctxlake.tasks.lake import IndexState, WriterLock
 
-    lock = WriterLock(settings.lake_dir).acquire(wait_s=wait)
+    lock = WriterLock(settings.lake_dir, purpose=WATCH_PURPOSE if watch else "ctx run index")
+    watcher = lock.held_by_other()
+    if watcher and watcher.get("purpose") == WATCH_PURPOSE and not (force or watch):
+        typer.echo(f"A watcher (pid {watcher.get('pid')}) keeps {root} up to date; nothing to do.")
+        return
+    lock.acquire(wait_s=wait)
     try:
         if lock.took_over_from:
             typer.echo(f"Took over the lock of a finished indexer (pid {lock.took_over_from}).", err=True)
-        if not force:
+        if watch:
+            report = _run_flow(settings, force=force, embed=not no_embed, verbose=verbose, watch=True)
+        elif not force:
             # Decided before Prefect starts (its temporary server costs ~10 s): a no-op run
             # must return at once.
             fresh = freshness.check(settings.lake_dir, PROJECT_SOURCE, root, settings.index)
             state = IndexState.read(settings.lake_dir)
             same_model = state is not None and state.model_id == make_embedder(
                 settings.embed, settings.models_dir).model_id
-            if fresh.up_to_date and same_model and not (no_embed is False and state and state.pending_vectors):
+            # With --no-embed, chunks waiting for vectors are expected, not work to do.
+            only_vectors_pending = no_embed and fresh.reason.endswith("still to embed")
+            if same_model and (fresh.up_to_date or only_vectors_pending):
                 took = time.perf_counter() - started
                 if as_json:
                     from ctxlake.serve.render import print_json
@@ -102,7 +118,9 @@ def run_index(
                 else:
                     typer.echo(f"Up to date: nothing changed in {root} (checked in {took:.2f} s).")
                 return
-        report = _run_flow(settings, force=force, embed=not no_embed, verbose=verbose)
+            report = _run_flow(settings, force=force, embed=not no_embed, verbose=verbose)
+        else:
+            report = _run_flow(settings, force=force, embed=not no_embed, verbose=verbose)
     finally:
         lock.release()
     if as_json:
@@ -110,10 +128,14 @@ def run_index(
 
         print_json(report.as_dict())
         return
+    if watch:
+        typer.echo(f"Watched {report.root} for {report.seconds:.0f} s: +{report.added} new, ~{report.modified} "
+                   f"changed, -{report.removed} removed files; {report.embedded:,} chunks embedded.")
+        return
     _print_report(report)
 
 
-def _run_flow(settings: Settings, *, force: bool, embed: bool, verbose: bool) -> Any:
+def _run_flow(settings: Settings, *, force: bool, embed: bool, verbose: bool, watch: bool = False) -> Any:
     _prefect_quietly(verbose)
     from ctxlake.serve.render import RichReporter
     from ctxlake.tasks.progress import use_reporter
@@ -123,6 +145,10 @@ def _run_flow(settings: Settings, *, force: bool, embed: bool, verbose: bool) ->
         from ctxlake.flows.index_code import index_code
 
         rich.finish("prefect")
+        if watch:
+            from ctxlake.flows.watch_code import watch_code
+
+            return watch_code(settings)
         return index_code(settings, force=force, embed=embed)
 
 

@@ -106,11 +106,16 @@ def human_bytes(n: int) -> str:
     return f"{n} B"
 
 
+def _writer_kind(writer: dict[str, Any]) -> str:
+    return "watcher" if "--watch" in str(writer.get("purpose", "")) else "indexer"
+
+
 def print_status(st: Status, console: Console) -> None:
     if not st.indexed:
         console.print(f"{st.root}: not indexed yet (run `ctx run index`).")
         if st.writer:
-            console.print(f"An indexer is running: pid {st.writer.get('pid')} since {st.writer.get('since')}.")
+            console.print(f"A {_writer_kind(st.writer)} is running: pid {st.writer.get('pid')} "
+                          f"since {st.writer.get('since')}.")
         return
     pct = (st.embedded / st.chunks * 100) if st.chunks else 100.0
     rows: list[tuple[str, Any]] = [
@@ -130,7 +135,7 @@ def print_status(st: Status, console: Console) -> None:
     if not st.clean:
         rows.append(("state", "the last run did not finish; the next `ctx run index` repairs it"))
     if st.writer:
-        rows.append(("indexer", f"running: pid {st.writer.get('pid')} since {st.writer.get('since')}"))
+        rows.append((_writer_kind(st.writer), f"running: pid {st.writer.get('pid')} since {st.writer.get('since')}"))
     rows.append(("fresh", "yes" if not st.stale else f"no: {st.stale_count} file(s) changed since the last run"))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:

@@ -118,6 +118,56 @@ class Tree:
         return cls(entries, dirs, children, scanned_at_ns)
 
 
+    def update(self, changes: dict[str, Entry | None]) -> Tree:
+        """A new tree with these files set (or removed, for None), rehashing only their folders
+        and the folders above them; untouched subtrees keep their nodes."""
+        entries = dict(self.entries)
+        children = {folder: dict(kids) for folder, kids in self.children.items()}
+        dirty: set[str] = set()
+        for path, entry in changes.items():
+            parent, _, name = path.rpartition("/")
+            if entry is None:
+                if entries.pop(path, None) is not None:
+                    children.get(parent, {}).pop(name, None)
+            else:
+                entries[path] = entry
+                children.setdefault(parent, {})[name] = (False, entry.hash)
+                folder = parent
+                while folder:  # register new folders up to one that already exists
+                    grand, _, dname = folder.rpartition("/")
+                    siblings = children.setdefault(grand, {})
+                    if dname in siblings:
+                        break
+                    siblings[dname] = (True, "")
+                    children.setdefault(folder, {})
+                    folder = grand
+            folder = parent
+            while True:
+                dirty.add(folder)
+                if not folder:
+                    break
+                folder = folder.rpartition("/")[0]
+        dirs = dict(self.dirs)
+        for folder in sorted(dirty, key=lambda d: d.count("/") + (1 if d else 0), reverse=True):
+            kids = children.get(folder, {})
+            if folder and not kids:
+                # An emptied folder disappears from its parent, as it would from a fresh scan.
+                children.pop(folder, None)
+                dirs.pop(folder, None)
+                parent, _, name = folder.rpartition("/")
+                children.get(parent, {}).pop(name, None)
+                continue
+            h = xxhash.xxh3_128()
+            for name in sorted(kids):
+                is_dir, value = kids[name]
+                if is_dir:
+                    value = dirs[f"{folder}/{name}" if folder else name]
+                    kids[name] = (True, value)
+                h.update(f"{name}{'/' if is_dir else ''}\0{value}\n".encode())
+            dirs[folder] = h.hexdigest()
+        return Tree(entries, dirs, children, time.time_ns())
+
+
 EMPTY_HASH = xxhash.xxh3_128(b"").hexdigest()
 
 
@@ -253,6 +303,84 @@ class _Rules:
 
     def excluded_by_include(self, rel: str) -> bool:
         return self.include is not None and not self.include.verdict(rel)
+
+
+class PathFilter:
+    """Would a full scan keep this path? For single paths (watch events), with each folder's
+    .gitignore matcher loaded once."""
+
+    def __init__(self, root: Path, index: IndexSettings) -> None:
+        self.root = root
+        self.rules = _Rules(root, index)
+        self._stacks: dict[str, list[tuple[str, _Matcher]] | None] = {}
+
+    def _stack(self, folder: str) -> list[tuple[str, _Matcher]] | None:
+        """Matchers in force inside `folder`, or None when the folder itself is not scanned."""
+        if folder in self._stacks:
+            return self._stacks[folder]
+        if folder:
+            parent = folder.rpartition("/")[0]
+            above = self._stack(parent)
+            ignored = above is None or self.rules.ignored(folder, True, above)
+            venv = (self.root / folder / "pyvenv.cfg").exists()
+            stack = None if (ignored or venv) else list(above or [])
+        else:
+            stack = []
+        if stack is not None and self.rules.respect_gitignore:
+            matcher = self.rules.folder_matcher(str(self.root / folder / ".gitignore"))
+            if matcher is not None:
+                stack.append((folder, matcher))
+        self._stacks[folder] = stack
+        return stack
+
+    def keeps(self, rel: str) -> bool:
+        stack = self._stack(rel.rpartition("/")[0])
+        if stack is None:
+            return False
+        return not self.rules.ignored(rel, False, stack) and not self.rules.excluded_by_include(rel)
+
+
+def entry_for(root: Path, rel: str, keep: PathFilter, max_bytes: int) -> Entry | None:
+    """The Merkle entry of one path as a scan would record it now, or None if a scan would not."""
+    full = root / rel
+    try:
+        st = full.lstat()
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or not keep.keeps(rel):
+        return None
+    try:
+        digest, status = hash_file(full, st.st_size, max_bytes)
+    except FileNotFoundError:
+        return None
+    return Entry(rel, st.st_size, st.st_mtime_ns, digest, status)
+
+
+@stage("rehash-paths")
+def rehash_paths(root: Path, paths: set[str], tree: Tree, keep: PathFilter, max_bytes: int) -> dict[str, Entry | None]:
+    """Event paths -> {file path: its new Merkle entry, or None when it is gone or now ignored}.
+
+    An event can name a folder (moved or deleted whole): every file the tree had under it,
+    and every file now on disk under it, is looked at again.
+    """
+    affected: set[str] = set()
+    for rel in paths:
+        affected.add(rel)
+        prefix = rel + "/"
+        affected.update(p for p in tree.entries if p.startswith(prefix))
+        folder = root / rel
+        if folder.is_dir() and not folder.is_symlink():
+            for dirpath, dirnames, filenames in os.walk(folder):
+                dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+                base = Path(dirpath).relative_to(root).as_posix()
+                affected.update(f"{base}/{name}" for name in filenames)
+    changes: dict[str, Entry | None] = {}
+    for rel in affected:
+        entry = entry_for(root, rel, keep, max_bytes)
+        before = tree.entries.get(rel)
+        if entry != before and not (entry is None and before is None):
+            changes[rel] = entry
+    return changes
 
 
 def _read_lines(path: Path) -> list[str]:

@@ -173,3 +173,46 @@ def test_snapshot_roundtrip(tmp_path: Path) -> None:
     assert load_snapshot(tmp_path / "lake", "other") is None
     (tmp_path / "lake" / "manifest" / "project.arrow").write_bytes(b"garbage")
     assert load_snapshot(tmp_path / "lake", "project") is None
+
+
+def test_incremental_update_equals_a_full_rebuild(tmp_path: Path) -> None:
+    import random
+
+    from ctxlake.tasks.merkle import Entry
+
+    rng = random.Random(7)
+    folders = ["", "a", "a/b", "a/b/c", "d", "d/e"]
+    entries = {
+        f"{f}/f{i}.py".lstrip("/"): Entry(f"{f}/f{i}.py".lstrip("/"), i, i, f"h{i}", "indexed")
+        for i, f in enumerate(folders * 3)
+    }
+    tree = Tree.build(entries)
+    for step in range(30):
+        changes: dict[str, Entry | None] = {}
+        for path in rng.sample(sorted(tree.entries), 3):
+            changes[path] = None if rng.random() < 0.4 else tree.entries[path]._replace(hash=f"x{step}{path}")
+        new_path = f"{rng.choice([*folders, 'n', 'n/m'])}/new{step}.py".lstrip("/")
+        changes[new_path] = Entry(new_path, 1, 1, f"new{step}", "indexed")
+        tree = tree.update(changes)
+        rebuilt = Tree.build(tree.entries)
+        assert tree.dirs == rebuilt.dirs, f"step {step}"
+        assert tree.root_hash == rebuilt.root_hash
+    # Emptying a folder removes it, exactly as a fresh scan would not see it.
+    only = {p: e for p, e in tree.entries.items() if not p.startswith("d/")}
+    emptied = tree.update({p: None for p in tree.entries if p.startswith("d/")})
+    assert emptied.dirs == Tree.build(only).dirs and "d" not in emptied.dirs
+
+
+def test_path_filter_agrees_with_the_scan(tmp_path: Path) -> None:
+    from ctxlake.tasks.merkle import PathFilter
+
+    write_files(tmp_path, {
+        ".gitignore": "*.log\nbuild/\n",
+        "src/.gitignore": "!keep.log\n",
+        "src/a.py": "a", "src/keep.log": "k", "src/x.log": "x", "build/out.py": "o",
+        "env/pyvenv.cfg": "v", "env/lib.py": "l", "node_modules/m.js": "m", "docs/r.md": "r",
+    })
+    scanned = {p for p, e in scan(tmp_path).entries.items()}
+    keep = PathFilter(tmp_path, IndexSettings())
+    every = {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()}
+    assert {p for p in every if keep.keeps(p)} == scanned

@@ -1,0 +1,118 @@
+"""Pipeline: index_code -> (watch -> debounce -> hash changed paths -> Merkle update -> chunk -> upsert -> embed -> snapshot)*."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import cast
+
+from prefect import flow
+
+from ctxlake.schemas.config import Settings
+from ctxlake.schemas.tables import PROJECT_SOURCE
+from ctxlake.tasks.embedders import make_embedder
+from ctxlake.tasks.lake import IndexState
+from ctxlake.tasks.merkle import (
+    Diff,
+    PathFilter,
+    Tree,
+    diff_trees,
+    load_snapshot,
+    rehash_paths,
+    scan,
+)
+from ctxlake.tasks.progress import reporter
+from ctxlake.tasks.store import optimize
+
+from .index_code import IndexReport, Writer, index_code
+
+# Optimize (fold new rows into the indexes, compact) after this long without changes.
+IDLE_OPTIMIZE_S = 30.0
+# Paths whose change can alter which files are indexed at all: rescan everything.
+RULE_FILES = (".gitignore", ".git/info/exclude")
+# Folders whose churn never matters (the lake writes into .ctx/lake itself).
+NOISE = (".git/", ".ctx/")
+
+# One watcher per process; `request_stop` ends it from another thread (tests, embedding hosts).
+_stop = threading.Event()
+
+
+def request_stop() -> None:
+    _stop.set()
+
+
+@flow(name="watch-code", validate_parameters=False, log_prints=False)
+def watch_code(settings: Settings, source: str = PROJECT_SOURCE, root: Path | None = None) -> IndexReport:
+    """Index the source, then keep it fresh from file events until stopped (Ctrl-C or request_stop)."""
+    # watchfiles' engine, used directly: it is armed when created, so edits made while the
+    # initial index runs are queued instead of lost (its generator arms only when iterated).
+    from watchfiles._rust_notify import RustNotify
+
+    _stop.clear()
+    started = time.perf_counter()
+    root = (root or settings.root).resolve()
+    progress = reporter()
+    total = IndexReport(source=source, root=str(root))
+    with RustNotify([str(root)], False, False, 300, True, False) as notify:
+        first = index_code(settings, source=source, root=root)
+        total.files_seen, total.chunks_inserted = first.files_seen, first.chunks_inserted
+        tree = load_snapshot(settings.lake_dir, source) or Tree.build({})
+        embedder = make_embedder(settings.embed, settings.models_dir)
+        writer = Writer(settings, source, root, embedder, IndexState.read(settings.lake_dir))
+        keep = PathFilter(root, settings.index)
+        dirty = False
+        progress.note(f"watching {root} (Ctrl-C to stop)")
+        while True:
+            raw = notify.watch(settings.watch.debounce_ms, 50, int(IDLE_OPTIMIZE_S * 1000), _stop)
+            if raw in ("signal", "stop"):
+                break
+            if raw == "timeout":
+                if dirty:
+                    optimize(writer.tables)
+                    dirty = False
+                continue
+            events = cast("set[tuple[int, str]]", raw)  # the other answers are the strings above
+            paths = {Path(p).relative_to(root).as_posix() for _, p in events if Path(p).is_relative_to(root)}
+            paths = {p for p in paths if p != "." and not p.startswith(NOISE)}
+            if not paths:
+                continue
+            if any(p.endswith(RULE_FILES) for p in paths):
+                keep = PathFilter(root, settings.index)
+                new_tree, diff, _ = scan(root, settings.index, tree)
+            else:
+                new_tree = tree.update(rehash_paths(root, paths, tree, keep, settings.index.max_file_bytes))
+                diff = diff_trees(tree, new_tree)
+            tree = apply_batch(writer, tree, new_tree, diff, total)
+            dirty = True
+        if dirty:
+            optimize(writer.tables)
+    progress.note("watcher stopped")
+    total.seconds = time.perf_counter() - started
+    return total
+
+
+def apply_batch(writer: Writer, old: Tree, new: Tree, diff: Diff, total: IndexReport) -> Tree:
+    """One debounced batch of changes -> the lake; returns the tree the lake now matches."""
+    if not diff:
+        return new if new.root_hash == old.root_hash else old
+    started = time.perf_counter()
+    report = IndexReport(source=writer.source, root=str(writer.root))
+    report.added, report.modified, report.removed = len(diff.added), len(diff.modified), len(diff.removed)
+    writer.begin(diff)
+    writer.apply(diff, report)
+    writer.embed(report)
+    report.seconds = time.perf_counter() - started
+    report.finished_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    writer.finish(new, report)
+    total.added += report.added
+    total.modified += report.modified
+    total.removed += report.removed
+    total.chunks_inserted += report.chunks_inserted
+    total.chunks_deleted += report.chunks_deleted
+    total.embedded += report.embedded
+    total.warnings.extend(report.warnings)
+    names = ", ".join((diff.added + diff.modified + diff.removed)[:3])
+    more = len(diff.added) + len(diff.modified) + len(diff.removed) - 3
+    reporter().note(f"updated {names}{f' and {more} more' if more > 0 else ''} in {report.seconds:.2f} s")
+    return new
