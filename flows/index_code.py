@@ -24,7 +24,7 @@ from ctxlake.tasks.store import (
     LakeTables,
     append_chunks,
     build_fts,
-    delete_source,
+    indexed_paths,
     open_for_write,
     optimize,
     sql_str,
@@ -114,8 +114,9 @@ class Writer:
         _write_changes(self.tables, self.cache, self.root, self.source, diff, self.settings,
                        self.embedder.dims, report, force)
 
-    def embed(self, report: IndexReport, use_cache: bool = True) -> None:
-        result = embed_pending(self.tables, self.cache, self.embedder, use_cache=use_cache)
+    def embed(self, report: IndexReport, force: bool = False) -> None:
+        result = embed_pending(self.tables, self.cache, self.embedder, use_cache=not force,
+                               reembed_source=self.source if force else None)
         report.vectors_from_cache += result.from_cache
         report.embedded += result.embedded
         report.encode_seconds += result.encode_seconds
@@ -162,9 +163,14 @@ def index_code(
     report.added, report.modified, report.removed = len(diff.added), len(diff.modified), len(diff.removed)
 
     writer = Writer(settings, source, root, embedder, state)
-    writer.begin(diff)
     if force:
-        delete_source(writer.tables, source)
+        # Without a previous snapshot every file counts as added; files the lake still holds
+        # but the disk no longer has must go too. Nothing is deleted up front, so readers see
+        # the old index until each batch of files is replaced.
+        gone = sorted(indexed_paths(writer.tables, source) - set(tree.entries))
+        diff = Diff(diff.added, diff.modified, sorted(set(diff.removed) | set(gone)))
+        report.removed = len(diff.removed)
+    writer.begin(diff)
     writer.apply(diff, report, force)
     if build_fts(writer.tables):
         progress.note("keyword search is ready")
@@ -173,7 +179,7 @@ def index_code(
     writer.state.write(lake)
 
     if embed:
-        writer.embed(report, use_cache=not force)
+        writer.embed(report, force=force)
     progress.start("optimize", None, "optimizing")
     optimize(writer.tables)
     progress.finish("optimize")

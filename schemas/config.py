@@ -145,7 +145,12 @@ def resolve_root(path: Path | None, *, for_write: bool) -> Path:
     if found is not None:
         return found
     if for_write:
-        return git_toplevel(cwd) or cwd.resolve()
+        root = git_toplevel(cwd) or cwd.resolve()
+        if root == Path(root.anchor) or root == Path.home().resolve():
+            # Almost always a mistake (a terminal left in ~ or /), and a very long one.
+            raise InputError(f"refusing to index {root} without an explicit path",
+                             hint=f"run `ctx run index {root}` if you really mean it")
+        return root
     raise ConfigError(
         f"no ctxlake index in {cwd} or any parent folder (looked for {CTX_DIR}/)",
         hint="run `ctx run index` in the project first",

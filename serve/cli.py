@@ -58,6 +58,9 @@ def ensure_project(root: Path) -> bool:
 def _prefect_quietly(verbose: bool) -> None:
     """Prefect reads these at import: keep its INFO chatter and analytics off unless asked."""
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
+    # Only the terminal handler: a failed stage is one `ctx: error:` line here (a bug still
+    # prints its traceback), while a Prefect server a user runs still receives the logs.
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "INFO" if verbose else "CRITICAL")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "WARNING" if verbose else "CRITICAL")
     os.environ.setdefault("PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT", "false")

@@ -305,9 +305,12 @@ def search(
     if mode == "keyword":
         rows = keyword_rows(lake, query, limit, where)
     elif mode == "semantic":
+        # Not an error: during a (re-)index vectors arrive after their chunks; say so instead.
         if fraction == 0.0:
-            raise NotIndexedError("no chunk has a vector yet", hint="wait for `ctx run index` to embed, or use --mode keyword")
-        rows = semantic_rows(lake, query, limit, where)
+            warnings.append("no chunk has a vector yet: wait for `ctx run index` to embed, or use --mode keyword")
+            rows = []
+        else:
+            rows = semantic_rows(lake, query, limit, where)
     elif mode == "fuzzy":
         rows = fuzzy_rows(lake, query, limit, where)
     elif mode == "hybrid":

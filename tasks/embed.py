@@ -15,7 +15,7 @@ import xxhash
 
 from ctxlake.errors import LakeError
 from ctxlake.schemas.tables import embeddings_schema
-from ctxlake.tasks.lake import connect, open_table
+from ctxlake.tasks.lake import connect, open_table, writing
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.stage import stage
 from ctxlake.tasks.store import LakeTables, sql_str
@@ -80,12 +80,14 @@ class EmbeddingCache:
             return
         # Appends from concurrent writers commit independently in Lance; a race can store a
         # hash twice, which lookups tolerate, whereas a merge would conflict and retry.
-        self.table.add(
-            pa.Table.from_arrays(
-                [pa.array([self.model_id] * len(hashes)), pa.array(list(hashes)), vector_array(vectors, self.dims)],
-                schema=embeddings_schema(self.dims),
+        with writing("the embedding cache"):
+            self.table.add(
+                pa.Table.from_arrays(
+                    [pa.array([self.model_id] * len(hashes)), pa.array(list(hashes)),
+                     vector_array(vectors, self.dims)],
+                    schema=embeddings_schema(self.dims),
+                )
             )
-        )
 
 
 def fill_from_cache(chunks: pa.Table, cache: EmbeddingCache) -> tuple[pa.Table, int]:
@@ -145,6 +147,8 @@ class _Writer:
     def close(self) -> None:
         self.jobs.put(None)
         self.thread.join()
+        if isinstance(self.error, LakeError):
+            raise self.error
         if self.error is not None:
             raise LakeError(f"writing vectors failed: {self.error}") from self.error
 
@@ -153,7 +157,8 @@ def write_vectors(chunks: Table, ids: Sequence[str], vectors: np.ndarray, dims: 
     if not ids:
         return
     update = pa.table({"id": pa.array(list(ids)), "vector": vector_array(vectors, dims)})
-    chunks.merge_insert("id").when_matched_update_all().execute(update)
+    with writing("vectors"):
+        chunks.merge_insert("id").when_matched_update_all().execute(update)
 
 
 @stage("embed")
@@ -163,15 +168,16 @@ def embed_pending(
     embedder: Embedder,
     on_batch: Callable[[int], None] | None = None,
     use_cache: bool = True,
+    reembed_source: str | None = None,
 ) -> EmbedResult:
-    """CHUNKS rows with a null vector -> vectors: cache hits first, then the model, streamed."""
+    """CHUNKS rows with a null vector -> vectors: cache hits first, then the model, streamed.
+
+    `reembed_source` re-encodes every chunk of that source instead (`--force`): old vectors stay
+    in place, and searchable, until their new ones are written over them.
+    """
     started = time.perf_counter()
-    pending = (
-        tables.chunks.search()
-        .where("vector IS NULL")
-        .select(["id", "content_hash", "text"])
-        .to_arrow()
-    )
+    where = "vector IS NULL" if reembed_source is None else f"source = {sql_str(reembed_source)}"
+    pending = tables.chunks.search().where(where).select(["id", "content_hash", "text"]).to_arrow()
     progress = reporter()
     if pending.num_rows == 0:
         return EmbedResult(0, 0, 0, 0.0, 0.0)

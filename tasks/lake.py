@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import sys
 import tempfile
 import types
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -232,3 +234,24 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+@contextlib.contextmanager
+def writing(what: str) -> Iterator[None]:
+    """Turn an I/O failure while writing the lake (disk full, permission denied, a damaged file)
+    into one LakeError that says what was being written. Lance reports I/O errors as OSError or
+    as a RuntimeError carrying the OS message; anything else is a bug and propagates as is."""
+    try:
+        yield
+    except LakeError:
+        raise
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise LakeError(f"cannot write {what}: {reason}",
+                        hint="the previous index stays readable; fix the cause and re-run") from exc
+    except RuntimeError as exc:
+        text = str(exc)
+        if not any(marker in text for marker in ("IO", "Io", "os error", "No space", "ermission")):
+            raise
+        raise LakeError(f"cannot write {what}: {text.splitlines()[0][:300]}",
+                        hint="the previous index stays readable; fix the cause and re-run") from exc

@@ -9,9 +9,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import pyarrow as pa
 
-from ctxlake.errors import LakeError
 from ctxlake.schemas.tables import FILES, chunks_schema
-from ctxlake.tasks.lake import CHUNKS_TABLE, FILES_TABLE, connect, open_table
+from ctxlake.tasks.lake import CHUNKS_TABLE, FILES_TABLE, connect, open_table, writing
 from ctxlake.tasks.stage import stage
 
 if TYPE_CHECKING:
@@ -34,12 +33,15 @@ class LakeTables(NamedTuple):
 
 def open_for_write(lake_dir: Path, dims: int) -> LakeTables:
     """The lake's tables, created with their declared schemas when missing."""
-    try:
+    with writing(f"the lake at {lake_dir}"):
         db = connect(lake_dir, create=True)
-        chunks = open_table(db, CHUNKS_TABLE) or db.create_table(CHUNKS_TABLE, schema=chunks_schema(dims))
-        files = open_table(db, FILES_TABLE) or db.create_table(FILES_TABLE, schema=FILES)
-    except OSError as exc:
-        raise LakeError(f"cannot open the lake at {lake_dir}: {exc}") from exc
+        # `is None`, not `or`: a lancedb table has a length, so an empty one is falsy.
+        chunks = open_table(db, CHUNKS_TABLE)
+        if chunks is None:
+            chunks = db.create_table(CHUNKS_TABLE, schema=chunks_schema(dims))
+        files = open_table(db, FILES_TABLE)
+        if files is None:
+            files = db.create_table(FILES_TABLE, schema=FILES)
     return LakeTables(db, chunks, files)
 
 
@@ -72,27 +74,31 @@ def upsert(
     if not paths:
         return UpsertResult(0, 0)
     where = paths_filter(source, paths)
-    # A null vector is "not embedded yet", which lancedb calls a bad vector unless told.
-    result = (
-        tables.chunks.merge_insert("id")
-        .when_not_matched_insert_all()
-        .when_not_matched_by_source_delete(where)
-        .execute(chunks, on_bad_vectors="null")
-    )
-    (
-        tables.files.merge_insert(["source", "path"])
-        .when_matched_update_all()
-        .when_not_matched_insert_all()
-        .when_not_matched_by_source_delete(where)
-        .execute(files)
-    )
+    with writing("chunks"):
+        # A null vector is "not embedded yet", which lancedb calls a bad vector unless told.
+        result = (
+            tables.chunks.merge_insert("id")
+            .when_not_matched_insert_all()
+            .when_not_matched_by_source_delete(where)
+            .execute(chunks, on_bad_vectors="null")
+        )
+    with writing("the files table"):
+        (
+            tables.files.merge_insert(["source", "path"])
+            .when_matched_update_all()
+            .when_not_matched_insert_all()
+            .when_not_matched_by_source_delete(where)
+            .execute(files)
+        )
     return UpsertResult(result.num_inserted_rows, result.num_deleted_rows)
 
 
 def append_chunks(tables: LakeTables, chunks: pa.Table, files: pa.Table) -> None:
     """Cold-index fast path: plain appends into tables known to hold none of these paths."""
-    tables.chunks.add(chunks, on_bad_vectors="null")
-    tables.files.add(files)
+    with writing("chunks"):
+        tables.chunks.add(chunks, on_bad_vectors="null")
+    with writing("the files table"):
+        tables.files.add(files)
 
 
 def has_fts(table: Table) -> bool:
@@ -112,19 +118,21 @@ def build_fts(tables: LakeTables) -> bool:
         return False
     for column in FTS_COLUMNS:
         # Code is not English prose: no stemming or stop words, so `get`, `for`, `is_` survive.
-        tables.chunks.create_index(
-            column, config=FTS(stem=False, remove_stop_words=False, with_position=False), replace=True
-        )
+        with writing("the full-text index"):
+            tables.chunks.create_index(
+                column, config=FTS(stem=False, remove_stop_words=False, with_position=False), replace=True
+            )
     return True
 
 
 @stage("optimize")
 def optimize(tables: LakeTables, ann: bool = True) -> None:
     """Fold new rows into the indexes, compact fragments, drop versions no reader still needs."""
-    for table in (tables.chunks, tables.files):
-        table.optimize(cleanup_older_than=KEEP_VERSIONS)
-    if ann:
-        _maybe_ann_index(tables.chunks)
+    with writing("the lake (optimize)"):
+        for table in (tables.chunks, tables.files):
+            table.optimize(cleanup_older_than=KEEP_VERSIONS)
+        if ann:
+            _maybe_ann_index(tables.chunks)
 
 
 def _maybe_ann_index(chunks: Table) -> None:
@@ -135,6 +143,12 @@ def _maybe_ann_index(chunks: Table) -> None:
         chunks.create_index(metric="cosine", vector_column_name="vector", index_type="IVF_HNSW_SQ")
 
 
+def indexed_paths(tables: LakeTables, source: str) -> set[str]:
+    rows = tables.files.search().where(f"source = {sql_str(source)}").select(["path"]).to_arrow()
+    return set(rows.column("path").to_pylist())
+
+
 def delete_source(tables: LakeTables, source: str) -> None:
-    tables.chunks.delete(f"source = {sql_str(source)}")
-    tables.files.delete(f"source = {sql_str(source)}")
+    with writing(f"the lake (removing {source})"):
+        tables.chunks.delete(f"source = {sql_str(source)}")
+        tables.files.delete(f"source = {sql_str(source)}")

@@ -14,6 +14,7 @@ import pytest
 _SESSION_TMP = Path(tempfile.mkdtemp(prefix="ctx-tests-"))
 os.environ.setdefault("PREFECT_HOME", str(_SESSION_TMP / "prefect"))
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
 # A cold Prefect server (fresh venv, migrations) on a busy 2-core machine can take minutes to start.

@@ -47,3 +47,28 @@ def shared_path(*parts: str) -> Path:
     if not path.exists():
         pytest.skip(f"{path} is not here: ../shared holds the evaluation data and agent-log fixtures")
     return path
+
+
+def lake_fingerprint(lake_dir: Path) -> dict[str, object]:
+    """What a lake holds, minus timestamps: FILES rows, CHUNKS rows (with vectors), duplicates.
+
+    Two lakes built from the same tree must have equal fingerprints, however they got there.
+    """
+    import lancedb
+
+    db = lancedb.connect(str(lake_dir))
+    files = db.open_table("files").to_arrow().drop_columns(["indexed_at", "mtime_ns"]).to_pylist()
+    chunk_table = db.open_table("chunks").to_arrow()
+    chunks = chunk_table.drop_columns(["vector"]).to_pylist()
+    vectors = chunk_table.column("vector").to_pylist()
+    ids = [c["id"] for c in chunks]
+    return {
+        "files": sorted((f["source"], f["path"], f["hash"], f["size"], f["lang"], f["n_chunks"]) for f in files),
+        "chunks": sorted(
+            (c["id"], c["source"], c["path"], c["start_line"], c["end_line"], c["symbol"], c["kind"],
+             c["content_hash"], tuple(round(x, 5) for x in v) if v is not None else None)
+            for c, v in zip(chunks, vectors, strict=True)
+        ),
+        "duplicate_ids": len(ids) - len(set(ids)),
+        "missing_vectors": sum(v is None for v in vectors),
+    }

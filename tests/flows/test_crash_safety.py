@@ -1,0 +1,150 @@
+"""SIGKILL at many points of `ctx run index`, then a normal re-run: the lake equals a fresh index."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from helpers import lake_fingerprint, write_files
+
+pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.slow]
+
+# Fault injection, on the test side only: a sitecustomize module that small-batches the pipeline
+# (so every stage has a "middle") and SIGKILLs the process right after the Nth call of a target.
+KILLER = textwrap.dedent('''
+    import os, signal
+    spec = os.environ.get("CTX_TEST_KILL", "")
+    import ctxlake.tasks.embed as embed
+    import ctxlake.flows.index_code as index_code
+    embed.ENCODE_GROUP, embed.FLUSH_ROWS = 8, 16
+    index_code.BATCH_FILES = 6
+    if spec:
+        target, _, nth = spec.partition("#")
+        nth, calls = int(nth or 1), [0]
+        import lancedb.table, lancedb.merge
+        import ctxlake.tasks.embedders as embedders, ctxlake.tasks.merkle as merkle
+        owners = {
+            "merge_execute": (lancedb.merge.LanceMergeInsertBuilder, "execute"),
+            "add": (lancedb.table.LanceTable, "add"),
+            "create_index": (lancedb.table.LanceTable, "create_index"),
+            "optimize": (lancedb.table.LanceTable, "optimize"),
+            "encode": (embedders.FakeEmbedder, "embed_documents"),
+            "write_vectors": (embed, "write_vectors"),
+            "save_snapshot": (index_code, "save_snapshot"),
+            "hash_file": (merkle, "hash_file"),
+        }
+        owner, name = owners[target]
+        original = getattr(owner, name)
+        def wrapper(*args, **kwargs):
+            result = original(*args, **kwargs)
+            calls[0] += 1
+            if calls[0] >= nth:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return result
+        setattr(owner, name, staticmethod(wrapper) if owner is embed or owner is index_code or owner is merkle else wrapper)
+''')
+
+# (target, nth call after which the process dies): a spread over every stage of a run.
+KILL_POINTS = [
+    ("hash_file", 5),          # mid-scan, nothing written yet
+    ("add", 1),                # cold run: chunks of the first batch appended, their FILES rows not
+    ("add", 4),                # cold run: a later batch
+    ("create_index", 1),       # between the two FTS indexes
+    ("encode", 2),             # mid-embedding
+    ("write_vectors", 1),      # vectors in the cache, some chunk updates committed
+    ("optimize", 1),           # chunks compacted, files not yet
+    ("save_snapshot", 1),      # everything written, snapshot and clean state not
+]
+INCREMENTAL_KILL_POINTS = [
+    ("merge_execute", 1),      # chunks of a batch replaced, their FILES rows not
+    ("merge_execute", 3),
+    ("encode", 1),
+    ("save_snapshot", 1),
+]
+
+
+def source_files(n: int, tag: str = "") -> dict[str, str]:
+    files = {}
+    for i in range(n):
+        body = "".join(
+            f"    def method_{j}(self, value):\n        '''Method {j} of class {i}{tag}.'''\n"
+            f"        total = value * {j} + {i}\n        return total - {len(tag)}\n\n"
+            for j in range(4))
+        files[f"pkg/mod_{i:02d}.py"] = f"class Thing{i}:\n    '''Thing number {i}.'''\n\n{body}"
+    files["README.md"] = "# Crash\n\nSections.\n\n## Usage\n\nRun it.\n"
+    return files
+
+
+def run_ctx(repo: Path, kill: str | None, killer_dir: Path) -> subprocess.CompletedProcess[str]:
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "PYTHONPATH": str(killer_dir), "CTX_EMBED_PROVIDER": "fake", "CTX_EMBED_MODEL": "hash",
+           "PREFECT_API_URL": str(PREFECT_API_URL.value()), "CTX_TEST_KILL": kill or ""}
+    return subprocess.run([str(Path(sys.executable).parent / "ctx"), "run", "index", str(repo)], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture
+def killer(tmp_path: Path) -> Path:
+    folder = tmp_path / "killer"
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(KILLER)
+    return folder
+
+
+def reference(tmp_path: Path, files: dict[str, str], killer: Path, name: str) -> dict[str, object]:
+    repo = tmp_path / name
+    write_files(repo, files)
+    done = run_ctx(repo, None, killer)
+    assert done.returncode == 0, done.stderr
+    return lake_fingerprint(repo / ".ctx" / "lake")
+
+
+def converge(repo: Path, kill: str, killer: Path, expected: dict[str, object]) -> None:
+    killed = run_ctx(repo, kill, killer)
+    assert killed.returncode == -9, f"{kill}: expected SIGKILL, got {killed.returncode}: {killed.stderr[-800:]}"
+    repaired = run_ctx(repo, None, killer)
+    assert repaired.returncode == 0, f"{kill}: {repaired.stderr[-2000:]}"
+    got = lake_fingerprint(repo / ".ctx" / "lake")
+    assert got["duplicate_ids"] == 0 and got["missing_vectors"] == 0, kill
+    assert got == expected, f"lake after a kill at {kill} differs from a fresh index"
+
+
+def test_kill_during_a_cold_index_then_rerun_equals_a_fresh_index(tmp_path: Path, killer: Path, ctx_home: Path) -> None:
+    files = source_files(20)
+    expected = reference(tmp_path, files, killer, "fresh")
+    survived = 0
+    for target, nth in KILL_POINTS:
+        repo = tmp_path / f"cold-{target}-{nth}"
+        write_files(repo, files)
+        shutil.rmtree(ctx_home / "embeddings", ignore_errors=True)  # progress must come from the cache
+        converge(repo, f"{target}#{nth}", killer, expected)
+        survived += 1
+    assert survived == len(KILL_POINTS)
+
+
+def test_kill_during_an_incremental_run_then_rerun_equals_a_fresh_index(
+    tmp_path: Path, killer: Path, ctx_home: Path
+) -> None:
+    before = source_files(20)
+    after = dict(before)
+    for i in (1, 4, 9):
+        after[f"pkg/mod_{i:02d}.py"] = after[f"pkg/mod_{i:02d}.py"].replace("return total", "return -total")
+    for i in (2, 3):
+        del after[f"pkg/mod_{i:02d}.py"]
+    after["pkg/moved.py"] = after.pop("pkg/mod_05.py")
+    after.update({f"pkg/new_{i}.py": f"def added_{i}():\n    return {i}\n" for i in range(3)})
+    expected = reference(tmp_path, after, killer, "fresh-after")
+    for target, nth in INCREMENTAL_KILL_POINTS:
+        repo = tmp_path / f"inc-{target}-{nth}"
+        write_files(repo, before)
+        assert run_ctx(repo, None, killer).returncode == 0
+        shutil.rmtree(repo / "pkg")
+        write_files(repo, after)
+        shutil.rmtree(ctx_home / "embeddings", ignore_errors=True)  # so the new chunks need the model
+        converge(repo, f"{target}#{nth}", killer, expected)
