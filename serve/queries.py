@@ -40,15 +40,16 @@ SNIPPET_CHARS = 800
 # Candidates each ranked list contributes before fusion, per result asked for.
 CANDIDATES_PER_HIT = 4
 FUZZY_MIN_SCORE = 70.0
-# How stale a long-lived reader (the MCP server) may be before it looks for a newer table version.
-READ_CONSISTENCY = timedelta(seconds=1)
+# A long-lived reader (the MCP server) checks for a newer table version on every query: a cheap
+# manifest read, and an edit seen by the watcher is searchable at once.
+READ_CONSISTENCY = timedelta(0)
 
 
 class Lake:
     """The lake opened for reading, once per CLI command or once per MCP server.
 
     Readers see the last committed version of each table (Lance snapshots), never a half-written
-    one, and re-check for newer versions at most every second.
+    one, and pick up newer versions as soon as they are committed.
     """
 
     def __init__(self, settings: Settings) -> None:
