@@ -262,6 +262,35 @@ def clean(yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] =
 
 
 @app.command()
+def sql(
+    statement: Annotated[str, typer.Argument(help="a read-only SQL statement, e.g. \"SELECT lang, count(*) FROM files GROUP BY 1\"")],
+    limit: Annotated[int, typer.Option("-n", "--limit", help="at most this many rows")] = 1000,
+    as_json: JsonOpt = False,
+) -> None:
+    """Query the lake's tables (files, chunks, ...) with DuckDB."""
+    settings = load_settings(resolve_root(None, for_write=False))
+    from ctxlake.serve.analytics import run_sql
+
+    result = run_sql(settings.lake_dir, statement, limit)
+    if as_json:
+        from ctxlake.serve.render import print_json
+
+        print_json(result)
+        return
+    from rich.table import Table
+
+    from ctxlake.serve.render import stdout_console
+
+    table = Table(*result["columns"], show_lines=False)
+    for row in result["rows"]:
+        table.add_row(*("" if v is None else str(v) for v in row))
+    console = stdout_console()
+    console.print(table)
+    if result["truncated"]:
+        typer.echo(f"(first {result['row_count']} rows; raise --limit for more)", err=True)
+
+
+@app.command()
 def version() -> None:
     """Print the version."""
     typer.echo(f"ctxlake {__version__}")

@@ -193,3 +193,17 @@ def test_real_bundled_model_end_to_end(make_repo: Callable[..., Path], cli: Call
     assert any("getUserById" in (h["symbol"] or "") for h in hits[:2])
     status = json.loads(cli("status", "--json", cwd=repo).stdout)
     assert status["model_id"] == "local:all-MiniLM-L6-v2:384:t256" and status["dims"] == 384
+
+
+def test_sql_over_the_lake_is_read_only(indexed: Path, cli: Callable[..., Any]) -> None:
+    data = json.loads(cli("sql", "SELECT lang, count(*) AS n FROM files GROUP BY 1 ORDER BY 1", "--json",
+                          cwd=indexed).stdout)
+    assert data["columns"] == ["lang", "n"]
+    assert data["rows"] == [["javascript", 1], ["markdown", 1], ["python", 2]]
+    joined = json.loads(cli("sql", "SELECT count(*) FROM chunks c JOIN files f USING (source, path)", "--json",
+                            cwd=indexed).stdout)
+    assert joined["rows"][0][0] > 4
+    refused = cli("sql", "COPY files TO 'out.csv'", cwd=indexed)
+    assert refused.exit_code == 2 and "read-only" in refused.stderr
+    broken = cli("sql", "SELECT nope FROM files", cwd=indexed)
+    assert broken.exit_code == 2 and "SQL error" in broken.stderr and "tables: chunks, files" in broken.stderr

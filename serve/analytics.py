@@ -1,0 +1,69 @@
+"""DuckDB over the lake: every Lance table of a project as a read-only SQL view (`ctx sql`, notebooks)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from ctxlake.errors import InputError, NotIndexedError
+from ctxlake.tasks.lake import connect
+
+if TYPE_CHECKING:
+    import duckdb
+
+# Statements that read; DuckDB would happily write files or attach databases otherwise.
+_READ_ONLY = re.compile(r"^\s*(WITH|SELECT|FROM|DESCRIBE|SHOW|SUMMARIZE|EXPLAIN|PRAGMA\s+table_info)\b", re.I)
+
+
+def lake_tables(lake_dir: Path, with_vectors: bool = False) -> dict[str, pa.Table]:
+    """Every table of the lake as Arrow; vector columns left out unless asked (they are bulky)."""
+    db = connect(lake_dir)
+    out: dict[str, pa.Table] = {}
+    for name in sorted(db.list_tables().tables):
+        table = db.open_table(name).to_arrow()
+        if not with_vectors:
+            bulky = [f.name for f in table.schema if pa.types.is_list(f.type) or pa.types.is_fixed_size_list(f.type)]
+            table = table.drop_columns([c for c in bulky if c == "vector" or c.endswith("_vector")])
+        out[name] = table
+    if not out:
+        raise NotIndexedError(f"the lake at {lake_dir} has no tables", hint="run `ctx run index` first")
+    return out
+
+
+def duck(lake_dir: Path, with_vectors: bool = False) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with one view per lake table (files, chunks, ...)."""
+    import duckdb
+
+    con = duckdb.connect(":memory:")
+    for name, table in lake_tables(lake_dir, with_vectors).items():
+        con.register(name, table)
+    return con
+
+
+def run_sql(lake_dir: Path, sql: str, limit: int = 1000) -> dict[str, Any]:
+    """One read-only statement over the lake -> {columns, rows, row_count, truncated}."""
+    if not _READ_ONLY.match(sql):
+        raise InputError("ctx sql runs read-only statements (SELECT, WITH, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN)")
+    import duckdb
+
+    con = duck(lake_dir)
+    try:
+        result = con.execute(sql)
+    except duckdb.Error as exc:
+        raise InputError(f"SQL error: {str(exc).splitlines()[0]}",
+                         hint=f"tables: {', '.join(sorted(lake_tables_names(con)))}") from exc
+    columns = [d[0] for d in result.description or []]
+    rows = result.fetchmany(limit + 1)
+    return {
+        "columns": columns,
+        "rows": [list(r) for r in rows[:limit]],
+        "row_count": min(len(rows), limit),
+        "truncated": len(rows) > limit,
+    }
+
+
+def lake_tables_names(con: duckdb.DuckDBPyConnection) -> list[str]:
+    return [row[0] for row in con.execute("SHOW TABLES").fetchall()]
