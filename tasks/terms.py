@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{2,}")
 # Boundaries inside an identifier: lower->Upper (getUser), ACRONYMWord (HTTPServer), letter<->digit.
 _HUMP = re.compile(r"(?<=[a-z])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])|(?<=[A-Za-z])(?=[0-9])|(?<=[0-9])(?=[A-Za-z])")
 _WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+")
+
+
+@functools.lru_cache(maxsize=65536)
+def _split_cached(name: str) -> tuple[str, ...]:
+    return tuple(split_identifier(name))
 
 
 def split_identifier(name: str) -> list[str]:
@@ -33,12 +39,11 @@ def chunk_terms(path: str, symbol: str | None, text: str) -> str:
     out = path_words(path)
     if symbol:
         out += split_identifier(symbol)
-    seen: set[str] = set()
-    for ident in _IDENT.findall(text):
-        if ident in seen or ident.islower() or ident.isupper():
+    # Each distinct identifier once (first-seen order); splits are cached across chunks.
+    for ident in dict.fromkeys(_IDENT.findall(text)):
+        if ident.islower() or ident.isupper():
             continue
-        seen.add(ident)
-        parts = split_identifier(ident)
+        parts = _split_cached(ident)
         if len(parts) > 1:
             out += parts
     return " ".join(out)
