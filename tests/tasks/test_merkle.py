@@ -216,3 +216,20 @@ def test_path_filter_agrees_with_the_scan(tmp_path: Path) -> None:
     keep = PathFilter(tmp_path, IndexSettings())
     every = {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()}
     assert {p for p in every if keep.keeps(p)} == scanned
+
+
+def test_file_deleted_between_listing_and_hashing_is_counted_not_fatal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_files(tmp_path, {"a.py": "a", "b.py": "b", "c.py": "c"})
+    real = merkle.hash_file
+
+    def vanishing(path: Path, size: int, max_bytes: int) -> tuple[str, str]:
+        if path.name == "b.py":
+            path.unlink()  # another process removes it after the folder was listed
+        return real(path, size, max_bytes)
+
+    monkeypatch.setattr(merkle, "hash_file", vanishing)
+    tree, stats = scan_tree(tmp_path, IndexSettings())
+    assert set(tree.entries) == {"a.py", "c.py"}
+    assert stats.vanished == 1
