@@ -117,7 +117,7 @@ class DocsReader:
                 modified = datetime.fromtimestamp(st.st_mtime, tz=UTC).isoformat(timespec="seconds")
                 entries.append(DocEntry(path=f"{source.name}/{rel}", name=name,
                                         sizeBytes=st.st_size, modifiedAt=modified))
-        return entries
+        return sorted(entries, key=lambda e: e.path)
 
     def index(self, source: str | None = None, cursor: str | None = None) -> DocsIndex:
         """The documents of one docs folder (or all), a page at a time."""
@@ -162,10 +162,15 @@ class DocsReader:
             names = ", ".join(f"{s.name}/" for s in self.sources) or "none configured"
             raise InputError(f"{path!r} is not inside a docs folder ({names})",
                              hint="use a path from docs_index")
+        if any(part.startswith(".") for part in rel.split("/")):
+            raise InputError(f"hidden files are not served: {path!r}", hint="use a path from docs_index")
+        allowed = ", ".join(sorted(self.extensions))
         if not self._allowed(rel):
-            allowed = ", ".join(sorted(self.extensions))
             raise InputError(f"file type not allowed: {path!r}", hint=f"the docs reader reads {allowed}")
         target = resolve_inside(src.folder, rel)
+        if not self._allowed(target.name):
+            raise InputError(f"file type not allowed: {path!r} links to {target.name!r}",
+                             hint=f"the docs reader reads {allowed}")
         if not target.is_file():
             known = [d.path for d in self._walk(src)] if src.folder.is_dir() else []
             close = difflib.get_close_matches(clean, known, n=3, cutoff=0.6)

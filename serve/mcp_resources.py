@@ -8,7 +8,8 @@ from collections import Counter
 from typing import Annotated, Any
 
 from mcp.server import MCPServer
-from mcp.server.mcpserver.exceptions import ResourceError
+from mcp.shared.exceptions import MCPError
+from mcp.types import INVALID_PARAMS
 from mcp.server.mcpserver.resources import ResourceSecurity
 from pydantic import Field
 
@@ -26,7 +27,8 @@ def _json(data: Any) -> str:
 
 
 def _domain_errors(fn: Any) -> Any:
-    """Domain errors as resource errors with their message and hint (the SDK hides others)."""
+    """Domain errors as protocol errors with their message and hint: the SDK replaces any other
+    exception of a resource or prompt with a generic "Error rendering ..." text."""
     import functools
 
     @functools.wraps(fn)
@@ -34,7 +36,7 @@ def _domain_errors(fn: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except CtxError as exc:
-            raise ResourceError(str(exc)) from exc
+            raise MCPError(code=INVALID_PARAMS, message=str(exc)) from exc
 
     return wrapper
 
