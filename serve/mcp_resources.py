@@ -8,9 +8,9 @@ from collections import Counter
 from typing import Annotated, Any
 
 from mcp.server import MCPServer
+from mcp.server.mcpserver.resources import ResourceSecurity
 from mcp.shared.exceptions import MCPError
 from mcp.types import INVALID_PARAMS
-from mcp.server.mcpserver.resources import ResourceSecurity
 from pydantic import Field
 
 from ctxlake.errors import CtxError

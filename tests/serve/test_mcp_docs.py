@@ -118,7 +118,7 @@ def test_fr05_traversal_after_the_folder_name(project: Path) -> None:
 
 
 def test_fr05_wrong_extension(project: Path) -> None:
-    with pytest.raises(InputError, match="file type not allowed: 'docs/conf.py'"):
+    with pytest.raises(InputError, match=r"file type not allowed: 'docs/conf\.py'"):
         reader(project).content("docs/conf.py")
 
 
@@ -149,7 +149,7 @@ def test_other_escapes_and_not_found(project: Path) -> None:
     ]:
         with pytest.raises(InputError, match=message):
             docs.content(bad)
-    with pytest.raises(InputError, match="no such document: 'docs/biling.md'") as err:
+    with pytest.raises(InputError, match=r"no such document: 'docs/biling\.md'") as err:
         docs.content("docs/biling.md")
     assert "did you mean docs/billing.md" in str(err.value)
     assert docs.content("./docs//billing.md").path == "docs/billing.md"

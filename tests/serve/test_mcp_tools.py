@@ -255,7 +255,7 @@ def test_file_listing_pages(shop: tuple[Path, dict[str, str]]) -> None:
         if cursor is None:
             break
     assert [len(p) for p in pages] == [3, 3, 2]
-    assert sum(pages, []) == sorted(PROJECT)
+    assert [p for page in pages for p in page] == sorted(PROJECT)
     assert decode_cursor(list_files(lake, None, page=3).next_cursor or "", "files") == 3
 
 
