@@ -92,9 +92,16 @@ class FreshnessCache:
         self._refreshing = False
         self._watching = False
         self._stop = threading.Event()
+        self._scanning = 0
+        self._scanned = threading.Event()  # set once the first scan has finished
 
     def get(self) -> Freshness:
         max_age = self.settings.mcp.stale_check_s
+        with self._lock:
+            first_running = self._last is None and self._scanning > 0
+        if first_running and max_age > 0:
+            # The warm-up is scanning already: wait for it rather than stat every file twice.
+            self._scanned.wait(timeout=60)
         with self._lock:
             last = self._last
             if last is not None and max_age > 0:
@@ -112,13 +119,17 @@ class FreshnessCache:
 
         with self._lock:
             self._dirty = False  # changes from here on mark the new scan dirty again
+            self._scanning += 1
         try:
             fresh = freshness.check(self.settings.lake_dir, PROJECT_SOURCE, self.settings.root,
                                     self.settings.index)
             with self._lock:
                 self._last = (time.monotonic(), fresh)
+            self._scanned.set()
             return fresh
         finally:
+            with self._lock:
+                self._scanning -= 1
             self._refreshing = False
 
     def watch(self) -> None:
@@ -166,6 +177,12 @@ class ServerState:
         threading.Thread(target=self._warm_up, name="ctx-open-lake", daemon=True).start()
 
     def _warm_up(self) -> None:
+        watching = self.settings.mcp.stale_check_s > 0 and self.settings.lake_dir.is_dir()
+        if watching:
+            # Watch first, so that no change slips in between the first scan and the watch; the
+            # scan (stat calls, mostly outside the GIL) runs while lancedb imports.
+            threading.Thread(target=self.fresh.watch, name="ctx-watch", daemon=True).start()
+            threading.Thread(target=self.fresh.rescan, name="ctx-first-scan", daemon=True).start()
         self._open()
         if self._lake.exception() is None:
             from ctxlake.serve.queries import embedded_fraction, keyword_rows
@@ -174,10 +191,6 @@ class ServerState:
             lake = self._lake.result()
             embedded_fraction(lake)
             keyword_rows(lake, "warm up", 1, None)
-        # The first search should not pay for the first scan, nor a later one for a watcher's start.
-        if self.settings.mcp.stale_check_s > 0 and self.settings.lake_dir.is_dir():
-            self.fresh.rescan()
-            threading.Thread(target=self.fresh.watch, name="ctx-watch", daemon=True).start()
 
     def _open(self) -> None:
         try:
