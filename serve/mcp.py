@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -166,6 +167,7 @@ class ServerState:
         self._lake: Future[Lake] = Future()
         self._lake_lock = threading.Lock()
         self._started = False
+        self._torch_limited = False
         self.started_at = time.monotonic()
 
     def start(self) -> None:
@@ -215,6 +217,17 @@ class ServerState:
                 self._lake = retry
                 self._open()
                 return retry.result()
+
+    def query_embedder(self, lake: Lake) -> None:
+        """Load the query embedder (the first semantic query's cost) and keep torch to one thread:
+        one short query gains nothing from a second thread, and on a busy 2-core machine the
+        threads' contention made a MiniLM query embedding ~5-10x slower (27 ms vs 250-600 ms)."""
+        lake.embedder()
+        if not self._torch_limited and "torch" in sys.modules:
+            import torch
+
+            torch.set_num_threads(1)
+            self._torch_limited = True
 
     def freshness(self) -> Freshness:
         return self.fresh.get()

@@ -155,6 +155,8 @@ def register_prompts(server: MCPServer, state: ServerState) -> None:
 
         lake = state.lake()
         mode: SearchMode = "semantic" if embedded_fraction(lake) > 0 else "keyword"
+        if mode == "semantic":
+            state.query_embedder(lake)
         result = search(lake, code, mode=mode, limit=8, check_stale=False)
         hits = "\n".join(f"{i}. {h.path}:{h.start_line}-{h.end_line} {h.symbol or ''} (score {h.score:.3f})"
                          for i, h in enumerate(result.hits, start=1)) or "(no matches)"

@@ -68,9 +68,12 @@ def register_code_tools(server: MCPServer, state: ServerState) -> None:
             "only these sources (see list_sources); default all"))] = None,
     ) -> CodeSearchResult:
         """Search the indexed code and docs; returns ranked chunks with file, lines, symbol and a snippet."""
-        from ctxlake.serve.queries import search
+        from ctxlake.serve.queries import embedded_fraction, search
 
-        result = search(state.lake(), query, mode=MODES[search_type], limit=top_k, path_glob=file_filter,
+        lake = state.lake()
+        if search_type in ("hybrid", "vector") and embedded_fraction(lake) > 0:
+            state.query_embedder(lake)
+        result = search(lake, query, mode=MODES[search_type], limit=top_k, path_glob=file_filter,
                         sources=sources, bm25_weight=bm25_weight, check_stale=False, fuzziness=fuzziness)
         out = CodeSearchResult(**result.model_dump(), search_type=search_type)
         fresh = state.freshness()
