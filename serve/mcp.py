@@ -167,7 +167,6 @@ class ServerState:
         self._lake: Future[Lake] = Future()
         self._lake_lock = threading.Lock()
         self._started = False
-        self._torch_limited = False
         self.started_at = time.monotonic()
 
     def start(self) -> None:
@@ -223,11 +222,12 @@ class ServerState:
         one short query gains nothing from a second thread, and on a busy 2-core machine the
         threads' contention made a MiniLM query embedding ~5-10x slower (27 ms vs 250-600 ms)."""
         lake.embedder()
-        if not self._torch_limited and "torch" in sys.modules:
+        if "torch" in sys.modules:
             import torch
 
+            # Set on every call: torch keeps the count per thread (new threads inherit the last
+            # value set), and the query runs on whichever worker thread took this request.
             torch.set_num_threads(1)
-            self._torch_limited = True
 
     def freshness(self) -> Freshness:
         return self.fresh.get()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -413,3 +414,30 @@ def test_index_codebase_only_when_allowed(
         assert found["hits"][0]["snippet"].startswith("def compute_invoice_total():")
 
     with_client(server, body)
+
+
+@pytest.mark.model
+def test_real_model_semantic_search_over_mcp(make_repo: Callable[..., Path], cli: Callable[..., Any]) -> None:
+    """The bundled MiniLM answers a plain-English question; the server keeps torch to one thread."""
+    import torch
+
+    repo = make_repo(PROJECT)
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    server = build_server(settings_for(repo, {}))
+    threads_before = torch.get_num_threads()
+
+    async def body(client: Client) -> None:
+        found = await call_ok(client, "search_code", {
+            "query": "add the tax rate to the sum of the invoice lines", "search_type": "vector", "top_k": 3})
+        assert found["hits"][0]["symbol"] == "compute_invoice_total"
+        # Tools run on worker threads; torch's count is per thread, inherited by new threads.
+        seen: list[int] = []
+        worker = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+        worker.start()
+        worker.join()
+        assert seen == [1]
+
+    try:
+        with_client(server, body)
+    finally:
+        torch.set_num_threads(threads_before)  # the test process keeps its own setting
