@@ -75,7 +75,8 @@ class DocsSettings(_Section):
 class McpSettings(_Section):
     port: int = Field(8765, ge=1, le=65535, description="`ctx serve --http` port (always on 127.0.0.1)")
     stale_check_s: float = Field(
-        2.0, ge=0.0, description="how long a freshness scan is reused by search results (0 = every call)"
+        2.0, ge=0.0,
+        description="when no file watcher runs: how long a freshness scan is reused (0 = scan on every call)",
     )
     max_response_chars: int = Field(
         60_000, ge=4_000, description="a tool answer is trimmed or paged to stay under this size"

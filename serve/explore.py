@@ -76,6 +76,7 @@ class _SymbolIndex:
     row_of: list[int]  # names[i] belongs to rows[row_of[i]]
     short: list[str]  # normalised last part (the method name)
     full: list[str]  # normalised qualified name
+    kinds: list[str]  # the kinds present, for symbol_type checks
 
 
 # Per open Lake (weakly, so a closed server's index goes with it); rebuilt per table version.
@@ -99,7 +100,8 @@ def symbol_index(lake: Lake) -> _SymbolIndex:
                 names.append(name.strip())
                 row_of.append(i)
     index = _SymbolIndex(version, rows, names, row_of,
-                         [_normalise(n.rsplit(".", 1)[-1]) for n in names], [_normalise(n) for n in names])
+                         [_normalise(n.rsplit(".", 1)[-1]) for n in names], [_normalise(n) for n in names],
+                         sorted(set(rows.column("kind").to_pylist())))
     with _symbol_lock:
         _symbol_cache[lake] = index
     return index
@@ -113,12 +115,12 @@ def find_symbols(lake: Lake, symbol_name: str, symbol_type: str | None = None, l
     if not needle:
         raise InputError("symbol_name has no letters or digits", hint="e.g. getUserById or Flask.register_blueprint")
     index = symbol_index(lake)
-    kinds = sorted(set(index.rows.column("kind").to_pylist()))
     wanted = None
     if symbol_type:
         wanted = symbol_type.strip().lower()
-        if wanted not in kinds:
-            raise InputError(f"unknown symbol_type {symbol_type!r}", hint=f"kinds in this index: {', '.join(kinds)}")
+        if wanted not in index.kinds:
+            raise InputError(f"unknown symbol_type {symbol_type!r}",
+                             hint=f"kinds in this index: {', '.join(index.kinds)}")
     best: dict[int, float] = {}
     # Two passes with a C scorer each (fast over 100k names): the bare name and the qualified one.
     for keys in (index.short, index.full):
@@ -207,8 +209,8 @@ def file_context(
     content = "".join(lines[start - 1 : last])[:max_chars]
     asked_end = min(total, end_line) if end_line is not None else end
     truncated = last < asked_end
-    chunks = _all_rows(lake.chunks, ["symbol", "kind", "start_line", "end_line", "vector", "terms"],
-                       f"source = {_sql(PROJECT_SOURCE)} AND path = {_sql(clean)}").to_pylist()
+    columns = ["symbol", "kind", "start_line", "end_line"] + (["vector", "terms"] if include_related else [])
+    chunks = _all_rows(lake.chunks, columns, f"source = {_sql(PROJECT_SOURCE)} AND path = {_sql(clean)}").to_pylist()
     overlap = sorted((c for c in chunks if c["start_line"] <= last and c["end_line"] >= start),
                      key=lambda c: (c["start_line"], c["end_line"]))
     outline = [Outline(symbol=c["symbol"], kind=c["kind"], start_line=c["start_line"], end_line=c["end_line"])
