@@ -168,10 +168,10 @@ def main() -> int:
     server.initialize()
     results: dict[str, list[float]] = {}
     # Warm-up: lake open, FTS index read, query embedder loaded.
-    for mode in ("hybrid", "bm25", "vector"):
+    for mode in ("hybrid", "bm25", "vector", "fuzzy"):
         server.call("search_code", {"query": "warm up the model", "search_type": mode})
     server.call("fuzzy_find", {"symbol_name": "warm_up"})
-    for mode in ("hybrid", "bm25", "vector"):
+    for mode in ("hybrid", "bm25", "vector", "fuzzy"):
         results[f"search_code {mode} (top_k=10)"] = [
             server.call("search_code", {"query": q, "search_type": mode})
             for _ in range(args.rounds) for q in SEARCHES]
