@@ -220,16 +220,18 @@ def fuzzy_rows(
         table = lake.chunks.search().where("symbol IS NOT NULL").select(["symbol"]).to_arrow()
         names = sorted({n.strip() for s in table.column("symbol").to_pylist() for n in s.split(",")})
         # Each name is matched by its last part (the method) and as a whole (Class.method).
-        keys = [_normalise(n.rsplit(".", 1)[-1]) + "|" + _normalise(n) for n in names]
+        keys = [_normalise(n.rsplit(".", 1)[-1]) for n in names] + [_normalise(n) for n in names]
         lake._symbols = (version, names, keys)
     _, names, keys = lake._symbols
     needle = _normalise(query)
-    scored = process.extract(
-        needle, keys, limit=limit,
-        scorer=lambda q, k, **_: max(fuzz.ratio(q, part) for part in k.split("|")),
-    )
+    # One pass of the C scorer over both key lists (a Python scorer took ~0.2 s on django's 60k
+    # names); a name scores the better of its two keys.
+    best: dict[int, float] = {}
+    for _, score, i in process.extract(needle, keys, scorer=fuzz.ratio, limit=2 * limit):
+        best[i % len(names)] = max(best.get(i % len(names), 0.0), float(score))
+    scored = sorted(best.items(), key=lambda kv: -kv[1])[:limit]
     out: list[dict[str, Any]] = []
-    good = [(names[i], score) for _, score, i in scored if score >= FUZZY_MIN_SCORE]
+    good = [(names[i], score) for i, score in scored if score >= FUZZY_MIN_SCORE]
     if good:
         listed = ", ".join(_sql(n) for n, _ in good)
         # Merged chunks list several names; match those too.
