@@ -59,6 +59,30 @@ class WatchSettings(_Section):
     debounce_ms: int = Field(500, ge=10)
 
 
+class DocsSettings(_Section):
+    paths: list[str] = Field(
+        default_factory=lambda: ["docs"],
+        description="documentation folders the MCP docs reader serves, relative to the project root",
+    )
+    extensions: list[str] = Field(
+        default_factory=lambda: [".md", ".markdown", ".mdx", ".rst", ".txt"],
+        description="file types the docs reader lists and reads; anything else is refused",
+    )
+    chunk_lines: int = Field(500, ge=20, le=500, description="docs_content returns at most this many lines")
+    max_file_bytes: int = Field(5_000_000, ge=1, description="larger docs are listed but not read")
+
+
+class McpSettings(_Section):
+    port: int = Field(8765, ge=1, le=65535, description="`ctx serve --http` port (always on 127.0.0.1)")
+    stale_check_s: float = Field(
+        2.0, ge=0.0,
+        description="when no file watcher runs: how long a freshness scan is reused (0 = scan on every call)",
+    )
+    max_response_chars: int = Field(
+        60_000, ge=4_000, description="a tool answer is trimmed or paged to stay under this size"
+    )
+
+
 class Settings(_Section):
     """Everything a command needs, resolved once at the entry point and passed down."""
 
@@ -68,6 +92,8 @@ class Settings(_Section):
     embed: EmbedSettings = Field(default_factory=EmbedSettings)
     search: SearchSettings = Field(default_factory=SearchSettings)
     watch: WatchSettings = Field(default_factory=WatchSettings)
+    docs: DocsSettings = Field(default_factory=DocsSettings)
+    mcp: McpSettings = Field(default_factory=McpSettings)
 
     @property
     def ctx_dir(self) -> Path:
@@ -95,6 +121,8 @@ SECTIONS: dict[str, type[_Section]] = {
     "embed": EmbedSettings,
     "search": SearchSettings,
     "watch": WatchSettings,
+    "docs": DocsSettings,
+    "mcp": McpSettings,
 }
 
 

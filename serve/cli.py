@@ -19,6 +19,7 @@ from ctxlake.schemas.config import (
     load_settings,
     resolve_root,
 )
+from ctxlake.serve import cli_mcp
 
 app = typer.Typer(
     name="ctx",
@@ -29,6 +30,7 @@ app = typer.Typer(
 )
 run_app = typer.Typer(help="Run a pipeline (a Prefect flow).", no_args_is_help=True)
 app.add_typer(run_app, name="run")
+cli_mcp.register(app)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")]
 

@@ -1,0 +1,128 @@
+"""`ctx init`: client config files written or merged (never clobbered), Codex only on request, the lake gitignored."""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from helpers import write_files
+from mcp import Client, StdioServerParameters
+from mcp_helpers import PROJECT
+
+
+@pytest.fixture
+def repo(make_repo: Callable[..., Path]) -> Path:
+    return make_repo(PROJECT)
+
+
+@pytest.fixture
+def codex_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "codex-home"
+    monkeypatch.setenv("CODEX_HOME", str(home))
+    return home
+
+
+def test_default_registers_claude_and_the_clients_the_project_uses(
+    repo: Path, cli: Callable[..., Any], codex_home: Path
+) -> None:
+    write_files(repo, {".vscode/settings.json": "{}\n"})
+    result = cli("init", cwd=repo)
+    assert result.exit_code == 0, result.stderr
+    claude = json.loads((repo / ".mcp.json").read_text())["mcpServers"]["ctx"]
+    assert claude["type"] == "stdio" and Path(claude["command"]).is_absolute()
+    assert Path(claude["command"]).exists() and claude["args"] == ["serve", "--root", str(repo)]
+    vscode = json.loads((repo / ".vscode" / "mcp.json").read_text())
+    assert vscode["servers"]["ctx"]["args"] == ["serve", "--root", str(repo)]
+    assert not (repo / ".cursor").exists() and not (repo / ".gemini").exists()
+    assert not codex_home.exists(), "Codex is only written when asked for by name"
+    assert ".ctx/lake/" in (repo / ".gitignore").read_text().splitlines()
+    assert (repo / ".ctx" / "config.toml").is_file()
+    assert "Claude Code: created" in result.stdout and "VS Code: created" in result.stdout
+    assert "Next: `ctx run index`" in result.stdout
+    again = cli("init", "--json", cwd=repo)
+    changes = json.loads(again.stdout)["changes"]
+    assert {c["action"] for c in changes} == {"unchanged"}, changes
+
+
+def test_merges_into_existing_files_without_clobbering(repo: Path, cli: Callable[..., Any]) -> None:
+    other = {"command": "npx", "args": ["-y", "some-server"]}
+    write_files(repo, {
+        ".mcp.json": json.dumps({"mcpServers": {"other": other}, "extra": [1, 2]}),
+        ".gemini/settings.json": json.dumps({"theme": "Dracula", "mcpServers": {"other": other}}),
+        ".gitignore": "node_modules/\n.ctx/\n",
+    })
+    result = cli("init", "--client", "all", "--json", cwd=repo)
+    assert result.exit_code == 0, result.stderr
+    actions = {c["client"]: c["action"] for c in json.loads(result.stdout)["changes"]}
+    assert actions == {"claude": "updated", "cursor": "created", "gemini": "updated", "vscode": "created",
+                       "git": "unchanged"}
+    claude = json.loads((repo / ".mcp.json").read_text())
+    assert claude["mcpServers"]["other"] == other and claude["extra"] == [1, 2] and "ctx" in claude["mcpServers"]
+    gemini = json.loads((repo / ".gemini" / "settings.json").read_text())
+    assert gemini["theme"] == "Dracula" and gemini["mcpServers"]["other"] == other
+    assert gemini["mcpServers"]["ctx"]["cwd"] == str(repo)
+    cursor = json.loads((repo / ".cursor" / "mcp.json").read_text())
+    assert list(cursor) == ["mcpServers"] and cursor["mcpServers"]["ctx"]["args"][-1] == str(repo)
+    assert (repo / ".gitignore").read_text() == "node_modules/\n.ctx/\n"  # already covered by .ctx/
+
+
+def test_a_file_with_comments_is_left_alone(repo: Path, cli: Callable[..., Any]) -> None:
+    jsonc = '{\n  // my servers\n  "servers": {}\n}\n'
+    write_files(repo, {".vscode/mcp.json": jsonc})
+    result = cli("init", "--client", "vscode", cwd=repo)
+    assert result.exit_code == 0
+    assert (repo / ".vscode" / "mcp.json").read_text() == jsonc
+    assert "VS Code: skipped" in result.stdout and "not plain JSON (comments?)" in result.stderr
+    assert '"ctx": {' in result.stderr  # the entry to paste by hand
+
+
+def test_codex_shows_the_change_and_needs_consent(repo: Path, cli: Callable[..., Any], codex_home: Path) -> None:
+    codex_home.mkdir()
+    config = codex_home / "config.toml"
+    original = '# my codex settings\nmodel = "o4"\n\n[mcp_servers.other]\ncommand = "other-server"\n'
+    config.write_text(original)
+    refused = cli("init", "--client", "codex", cwd=repo)
+    assert refused.exit_code == 2 and "without --yes" in refused.stderr
+    assert "+[mcp_servers.ctx]" in refused.stderr and config.read_text() == original
+    done = cli("init", "--client", "codex", "--yes", cwd=repo)
+    assert done.exit_code == 0, done.stderr
+    text = config.read_text()
+    assert text.startswith(original) and "# my codex settings" in text
+    data = tomllib.loads(text)
+    assert data["model"] == "o4" and data["mcp_servers"]["other"] == {"command": "other-server"}
+    ctx = data["mcp_servers"]["ctx"]
+    assert Path(ctx["command"]).is_absolute() and ctx["args"] == ["serve"] and ctx["startup_timeout_sec"] == 30
+    assert "Codex: updated" in done.stdout
+    assert cli("init", "--client", "codex", cwd=repo).exit_code == 0  # unchanged: nothing to ask
+
+
+def test_unknown_client_is_a_usage_error(repo: Path, cli: Callable[..., Any]) -> None:
+    result = cli("init", "--client", "emacs", cwd=repo)
+    assert result.exit_code == 2 and "unknown client 'emacs'" in result.stderr
+    assert not (repo / ".mcp.json").exists()
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_the_registered_command_starts_a_working_server(
+    repo: Path, cli: Callable[..., Any], fake_embedder: Any
+) -> None:
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    assert cli("init", "--client", "claude", cwd=repo).exit_code == 0
+    entry = json.loads((repo / ".mcp.json").read_text())["mcpServers"]["ctx"]
+    # Launched the way a client does: elsewhere, with the entry's command and arguments only.
+    params = StdioServerParameters(command=entry["command"], args=entry["args"], env=dict(os.environ),
+                                   cwd=str(repo.parent))
+
+    async def main() -> None:
+        async with Client(params) as client:
+            result = await client.call_tool("search_code", {"query": "getUserById", "search_type": "bm25"})
+            assert not result.is_error and result.structured_content is not None
+            assert result.structured_content["hits"][0]["path"] == "src/users/service.py"
+
+    anyio.run(main)
