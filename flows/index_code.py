@@ -112,7 +112,7 @@ def index_code(
     tree, diff, stats = scan(root, settings.index, previous)
     progress.finish("scan")
     journal = freshness.read_journal(lake)
-    if state is not None and not state.clean:
+    if state is not None and (not state.clean or source in journal):
         diff = freshness.with_journal(diff, tree, journal.get(source, []))
     report.files_seen, report.skipped = stats.seen, dict(stats.skipped)
     report.added, report.modified, report.removed = len(diff.added), len(diff.modified), len(diff.removed)
@@ -152,7 +152,8 @@ def index_code(
     report.seconds = time.perf_counter() - started
     report.finished_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     state.pending_vectors = tables.chunks.count_rows("vector IS NULL")
-    state.clean = True
+    # Clean only when no other source's run is left unfinished (its journal entry remains).
+    state.clean = not freshness.read_journal(lake)
     state.roots = {**(state.roots or {}), source: tree.root_hash}
     state.last_run = report.as_dict()
     state.write(lake)
