@@ -50,7 +50,10 @@ def record_source(lake_dir: Path, row: dict[str, Any]) -> None:
     """One SOURCES row -> the lake's sources table (replacing that source's row)."""
     try:
         db = connect(lake_dir, create=True)
-        table = open_table(db, SOURCES_TABLE) or db.create_table(SOURCES_TABLE, schema=SOURCES)
+        # `is None`, not `or`: a LanceTable with no rows is falsy (it has __len__).
+        table = open_table(db, SOURCES_TABLE)
+        if table is None:
+            table = db.create_table(SOURCES_TABLE, schema=SOURCES)
         data = pa.Table.from_pylist([row], schema=SOURCES)
         table.merge_insert("name").when_matched_update_all().when_not_matched_insert_all().execute(data)
     except OSError as exc:

@@ -36,8 +36,14 @@ def open_for_write(lake_dir: Path, dims: int) -> LakeTables:
     """The lake's tables, created with their declared schemas when missing."""
     try:
         db = connect(lake_dir, create=True)
-        chunks = open_table(db, CHUNKS_TABLE) or db.create_table(CHUNKS_TABLE, schema=chunks_schema(dims))
-        files = open_table(db, FILES_TABLE) or db.create_table(FILES_TABLE, schema=FILES)
+        # `is None`, not `or`: a LanceTable with no rows is falsy (it has __len__), and creating
+        # it again fails with "already exists" (an empty repo, or a source whose files all went).
+        chunks = open_table(db, CHUNKS_TABLE)
+        if chunks is None:
+            chunks = db.create_table(CHUNKS_TABLE, schema=chunks_schema(dims))
+        files = open_table(db, FILES_TABLE)
+        if files is None:
+            files = db.create_table(FILES_TABLE, schema=FILES)
     except OSError as exc:
         raise LakeError(f"cannot open the lake at {lake_dir}: {exc}") from exc
     return LakeTables(db, chunks, files)
