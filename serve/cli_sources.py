@@ -184,12 +184,12 @@ def register(app: typer.Typer) -> None:
     @app.command("add-docs")
     def add_docs(
         name: Annotated[str, typer.Argument(help="a short name for the docs, e.g. fastapi-docs")],
-        origin: Annotated[str, typer.Argument(help="a docs folder, a docs page URL, or an llms.txt URL")],
-        ref: RefOpt = None, paths: PathsOpt = None, exclude: ExcludeOpt = None,
+        origin: Annotated[str, typer.Argument(help="a docs folder, a docs page URL, an llms.txt URL, or a git URL")],
+        ref: RefOpt = None, paths: PathsOpt = None, exclude: ExcludeOpt = None, type_: TypeOpt = None,
         wait: WaitOpt = 0.0, as_json: JsonOpt = False, verbose: VerboseOpt = False,
     ) -> None:
-        """Add documentation: a folder (only .md/.rst/.txt/... files) or a page set on the web."""
-        _add(name, origin, ref, paths, exclude, None, True, wait, as_json, verbose)
+        """Add documentation: a folder or repository (only .md/.rst/.txt/... files) or web pages."""
+        _add(name, origin, ref, paths, exclude, type_, True, wait, as_json, verbose)
 
     @app.command("update")
     def update(
@@ -264,6 +264,8 @@ def register(app: typer.Typer) -> None:
         settings = load_settings(resolve_root(None, for_write=False))
         names = source_queries.parse_names(sources)
         source_queries.check_names(settings, names)
+        typer.echo(f"Asking {agent or settings.agents.default_agent} (up to "
+                   f"{timeout or settings.agents.timeout_s:.0f} s) …", err=True)
         result = source_queries.ask(settings, names, question, agent, timeout)
         if as_json:
             from ctxlake.serve.render import print_json

@@ -52,7 +52,7 @@ def classify_origin(origin: str, docs: bool = False) -> tuple[str, str]:
     lowered = text.lower()
     if lowered.startswith(("http://", "https://")):
         path = lowered.split("?", 1)[0].split("#", 1)[0].rstrip("/")
-        if docs or path.endswith(("/llms.txt", "/llms-full.txt")):
+        if path.endswith(("/llms.txt", "/llms-full.txt")) or (docs and not path.endswith(".git")):
             return "web", text
         return "git", text.rstrip("/")
     if _GIT_URL_RE.match(text):

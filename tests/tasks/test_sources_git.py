@@ -157,6 +157,7 @@ def test_local_source_and_origin_classification(tmp_path: Path) -> None:
     assert classify_origin("git@github.com:org/repo.git")[0] == "git"
     assert classify_origin("https://docs.example.com/llms.txt")[0] == "web"
     assert classify_origin("https://docs.example.com/guide/", docs=True)[0] == "web"
+    assert classify_origin("https://github.com/org/repo.git", docs=True)[0] == "git"
     with pytest.raises(InputError, match="neither an existing folder nor a URL"):
         classify_origin(str(tmp_path / "nope"))
     (tmp_path / "file.txt").write_text("x")
