@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ class Page:
     content_type: str = "text/markdown; charset=utf-8"
     status: int = 200
     etag: bool = True  # answer If-None-Match with 304 when it matches
+    last_modified: str | None = None  # sent, and If-Modified-Since equal to it gets a 304
 
 
 @dataclass
@@ -25,6 +27,10 @@ class DocSite:
     pages: dict[str, Page] = field(default_factory=dict)
     log: list[tuple[str, str, int]] = field(default_factory=list)
     base: str = ""
+    delay_s: float = 0.0  # per request, to observe concurrency
+    in_flight: int = 0
+    max_in_flight: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def url(self, path: str) -> str:
         return self.base + path
@@ -36,6 +42,17 @@ class DocSite:
 def _handler(site: DocSite) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            with site.lock:
+                site.in_flight += 1
+                site.max_in_flight = max(site.max_in_flight, site.in_flight)
+            try:
+                time.sleep(site.delay_s)
+                self._get()
+            finally:
+                with site.lock:
+                    site.in_flight -= 1
+
+        def _get(self) -> None:
             page = site.pages.get(self.path)
             if page is None:
                 self._send(404, b"<html><body><h1>Not Found</h1></body></html>", "text/html")
@@ -45,7 +62,14 @@ def _handler(site: DocSite) -> type[BaseHTTPRequestHandler]:
             if page.etag and page.status == 200 and self.headers.get("If-None-Match") == tag:
                 self._send(304, b"", None, {"ETag": tag})
                 return
-            self._send(page.status, data, page.content_type, {"ETag": tag} if page.etag else {})
+            modified = page.last_modified
+            if modified and page.status == 200 and self.headers.get("If-Modified-Since") == modified:
+                self._send(304, b"", None, {"Last-Modified": modified})
+                return
+            extra = {"ETag": tag} if page.etag else {}
+            if modified:
+                extra["Last-Modified"] = modified
+            self._send(page.status, data, page.content_type, extra)
 
         def _send(self, status: int, data: bytes, ctype: str | None, extra: dict[str, str] | None = None) -> None:
             site.log.append(("GET", self.path, status))

@@ -84,6 +84,8 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="ctx-bench-sources-"))
     os.environ.update({"CTX_HOME": str(tmp / "home"), "CTX_EMBED_PROVIDER": "fake", "CTX_EMBED_MODEL": "hash",
                        "PREFECT_HOME": str(tmp / "prefect"), "PREFECT_LOGGING_LEVEL": "CRITICAL",
+                       # A loaded machine can take longer than the default 20 s to start it.
+                       "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
                        "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_LOGGING_LEVEL": "CRITICAL"})
     from docsite import DocSite, Page, serve
 
@@ -97,7 +99,7 @@ def main() -> int:
     home = tmp / "home"
     limits = SourcesSettings()
     full = SourceSpec(name="lib", type="git", origin=url)
-    sparse = SourceSpec(name="lib", type="git", origin=url, paths=["core"])
+    sparse = SourceSpec(name="lib-core", type="git", origin=url, paths=["core"])
 
     s, got = timed(lambda: fetch_git.fn(full, storage_dir(home, full), limits, tmp / "p"))
     rows.append(("git: shallow clone (all files)", s, f"{args.files} files"))

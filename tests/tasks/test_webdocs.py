@@ -115,6 +115,22 @@ def test_pages_dropped_from_llms_txt_or_gone_are_deleted(site: DocSite, tmp_path
     assert "make_tool" in (root / "docs/tools.md").read_text()
 
 
+def test_last_modified_refresh_and_bounded_concurrency(tmp_path: Path) -> None:
+    stamp = "Wed, 21 Oct 2026 07:28:00 GMT"
+    pages = {f"/p{i}.md": Page(f"# P{i}\n", etag=False, last_modified=stamp) for i in range(8)}
+    llms = "# Many\n\n## Docs\n\n" + "".join(f"- [P{i}](/p{i}.md)\n" for i in range(8))
+    with serve(DocSite(pages={"/llms.txt": Page(llms, etag=False, last_modified=stamp), **pages},
+                       delay_s=0.2)) as site:
+        first = sync(site, tmp_path / "home", web_concurrency=3)
+        assert first.status == "ok" and len(saved(first.root)) == 9
+        # 8 pages at 0.2 s each: several at once, never more than the limit.
+        assert 2 <= site.max_in_flight <= 3
+        site.log.clear()
+        again = sync(site, tmp_path / "home", web_concurrency=3)
+        assert not again.changed
+        assert {status for _, path, status in site.log if path != "/robots.txt"} == {304}
+
+
 def test_limits_and_optional_section(site: DocSite, tmp_path: Path) -> None:
     no_optional = sync(site, tmp_path / "a", web_include_optional=False)
     assert not (no_optional.root / "docs/changelog.md").exists()
