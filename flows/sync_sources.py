@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,31 +14,9 @@ from ctxlake.schemas.config import Settings
 from ctxlake.schemas.sources import SourceSpec
 from ctxlake.tasks import freshness
 from ctxlake.tasks.progress import reporter
-from ctxlake.tasks.source_store import read_sources, record_source, source_row
+from ctxlake.tasks.source_store import SyncReport, read_sources, record_source, source_row
 from ctxlake.tasks.sources import Fetched, fetch_git, fetch_local, storage_dir
 from ctxlake.tasks.webdocs import fetch_web
-
-
-@dataclass
-class SyncReport:
-    """What syncing one source did; printed by `ctx add` / `ctx update`."""
-
-    name: str
-    type: str
-    origin: str
-    status: str  # ok | partial | failed
-    changed: bool = False  # something was re-indexed
-    resolved: str | None = None
-    ref_kind: str | None = None
-    root: str | None = None
-    message: str | None = None
-    hint: str | None = None
-    exit_code: int | None = None  # of the error that failed it (InputError 2, SourceError 9, ...)
-    index: dict[str, Any] | None = None  # the index_code report, when it ran
-    seconds: float = 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @flow(name="sync-sources", validate_parameters=False, log_prints=False)

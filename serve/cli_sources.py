@@ -18,8 +18,8 @@ from ctxlake.schemas.sources import (
 )
 
 if TYPE_CHECKING:
-    from ctxlake.flows.sync_sources import SyncReport
     from ctxlake.serve.models_sources import SourceList
+    from ctxlake.tasks.source_store import SyncReport
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")]
 WaitOpt = Annotated[float, typer.Option("--wait", help="seconds to wait for another indexer")]
@@ -54,6 +54,25 @@ def _sync(settings: Settings, specs: list[SourceSpec], wait: float, verbose: boo
             return sync_sources(settings, specs)
     finally:
         lock.release()
+
+
+def _update(settings: Settings, specs: list[SourceSpec], wait: float, verbose: bool) -> list[SyncReport]:
+    """Sync the sources that may have changed; the rest are reported up to date without a flow."""
+    from ctxlake.tasks.source_store import SyncReport, read_sources
+    from ctxlake.tasks.sources import is_current, source_root
+
+    rows = read_sources(settings.lake_dir)
+    current: dict[str, SyncReport] = {}
+    for spec in specs:
+        row = rows.get(spec.name, {})
+        root = source_root(settings, spec)
+        if is_current(spec, root, settings.lake_dir, spec.index_settings(settings.index), row.get("status"),
+                      float(settings.sources.git_timeout_s)):
+            current[spec.name] = SyncReport(spec.name, spec.type, spec.origin, "ok", resolved=row.get("resolved"),
+                                            ref_kind=row.get("ref_kind"), root=str(root))
+    todo = [spec for spec in specs if spec.name not in current]
+    synced = {r.name: r for r in _sync(settings, todo, wait, verbose)} if todo else {}
+    return [current.get(spec.name) or synced[spec.name] for spec in specs]
 
 
 def _forget(settings: Settings, name: str, spec: SourceSpec | None, wait: float) -> dict[str, Any]:
@@ -210,7 +229,7 @@ def register(app: typer.Typer) -> None:
 
                 print_json({"sources": []})
             return
-        _outcome(_sync(settings, specs, wait, verbose), as_json)
+        _outcome(_update(settings, specs, wait, verbose), as_json)
 
     @app.command("list")
     def list_(as_json: JsonOpt = False) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,28 @@ from ctxlake.tasks.stage import stage
 from ctxlake.tasks.store import sql_str
 
 SOURCES_TABLE = "sources"
+
+
+@dataclass
+class SyncReport:
+    """What syncing one source did; printed by `ctx add` / `ctx update`."""
+
+    name: str
+    type: str
+    origin: str
+    status: str  # ok | partial | failed
+    changed: bool = False  # something was re-indexed
+    resolved: str | None = None
+    ref_kind: str | None = None
+    root: str | None = None
+    message: str | None = None
+    hint: str | None = None
+    exit_code: int | None = None  # of the error that failed it (InputError 2, SourceError 9, ...)
+    index: dict[str, Any] | None = None  # the index_code report, when it ran
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def read_sources(lake_dir: Path) -> dict[str, dict[str, Any]]:

@@ -16,8 +16,9 @@ from typing import NamedTuple
 import xxhash
 
 from ctxlake.errors import InputError, SourceError
-from ctxlake.schemas.config import Settings, SourcesSettings
+from ctxlake.schemas.config import IndexSettings, Settings, SourcesSettings
 from ctxlake.schemas.sources import SourceSpec
+from ctxlake.tasks import freshness
 from ctxlake.tasks.stage import stage
 
 SOURCES_DIR = "sources"
@@ -189,6 +190,9 @@ def resolve_remote_ref(origin: str, ref: str | None, cwd: Path, timeout: float) 
             raise SourceError(f"{origin} has no default branch (empty repository?)",
                               hint="pass --ref with a branch or tag")
         return RemoteRef("default", "HEAD", sha)
+    if SHA_RE.match(ref.lower()):
+        # A full sha names one commit forever: nothing to ask the remote (works offline too).
+        return RemoteRef("commit", ref.lower(), ref.lower())
     out = run_git(["ls-remote", "--", origin, f"refs/heads/{ref}", f"refs/tags/{ref}", f"refs/tags/{ref}^{{}}"],
                   cwd, timeout)
     found: dict[str, str] = {}
@@ -201,8 +205,6 @@ def resolve_remote_ref(origin: str, ref: str | None, cwd: Path, timeout: float) 
     if f"refs/tags/{ref}" in found:
         # An annotated tag lists the tag object and, with ^{}, the commit it points at.
         return RemoteRef("tag", f"refs/tags/{ref}", found.get(f"refs/tags/{ref}^{{}}", found[f"refs/tags/{ref}"]))
-    if SHA_RE.match(ref.lower()):
-        return RemoteRef("commit", ref.lower(), ref.lower())
     if SHORT_SHA_RE.match(ref.lower()):
         raise InputError(f"{ref!r} is not a branch or tag of {origin}",
                          hint="a pinned commit must be given as its full 40-character sha")
@@ -300,3 +302,22 @@ def fetch_local(spec: SourceSpec) -> Fetched:
     # Nothing is fetched: whether it changed is the Merkle diff's call.
     return Fetched(root, None, None, "ok", None, False)
 
+
+
+def is_current(spec: SourceSpec, root: Path, lake_dir: Path, index: IndexSettings,
+               last_status: str | None, timeout: float) -> bool:
+    """True when a sync would do nothing: the last one was ok, the remote (git) still points at
+    the commit checked out, and the folder matches the index. Decided without Prefect, so a
+    no-op `ctx update` returns at once; web sources always sync (their check is the conditional
+    GETs themselves). Any doubt (an unreachable remote, say) answers False and the sync reports it.
+    """
+    if last_status != "ok" or spec.type == "web" or not root.is_dir():
+        return False
+    if spec.type == "git":
+        try:
+            remote = resolve_remote_ref(spec.origin, spec.ref, root, timeout)
+        except (SourceError, InputError):
+            return False
+        if _head(root, timeout) != remote.sha:
+            return False
+    return freshness.check(lake_dir, spec.name, root, index).up_to_date

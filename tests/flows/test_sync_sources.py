@@ -106,6 +106,10 @@ def test_git_source_add_search_update_only_changed(
     fake_embedder.reset_counters()
     again = ok_json(cli("update", "--json", cwd=project))["sources"][0]
     assert again["status"] == "ok" and again["index"] is None and fake_embedder.texts_embedded == 0
+    # Nothing new upstream is decided before Prefect starts: an unreachable API fails any flow.
+    quick = ctx_subprocess("update", cwd=project, env={
+        "PREFECT_API_URL": "http://127.0.0.1:9/api", "CTX_EMBED_PROVIDER": "fake", "CTX_EMBED_MODEL": "hash"})
+    assert quick.returncode == 0 and f"lib: up to date @ {updated['resolved'][:12]}" in quick.stdout, quick.stderr
     # The project's own no-op check is untouched by source runs.
     noop = cli("run", "index", cwd=project)
     assert noop.exit_code == 0 and "Up to date" in noop.stdout

@@ -75,6 +75,9 @@ def test_tag_and_commit_are_pinned(remote: tuple[Path, str], tmp_path: Path) -> 
     pinned = fetch(spec(url, ref=first), tmp_path / "home")
     assert pinned.ref_kind == "commit" and pinned.resolved == first
     assert git(pinned.root, "rev-list", "--count", "HEAD") == "1"
+    # A pinned commit needs no remote once it is here: the remote can even be gone.
+    bare = Path(url.removeprefix("file://"))
+    bare.rename(bare.with_name("moved.git"))
     again = fetch(spec(url, ref=first), tmp_path / "home")
     assert not again.changed and again.resolved == first
 
