@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ctxlake.errors import AgentError, CtxError, InputError, SourceError
+from ctxlake.errors import AgentError, CtxError, InputError, LockBusyError, SourceError
 from ctxlake.schemas.config import Settings, load_settings, resolve_root
 from ctxlake.schemas.sources import (
     SourceSpec,
@@ -174,6 +174,9 @@ def _add(name: str, origin: str, ref: str | None, paths: list[str] | None, exclu
     typer.echo(f"Adding {name} ({kind}: {normalised}{' @ ' + ref if ref else ''}) …", err=True)
     try:
         reports = _sync(settings, [spec], wait, verbose)
+    except LockBusyError:
+        drop_source(root, name)  # nothing was fetched or written yet
+        raise
     except BaseException:
         _forget(settings, name, spec, wait=30)
         raise

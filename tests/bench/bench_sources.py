@@ -139,6 +139,11 @@ def main() -> int:
                      f"{rep[0].index['added']} files, {rep[0].index['chunks_inserted']} chunks"))
         s, rep = timed(lambda: sync_sources(settings, [full]))
         rows.append(("flow: sync git source, nothing new", s, f"index ran={rep[0].index is not None}"))
+        from ctxlake.tasks.sources import is_current, source_root
+
+        s, current = timed(lambda: is_current(full, source_root(settings, full), settings.lake_dir,
+                                              full.index_settings(settings.index), "ok", 60.0))
+        rows.append(("ctx update pre-check, nothing new (no Prefect)", s, f"current={current}"))
         push_change(work, url)
         FakeEmbedder.reset_counters()
         s, rep = timed(lambda: sync_sources(settings, [full]))

@@ -13,7 +13,7 @@ from docsite import DocSite, Page, serve
 from helpers import ctx_subprocess, git, write_files
 from stub_agent import install_stub, read_record
 
-from ctxlake.tasks.lake import CHUNKS_TABLE, FILES_TABLE, connect
+from ctxlake.tasks.lake import CHUNKS_TABLE, FILES_TABLE, WriterLock, connect
 
 pytestmark = pytest.mark.usefixtures("prefect_server", "fake_embedder")
 
@@ -155,6 +155,12 @@ def test_failed_add_leaves_nothing_and_inputs_are_checked(
     assert cli("add", "../evil", url, cwd=project).exit_code == 2
     assert cli("add", "project", url, cwd=project).exit_code == 2
     assert cli("add", "web", "https://x.org/llms.txt", "--ref", "main", cwd=project).exit_code == 2
+    held = WriterLock(project / ".ctx" / "lake", purpose="test holder").acquire()
+    try:
+        busy = cli("add", "lib2", url, cwd=project)
+    finally:
+        held.release()
+    assert busy.exit_code == 5 and "lib2" not in (project / ".ctx" / "sources.toml").read_text()
     ok_json(cli("add", "lib", url, "--ref", "main", "--json", cwd=project))
     dup = cli("add", "lib", url, cwd=project)
     assert dup.exit_code == 2 and "already exists" in dup.stderr
