@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -46,6 +47,11 @@ def _sync(settings: Settings, specs: list[SourceSpec], wait: float, verbose: boo
     lock = WriterLock(settings.lake_dir, purpose="ctx update").acquire(wait_s=wait)
     try:
         _prefect_quietly(verbose)
+        # A source that fails is reported once, by us; Prefect's console handler would add its
+        # traceback. And a busy 2-core machine can need more than Prefect's 20 s to start its
+        # temporary server. (setdefault: a user's own settings win.)
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "INFO" if verbose else "CRITICAL")
+        os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
         with RichReporter() as rich, use_reporter(rich):
             rich.start("prefect", None, "starting")
             from ctxlake.flows.sync_sources import sync_sources

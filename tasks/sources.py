@@ -170,7 +170,9 @@ def run_git(args: Sequence[str], cwd: Path, timeout: float) -> str:
                           hint="raise [sources] git_timeout_s or narrow the source with --paths") from None
     if proc.returncode != 0:
         lines = [ln.strip() for ln in err.splitlines() if ln.strip() and not ln.startswith("hint:")]
-        detail = lines[-1] if lines else f"exit {proc.returncode}"
+        # git's first fatal/error line says what went wrong; the lines after it are advice.
+        fatal = [ln.split(":", 1)[1].strip() for ln in lines if ln.startswith(("fatal:", "error:"))]
+        detail = fatal[0] if fatal else (lines[-1] if lines else f"exit {proc.returncode}")
         raise SourceError(f"`git {args[0]}` failed: {detail}")
     return out
 

@@ -145,8 +145,14 @@ def test_failed_add_leaves_nothing_and_inputs_are_checked(
     project: Path, lib_remote: tuple[Path, str], cli: Callable[..., Any], tmp_path: Path, ctx_home: Path
 ) -> None:
     _, url = lib_remote
-    missing = cli("add", "gone", f"file://{tmp_path}/missing.git", cwd=project)
-    assert missing.exit_code == 9 and "cannot add gone" in missing.stderr and "ls-remote" in missing.stderr
+    # In a fresh process, as a user runs it: one error line with git's reason, no traceback.
+    missing = ctx_subprocess("add", "gone", f"file://{tmp_path}/missing.git", cwd=project,
+                             env={"CTX_EMBED_PROVIDER": "fake", "CTX_EMBED_MODEL": "hash"})
+    assert missing.returncode == 9, missing.stderr
+    errors = [ln for ln in missing.stderr.splitlines() if ln.startswith("ctx: error:")]
+    assert errors == [f"ctx: error: cannot add gone: `git ls-remote` failed: '{tmp_path}/missing.git' "
+                      "does not appear to be a git repository"]
+    assert "Traceback" not in missing.stderr
     badref = cli("add", "lib", url, "--ref", "no-such-branch", cwd=project)
     assert badref.exit_code == 2 and "no branch or tag 'no-such-branch'" in badref.stderr
     assert "gone" not in (project / ".ctx" / "sources.toml").read_text()
