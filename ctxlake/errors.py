@@ -57,3 +57,15 @@ class LakeError(CtxError):
     """The lake cannot be read or written (permissions, disk full, damaged table)."""
 
     exit_code = 8
+
+
+class SourceError(CtxError):
+    """A source could not be fetched or synced (git, HTTP, limits), or only partly (a web crawl)."""
+
+    exit_code = 9
+
+
+class AgentError(CtxError):
+    """A subagent could not run: binary not on PATH, non-zero exit, timeout."""
+
+    exit_code = 10

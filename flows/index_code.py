@@ -126,7 +126,8 @@ class Writer:
         save_snapshot(self.lake, self.source, tree)
         freshness.clear_journal(self.lake, self.source)
         self.state.pending_vectors = self.tables.chunks.count_rows("vector IS NULL")
-        self.state.clean = True
+        # Clean only when no other source's run is left unfinished (its journal entry remains).
+        self.state.clean = not freshness.read_journal(self.lake)
         self.state.roots = {**(self.state.roots or {}), self.source: tree.root_hash}
         self.state.last_run = report.as_dict()
         self.state.write(self.lake)
@@ -157,8 +158,9 @@ def index_code(
     progress.start("scan", None, "scanning")
     tree, diff, stats = scan(root, settings.index, previous)
     progress.finish("scan")
-    if state is not None and not state.clean:
-        diff = freshness.with_journal(diff, tree, freshness.read_journal(lake).get(source, []))
+    journal = freshness.read_journal(lake)
+    if state is not None and (not state.clean or source in journal):
+        diff = freshness.with_journal(diff, tree, journal.get(source, []))
     report.files_seen, report.skipped = stats.seen, dict(stats.skipped)
     report.added, report.modified, report.removed = len(diff.added), len(diff.modified), len(diff.removed)
 

@@ -8,7 +8,15 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from ctxlake.errors import ConfigError, InputError
 
@@ -82,6 +90,64 @@ class McpSettings(_Section):
         60_000, ge=4_000, description="a tool answer is trimmed or paged to stay under this size"
     )
 
+class SourcesSettings(_Section):
+    max_files: int = Field(50_000, ge=1, description="a git source with more files (after --paths) is refused")
+    max_bytes: int = Field(1_000_000_000, ge=1, description="a checked-out git source larger than this is refused")
+    git_timeout_s: int = Field(900, ge=5, description="longest a git clone or fetch may run")
+    web_max_pages: int = Field(500, ge=1, description="pages fetched per web source")
+    web_max_page_bytes: int = Field(5_000_000, ge=1, description="a larger page is skipped and reported")
+    web_max_total_bytes: int = Field(200_000_000, ge=1, description="a web source stops growing past this")
+    web_concurrency: int = Field(8, ge=1, le=64, description="pages fetched at once")
+    web_timeout_s: float = Field(30.0, gt=0, description="per request")
+    web_include_optional: bool = Field(True, description="also fetch the links of an llms.txt 'Optional' section")
+    web_user_agent: str = Field("ctxlake/0.1 (docs indexer; respects robots.txt)", description="sent with every request")
+
+
+ASK_PROMPT = "Read {prompt_file} and answer the question in it, citing file paths under ./sources."
+CHAT_PROMPT = "Read {prompt_file}: it describes the sources under ./sources. Then help me with them."
+
+
+class AgentsSettings(_Section):
+    default_agent: str = Field("claude-code", description="agent `ctx ask` and `ctx chat` run without --agent")
+    timeout_s: int = Field(600, ge=1, description="`ctx ask` stops the agent after this long")
+    max_output_bytes: int = Field(1_000_000, ge=1024, description="stdout/stderr kept per stream; the rest is dropped")
+    prompt_tokens: int = Field(6000, ge=200, description="budget for the search hits written into prompt.md")
+    hits: int = Field(20, ge=0, le=200, description="search hits considered for prompt.md")
+    sandbox_dir: Path | None = Field(None, description="where ctx-<uuid>/ folders are made; default: the system temp dir")
+    # Split like a shell would (no shell runs); {prompt_file} and {mcp_config} are filled in.
+    commands: dict[str, str] = Field(
+        default_factory=lambda: {
+            "claude-code": f'claude -p "{ASK_PROMPT}" --mcp-config {{mcp_config}} --strict-mcp-config',
+            "gemini": f'gemini -p "{ASK_PROMPT}"',
+            "opencode": f'opencode run "{ASK_PROMPT}"',
+            "codex": f'codex exec --skip-git-repo-check -c mcp_servers={{}} "{ASK_PROMPT}"',
+        },
+        description="`ctx ask` command per agent",
+    )
+    chat_commands: dict[str, str] = Field(
+        default_factory=lambda: {
+            "claude-code": f'claude --mcp-config {{mcp_config}} --strict-mcp-config "{CHAT_PROMPT}"',
+            "gemini": f'gemini -i "{CHAT_PROMPT}"',
+            "opencode": f'opencode --prompt "{CHAT_PROMPT}"',
+            "codex": f'codex -c mcp_servers={{}} "{CHAT_PROMPT}"',
+        },
+        description="`ctx chat` command per agent (runs in the terminal)",
+    )
+
+    @field_validator("sandbox_dir", mode="before")
+    @classmethod
+    def _empty_is_default(cls, value: Any) -> Any:
+        return None if value in ("", None) else value
+
+    @field_validator("commands", "chat_commands", mode="before")
+    @classmethod
+    def _add_to_defaults(cls, value: Any, info: ValidationInfo) -> Any:
+        # A [agents.commands] table in config.toml adds or replaces agents; the others stay.
+        if not isinstance(value, dict):
+            return value
+        default = cls.model_fields[str(info.field_name)].get_default(call_default_factory=True)
+        return {**default, **value}
+
 
 class Settings(_Section):
     """Everything a command needs, resolved once at the entry point and passed down."""
@@ -94,6 +160,8 @@ class Settings(_Section):
     watch: WatchSettings = Field(default_factory=WatchSettings)
     docs: DocsSettings = Field(default_factory=DocsSettings)
     mcp: McpSettings = Field(default_factory=McpSettings)
+    sources: SourcesSettings = Field(default_factory=SourcesSettings)
+    agents: AgentsSettings = Field(default_factory=AgentsSettings)
 
     @property
     def ctx_dir(self) -> Path:
@@ -123,6 +191,8 @@ SECTIONS: dict[str, type[_Section]] = {
     "watch": WatchSettings,
     "docs": DocsSettings,
     "mcp": McpSettings,
+    "sources": SourcesSettings,
+    "agents": AgentsSettings,
 }
 
 
@@ -277,4 +347,6 @@ def _toml_value(value: Any) -> str:
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{_toml_value(str(k))} = {_toml_value(v)}" for k, v in value.items()) + " }"
     return str(value)

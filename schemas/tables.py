@@ -88,3 +88,25 @@ MANIFEST = pa.schema(
 )
 
 PROJECT_SOURCE = "project"  # the `source` of the project's own files; other sources are named by `ctx add`
+
+# One row per source added with `ctx add`: what was fetched and how the last sync went. The
+# declarations themselves (name, origin, ref, paths) live in .ctx/sources.toml, committed with the
+# project; this table is their lake-side state and goes away with the lake.
+SOURCES = pa.schema(
+    [
+        pa.field("name", pa.string(), nullable=False),
+        pa.field("type", pa.string(), nullable=False),  # git | local | web
+        pa.field("origin", pa.string(), nullable=False),  # URL or absolute folder
+        pa.field("ref", pa.string()),  # as asked: branch, tag or commit; null = default branch
+        pa.field("ref_kind", pa.string()),  # branch | tag | commit | default (git only)
+        pa.field("resolved", pa.string()),  # git: commit sha; web: digest of the saved pages
+        pa.field("paths", pa.list_(pa.string()), nullable=False),
+        pa.field("excludes", pa.list_(pa.string()), nullable=False),
+        pa.field("root", pa.string(), nullable=False),  # the folder that was indexed
+        pa.field("added_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("updated_at", pa.timestamp("us", tz="UTC")),  # last sync that got content
+        pa.field("status", pa.string(), nullable=False),  # ok | partial | failed
+        pa.field("message", pa.string()),  # why failed or partial
+    ],
+    metadata=_meta("name", "sources added with `ctx add`: origin, resolved version, last sync"),
+)

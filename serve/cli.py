@@ -20,6 +20,7 @@ from ctxlake.schemas.config import (
     resolve_root,
 )
 from ctxlake.serve import cli_mcp
+from ctxlake.serve.cli_sources import register as register_sources
 
 app = typer.Typer(
     name="ctx",
@@ -31,6 +32,7 @@ app = typer.Typer(
 run_app = typer.Typer(help="Run a pipeline (a Prefect flow).", no_args_is_help=True)
 app.add_typer(run_app, name="run")
 cli_mcp.register(app)
+register_sources(app)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")]
 
@@ -192,6 +194,10 @@ def search(
     from ctxlake.serve import queries
 
     lake = queries.Lake(settings)
+    if sources:
+        from ctxlake.serve.source_queries import check_names, parse_names
+
+        check_names(settings, parse_names(sources))
     result = queries.search(
         lake, query, mode=mode, limit=limit, path_glob=path_glob, lang=lang,  # type: ignore[arg-type]
         sources=[s.strip() for s in sources.split(",") if s.strip()] if sources else None,

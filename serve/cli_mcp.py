@@ -38,6 +38,8 @@ def serve(
     root: Annotated[Path | None, typer.Option("--root", help="project folder (default: found from here)")] = None,
     allow_index: Annotated[bool, typer.Option("--allow-index", help=(
         "expose index_codebase, which starts `ctx run index` in a separate process"))] = False,
+    allow_agents: Annotated[bool, typer.Option("--allow-agents", help=(
+        "expose ask_codebase, which runs a CLI agent in a sandbox over the sources"))] = False,
     verbose: Annotated[bool, typer.Option("-v", "--verbose", help="log requests on stderr")] = False,
 ) -> None:
     """Run the MCP server: stdio by default (what MCP clients launch), or --http on 127.0.0.1."""
@@ -51,7 +53,7 @@ def serve(
                    "`ctx run index` has run there (docs tools work meanwhile).", err=True)
     from ctxlake.serve.mcp import ServeOptions, run_http, run_stdio
 
-    options = ServeOptions(allow_index=allow_index, log_level=level)
+    options = ServeOptions(allow_index=allow_index, allow_agents=allow_agents, log_level=level)
     if http:
         typer.echo(f"ctx serve: MCP over streamable HTTP at http://127.0.0.1:{settings.mcp.port}/mcp "
                    f"for {project}", err=True)

@@ -321,6 +321,18 @@ def list_sources(lake: Lake) -> Sources:
             languages=dict(sorted(((d["values"], d["counts"]) for d in langs), key=lambda kv: (-kv[1], kv[0]))),
             last_indexed=_iso(newest),
         ))
+    # Sources added with `ctx add` carry where they come from; declared but not yet synced ones
+    # are listed too, with zero counts, so an agent sees what is coming.
+    from ctxlake.serve.source_queries import list_sources as declared_sources
+
+    seen = {info.name: info for info in out}
+    for spec in declared_sources(lake.settings).sources:
+        info = seen.get(spec.name)
+        if info is None:
+            info = SourceInfo(name=spec.name, files=0, chunks=0, embedded=0)
+            out.append(info)
+        info.root = info.root or spec.root
+        info.type, info.origin, info.resolved, info.status = spec.type, spec.origin, spec.resolved, spec.status
     state = lake.state
     finished = (state.last_run or {}).get("finished_at") if state is not None else None
     return Sources(sources=out, model_id=state.model_id if state is not None else "",

@@ -76,6 +76,7 @@ class ServeOptions:
     """How `ctx serve` was started (what the settings do not say)."""
 
     allow_index: bool = False  # expose index_codebase (starts `ctx run index` in a separate process)
+    allow_agents: bool = False  # expose ask_codebase (spawns a CLI agent in a sandbox; writes no table)
     log_level: str = "WARNING"
 
 
@@ -260,14 +261,18 @@ def tool_groups() -> list[ToolGroup]:
     """Every group of tools, resources and prompts the server offers; imported here so that
     building a server is the only thing that pulls them in."""
     from ctxlake.serve.mcp_resources import register_prompts, register_resources
+    from ctxlake.serve.mcp_sources import register_source_tools
     from ctxlake.serve.mcp_tools import (
         register_code_tools,
         register_docs_tools,
         register_index_tool,
     )
 
-    return [register_code_tools, register_docs_tools, register_index_tool, register_resources,
-            register_prompts]
+    def register_sources(server: MCPServer[ServerState], state: ServerState) -> None:
+        register_source_tools(server, state.settings, allow_agents=state.options.allow_agents)
+
+    return [register_code_tools, register_docs_tools, register_index_tool, register_sources,
+            register_resources, register_prompts]
 
 
 def build_server(settings: Settings, options: ServeOptions | None = None) -> MCPServer[ServerState]:

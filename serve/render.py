@@ -83,12 +83,16 @@ class RichReporter:
 
 
 def print_search(result: SearchResult, console: Console) -> None:
+    from rich.markup import escape
+
     if not result.hits:
         console.print(f"No results for {result.query!r} ({result.mode}).")
     for i, hit in enumerate(result.hits, start=1):
         where = f"{hit.path}:{hit.start_line}-{hit.end_line}"
         if hit.source != "project":
             where = f"[{hit.source}] {where}"
+        # Escaped: Rich would read "[name]" (a source, a path) as a style tag and drop it.
+        where = escape(where)
         symbol = f"  {hit.symbol}" if hit.symbol else ""
         console.print(f"[bold]{i:>2}. {where}[/]{symbol}  [dim]({hit.kind}, {hit.lang or 'text'}) {hit.score:.4f}[/]",
                       markup=True, highlight=False)

@@ -105,6 +105,10 @@ class SourceInfo(BaseModel):
     embedded: int
     languages: dict[str, int] = Field(default_factory=dict, description="files per language")
     last_indexed: str | None = Field(None, description="newest indexed_at of its files (UTC, ISO 8601)")
+    type: str | None = Field(None, description="for added sources: git, local or web")
+    origin: str | None = Field(None, description="for added sources: git URL, folder or web URL")
+    resolved: str | None = Field(None, description="for git sources: the commit indexed now")
+    status: str | None = Field(None, description="for added sources: ok, partial, failed, not synced ...")
 
 
 class Sources(BaseModel):

@@ -39,7 +39,11 @@ def check(lake_dir: Path, source: str, root: Path, index: IndexSettings) -> Fres
     tree, _ = scan_tree(root, index, snapshot)
     diff = diff_trees(snapshot, tree)
     elapsed = time.perf_counter() - started
-    if not state.clean:
+    # Each source's run journals itself until it finishes, so a crashed run of another source
+    # (`ctx update`) does not make this one look unfinished; `clean` alone still counts when no
+    # journal says which source it was.
+    journal = read_journal(lake_dir)
+    if source in journal or (not state.clean and not journal):
         return Freshness(False, "the last run did not finish", diff, tree, elapsed)
     if diff:
         n = len(diff.added) + len(diff.modified) + len(diff.removed)

@@ -35,7 +35,8 @@ def open_for_write(lake_dir: Path, dims: int) -> LakeTables:
     """The lake's tables, created with their declared schemas when missing."""
     with writing(f"the lake at {lake_dir}"):
         db = connect(lake_dir, create=True)
-        # `is None`, not `or`: a lancedb table has a length, so an empty one is falsy.
+        # `is None`, not `or`: a LanceTable with no rows is falsy (it has __len__), and creating
+        # it again fails with "already exists" (an empty repo, or a source whose files all went).
         chunks = open_table(db, CHUNKS_TABLE)
         if chunks is None:
             chunks = db.create_table(CHUNKS_TABLE, schema=chunks_schema(dims))

@@ -268,3 +268,16 @@ def test_git_checkout_of_another_branch_is_picked_up(project: Path, cli: Callabl
     git(project, "checkout", "-q", "main")
     report = json.loads(cli("run", "index", "--json", cwd=project).stdout)
     assert report["removed"] == 1 and "app/feature.py" not in chunk_paths(project)
+
+
+def test_emptied_lake_can_be_written_again(make_repo: Callable[..., Path], cli: Callable[..., Any]) -> None:
+    # A LanceTable with no rows is falsy: the chunks table must be reopened, not created again.
+    repo = make_repo({"a.py": "x = 1\n"})
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    (repo / "a.py").unlink()
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    assert chunk_paths(repo) == {}
+    write_files(repo, {"b.py": "def b():\n    return 2\n"})
+    result = cli("run", "index", cwd=repo)
+    assert result.exit_code == 0, result.stderr
+    assert chunk_paths(repo) == {"b.py": 1}

@@ -441,3 +441,30 @@ def test_real_model_semantic_search_over_mcp(make_repo: Callable[..., Path], cli
         with_client(server, body)
     finally:
         torch.set_num_threads(threads_before)  # the test process keeps its own setting
+
+
+def test_agents_and_added_sources_are_wired_into_the_server(
+    tmp_path: Path, make_repo: Callable[..., Path], cli: Callable[..., Any], fake_embedder: Any
+) -> None:
+    repo = make_repo({"app.py": "def main():\n    return 'app'\n"})
+    notes = tmp_path / "notes"
+    write_files(notes, {"guide.md": "# Guide\n\nHow the app deploys.\n"})
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    assert cli("add", "notes", str(notes), cwd=repo).exit_code == 0
+    settings = load_settings(repo, {"mcp": {"stale_check_s": 0}})
+
+    async def without_agents(client: Client) -> None:
+        names = {t.name for t in (await client.list_tools()).tools}
+        assert "ask_codebase" not in names
+        listed = await call_ok(client, "list_sources")
+        by_name = {s["name"]: s for s in listed["sources"]}
+        assert by_name["notes"]["type"] == "local" and by_name["notes"]["origin"] == str(notes.resolve())
+        assert by_name["notes"]["files"] == 1 and by_name["project"]["files"] == 1
+
+    with_client(build_server(settings), without_agents)
+
+    async def with_agents(client: Client) -> None:
+        tool = {t.name: t for t in (await client.list_tools()).tools}["ask_codebase"]
+        assert {"question", "sources"} <= set(tool.input_schema["properties"])
+
+    with_client(build_server(settings, ServeOptions(allow_agents=True)), with_agents)

@@ -110,7 +110,10 @@ def test_filters_by_path_glob_language_and_source(indexed: Path, cli: Callable[.
     assert {h["path"] for h in only_src["hits"]} == {"src/billing/invoice.py"}
     by_name = search_json(cli, indexed, "tax", "--mode", "keyword", "--path", "*.md")
     assert {h["path"] for h in by_name["hits"]} == {"docs/billing.md"}
-    assert search_json(cli, indexed, "invoice", "--sources", "elsewhere")["hits"] == []
+    # A source name that is neither the project nor an added source is a typo, not "no hits".
+    unknown = cli("search", "invoice", "--sources", "elsewhere", cwd=indexed)
+    assert unknown.exit_code == 2 and "unknown source(s): elsewhere" in unknown.stderr
+    assert search_json(cli, indexed, "invoice", "--sources", "project")["hits"]
 
 
 def test_stale_results_flag_changed_files(indexed: Path, cli: Callable[..., Any]) -> None:

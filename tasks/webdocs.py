@@ -1,0 +1,394 @@
+"""Fetch stage of web sources: an llms.txt (or a docs page set) -> markdown files in the source's folder, refreshed by ETag/Last-Modified."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urldefrag, urljoin, urlsplit
+from urllib.robotparser import RobotFileParser
+
+from ctxlake.errors import SourceError
+from ctxlake.schemas.config import SourcesSettings
+from ctxlake.schemas.sources import SourceSpec
+from ctxlake.tasks.sources import PAGES_DIR, Fetched, claim_storage, storage_lock
+from ctxlake.tasks.stage import stage
+
+if TYPE_CHECKING:
+    import httpx
+
+META_FILE = "meta.json"
+INDEX_FILE = "llms.md"  # the llms.txt itself, kept as a page: it is a map of the docs
+FULL_FILE = "llms-full.md"
+TEXT_TYPES = ("text/markdown", "text/x-markdown", "text/plain")
+HTML_TYPES = ("text/html", "application/xhtml+xml")
+# A page set (a docs URL that is not an llms.txt) is followed this many links deep.
+CRAWL_DEPTH = 3
+_SKIP_EXT = re.compile(r"\.(png|jpe?g|gif|svg|ico|webp|pdf|zip|gz|tgz|css|js|mjs|json|xml|woff2?|ttf|mp4|webm)$", re.I)
+_MD_LINK = re.compile(r"\[([^\]]*)\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_LIST_LINK = re.compile(r"^\s*[-*+]\s*\[([^\]]+)\]\(\s*<?([^)\s>]+)>?\s*\)\s*(?::\s*(.*))?$")
+
+
+# --- llms.txt ------------------------------------------------------------------------------------
+
+
+@dataclass
+class LlmsLink:
+    title: str
+    url: str
+    notes: str
+    section: str
+    optional: bool
+
+
+@dataclass
+class LlmsTxt:
+    """An llms.txt file (llmstxt.org): H1 title, > summary, free text, H2 sections of link lists."""
+
+    title: str
+    summary: str
+    details: str
+    links: list[LlmsLink] = field(default_factory=list)
+
+
+def parse_llms_txt(text: str, base_url: str) -> LlmsTxt:
+    """llms.txt text -> its parts; relative links are resolved against `base_url`."""
+    title = summary = ""
+    details: list[str] = []
+    links: list[LlmsLink] = []
+    section: str | None = None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("# ") and not title and section is None:
+            title = stripped[2:].strip()
+        elif stripped.startswith("## "):
+            section = stripped[3:].strip()
+        elif section is None and stripped.startswith(">") and not summary and not details:
+            summary = stripped.lstrip("> ").strip()
+        elif section is None:
+            if stripped or details:
+                details.append(line)
+        else:
+            match = _LIST_LINK.match(line)
+            if match:
+                url = urldefrag(urljoin(base_url, match.group(2)))[0]
+                if urlsplit(url).scheme in ("http", "https"):
+                    links.append(LlmsLink(match.group(1).strip(), url, (match.group(3) or "").strip(),
+                                          section, section.lower() == "optional"))
+    if not title and not links:
+        raise SourceError(f"{base_url} is not an llms.txt: no '# Title' line and no link lists")
+    return LlmsTxt(title, summary, "\n".join(details).strip(), links)
+
+
+# --- pages ---------------------------------------------------------------------------------------
+
+
+def page_file(url: str, start_host: str) -> str:
+    """A safe relative file name for a page URL: sanitised path parts, never '..', always .md.
+
+    Pages of the start URL's host go at the top; other hosts under a folder of their name.
+    """
+    parts = urlsplit(url)
+    segments = [s for s in parts.path.split("/") if s]
+    if not segments or parts.path.endswith("/"):
+        segments.append("index")
+    safe = [re.sub(r"[^A-Za-z0-9._-]+", "_", s).lstrip(".")[:100] or "_" for s in segments]
+    stem = safe[-1]
+    for ext in (".html", ".htm", ".md", ".mdx", ".markdown", ".txt"):
+        if stem.lower().endswith(ext) and len(stem) > len(ext):
+            stem = stem[: -len(ext)]
+            break
+    if parts.query:
+        stem += "_" + hashlib.sha1(parts.query.encode()).hexdigest()[:8]
+    safe[-1] = stem + ".md"
+    host = (parts.hostname or "host").lower()
+    if host != start_host:
+        safe.insert(0, re.sub(r"[^a-z0-9.-]+", "_", host).lstrip(".") or "host")
+    return "/".join(safe)
+
+
+def html_to_markdown(html: str) -> str:
+    """HTML page -> markdown of its main content (navigation, scripts and styles dropped)."""
+    from bs4 import BeautifulSoup
+    from markdownify import MarkdownConverter
+
+    soup = BeautifulSoup(html, "html.parser")
+    title = soup.title.get_text(strip=True) if soup.title else ""
+    for tag in soup(["script", "style", "noscript", "nav", "header", "footer", "aside", "form", "svg",
+                     "iframe", "template"]):
+        tag.decompose()
+    main = soup.find("main") or soup.find("article") or soup.body or soup
+    text = MarkdownConverter(heading_style="ATX", bullets="-", strip=["img"]).convert_soup(main)
+    text = re.sub(r"\n{3,}", "\n\n", text).strip()
+    if title and not text.startswith("# "):
+        text = f"# {title}\n\n{text}"
+    return text + "\n"
+
+
+def _links_in(markdown: str, page_url: str) -> list[str]:
+    return [urldefrag(urljoin(page_url, m.group(2)))[0] for m in _MD_LINK.finditer(markdown)]
+
+
+class _Robots:
+    """robots.txt per host, fetched once per sync (RFC 9309: 4xx allows all, 5xx/errors disallow all)."""
+
+    def __init__(self, client: httpx.Client, agent: str) -> None:
+        self.client, self.agent = client, agent
+        self.parsers: dict[str, RobotFileParser | None] = {}
+        self.lock = threading.Lock()
+
+    def allowed(self, url: str) -> bool:
+        parts = urlsplit(url)
+        base = f"{parts.scheme}://{parts.netloc}"
+        with self.lock:
+            if base not in self.parsers:
+                self.parsers[base] = self._load(base)
+            parser = self.parsers[base]
+        return parser is None or parser.can_fetch(self.agent, url)
+
+    def _load(self, base: str) -> RobotFileParser | None:
+        import httpx
+
+        parser = RobotFileParser()
+        try:
+            resp = self.client.get(f"{base}/robots.txt")
+        except httpx.HTTPError:
+            parser.parse(["User-agent: *", "Disallow: /"])
+            return parser
+        if 400 <= resp.status_code < 500:
+            return None
+        if resp.status_code >= 500:
+            parser.parse(["User-agent: *", "Disallow: /"])
+            return parser
+        parser.parse(resp.text.splitlines())
+        return parser
+
+
+@dataclass
+class _Page:
+    url: str
+    status: str  # saved | unchanged | failed | gone
+    file: str | None = None
+    etag: str | None = None
+    last_modified: str | None = None
+    error: str | None = None
+    markdown: str | None = None  # kept in memory for link discovery in page-set crawls
+
+
+class _Crawl:
+    """One sync of one web source: conditional GETs with size limits into `pages/`."""
+
+    def __init__(self, spec: SourceSpec, folder: Path, limits: SourcesSettings) -> None:
+        import httpx
+
+        self.spec, self.limits = spec, limits
+        self.pages_dir = folder / PAGES_DIR
+        self.meta_path = folder / META_FILE
+        self.meta: dict[str, Any] = _read_json(self.meta_path)
+        self.old: dict[str, dict[str, Any]] = dict(self.meta.get("pages", {}))
+        self.client = httpx.Client(
+            headers={"User-Agent": limits.web_user_agent}, timeout=limits.web_timeout_s,
+            follow_redirects=True, max_redirects=5,
+        )
+        self.robots = _Robots(self.client, limits.web_user_agent)
+        self.start_host = (urlsplit(spec.origin).hostname or "").lower()
+        self.total_bytes = 0
+        self.lock = threading.Lock()
+        self.files: dict[str, str] = {}  # url -> file, unique within this sync
+
+    def file_for(self, url: str, preferred: str | None = None) -> str:
+        """The page's file: as named last time if it was, else from its URL; never shared by two URLs."""
+        with self.lock:
+            if url in self.files:
+                return self.files[url]
+            name = preferred or self.old.get(url, {}).get("file") or page_file(url, self.start_host)
+            if name in self.files.values():
+                name = f"{name.removesuffix('.md')}_{hashlib.sha1(url.encode()).hexdigest()[:8]}.md"
+            self.files[url] = name
+            return name
+
+    def get(self, url: str, file: str | None = None) -> _Page:
+        """One page: robots check, conditional GET, size limit, HTML -> markdown, saved to `file`."""
+        import httpx
+
+        file = self.file_for(url, file)
+        if not self.robots.allowed(url):
+            return _Page(url, "failed", file, error="disallowed by robots.txt")
+        old = self.old.get(url, {})
+        headers: dict[str, str] = {}
+        if old.get("file") and (self.pages_dir / old["file"]).is_file():
+            if old.get("etag"):
+                headers["If-None-Match"] = old["etag"]
+            if old.get("last_modified"):
+                headers["If-Modified-Since"] = old["last_modified"]
+        try:
+            with self.client.stream("GET", url, headers=headers) as resp:
+                if resp.status_code == 304:
+                    return _Page(url, "unchanged", old["file"], old.get("etag"), old.get("last_modified"),
+                                 markdown=self._read(old["file"]))
+                if resp.status_code in (404, 410):
+                    return _Page(url, "gone", file, error=f"HTTP {resp.status_code}")
+                if resp.status_code != 200:
+                    return _Page(url, "failed", file, error=f"HTTP {resp.status_code}")
+                body = self._body(resp)
+                ctype = resp.headers.get("content-type", "").split(";")[0].strip().lower()
+                text = body.decode(resp.encoding or "utf-8", errors="replace")
+                etag, modified = resp.headers.get("etag"), resp.headers.get("last-modified")
+        except _TooBig as exc:
+            return _Page(url, "failed", file, error=str(exc))
+        except httpx.HTTPError as exc:
+            return _Page(url, "failed", file, error=f"{type(exc).__name__}: {exc}")
+        if ctype in HTML_TYPES or (not ctype and text.lstrip().lower().startswith(("<!doctype html", "<html"))):
+            markdown = html_to_markdown(text)
+        elif ctype in TEXT_TYPES or not ctype:
+            markdown = text
+        else:
+            return _Page(url, "failed", file, error=f"unsupported content type {ctype}")
+        self._write(file, f"<!-- {url} -->\n{markdown}")
+        return _Page(url, "saved", file, etag, modified, markdown=markdown)
+
+    def _body(self, resp: httpx.Response) -> bytes:
+        limit = self.limits.web_max_page_bytes
+        declared = resp.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise _TooBig(f"larger than {limit:,} bytes ({int(declared):,})")
+        chunks: list[bytes] = []
+        size = 0
+        for chunk in resp.iter_bytes():
+            size += len(chunk)
+            if size > limit:
+                raise _TooBig(f"larger than {limit:,} bytes")
+            chunks.append(chunk)
+        with self.lock:
+            if self.total_bytes + size > self.limits.web_max_total_bytes:
+                raise _TooBig(f"over the source's size limit of {self.limits.web_max_total_bytes:,} bytes")
+            self.total_bytes += size
+        return b"".join(chunks)
+
+    def _target(self, file: str) -> Path:
+        target = (self.pages_dir / file).resolve()
+        if not target.is_relative_to(self.pages_dir.resolve()):
+            raise SourceError(f"refusing to write outside {self.pages_dir}: {file}")
+        return target
+
+    def _write(self, file: str, text: str) -> None:
+        target = self._target(file)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(target)
+
+    def _read(self, file: str) -> str:
+        try:
+            return self._target(file).read_text(encoding="utf-8")
+        except OSError:
+            return ""
+
+    def many(self, urls: list[str]) -> list[_Page]:
+        with ThreadPoolExecutor(max_workers=self.limits.web_concurrency) as pool:
+            return list(pool.map(self.get, urls))
+
+
+class _TooBig(Exception):
+    pass
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _same_site(url: str, prefix: str) -> bool:
+    return url.startswith(prefix) and not _SKIP_EXT.search(urlsplit(url).path)
+
+
+@stage("fetch-web", retries=1)
+def fetch_web(spec: SourceSpec, folder: Path, limits: SourcesSettings, user: Path) -> Fetched:
+    """Web SourceSpec -> markdown pages under `folder`/pages; partial when any page failed."""
+    with storage_lock(folder):
+        crawl = _Crawl(spec, folder, limits)
+        try:
+            return _sync(crawl, spec, folder, limits, user)
+        finally:
+            crawl.client.close()
+
+
+def _sync(crawl: _Crawl, spec: SourceSpec, folder: Path, limits: SourcesSettings, user: Path) -> Fetched:
+    started = time.time()
+    origin = spec.origin
+    path = urlsplit(origin).path.lower().rstrip("/")
+    is_llms = path.endswith("/llms.txt") or path.endswith("/llms-full.txt")
+    first = crawl.get(origin, FULL_FILE if path.endswith("/llms-full.txt") else INDEX_FILE if is_llms else None)
+    if first.status in ("failed", "gone"):
+        raise SourceError(f"cannot fetch {origin}: {first.error}",
+                          hint="check the URL; pages fetched before stay indexed" if crawl.old else None)
+    pages: list[_Page] = [first]
+    skipped: list[tuple[str, str]] = []
+    if is_llms and not path.endswith("/llms-full.txt"):
+        parsed = parse_llms_txt(first.markdown or "", origin)
+        wanted = [ln.url for ln in parsed.links if limits.web_include_optional or not ln.optional]
+        wanted = [u for u in dict.fromkeys(wanted) if u != origin]
+        room = limits.web_max_pages - 1
+        skipped += [(u, f"over the page limit of {limits.web_max_pages}") for u in wanted[room:]]
+        pages += crawl.many(wanted[:room])
+    elif not is_llms:
+        prefix = origin.rsplit("/", 1)[0] + "/"
+        seen = {origin}
+        frontier = [first]
+        for _ in range(CRAWL_DEPTH):
+            found = [u for p in frontier for u in _links_in(p.markdown or "", p.url)
+                     if _same_site(u, prefix) and u not in seen]
+            found = list(dict.fromkeys(found))
+            room = limits.web_max_pages - len(pages)
+            skipped += [(u, f"over the page limit of {limits.web_max_pages}") for u in found[max(room, 0):]]
+            found = found[: max(room, 0)]
+            if not found:
+                break
+            seen.update(found)
+            frontier = crawl.many(found)
+            pages += frontier
+    return _finish(crawl, spec, folder, pages, skipped, user, time.time() - started)
+
+
+def _finish(crawl: _Crawl, spec: SourceSpec, folder: Path, pages: list[_Page],
+            skipped: list[tuple[str, str]], user: Path, seconds: float) -> Fetched:
+    kept: dict[str, dict[str, Any]] = {}
+    changed = False
+    for page in pages:
+        if page.status in ("saved", "unchanged") and page.file:
+            kept[page.url] = {"file": page.file, "etag": page.etag, "last_modified": page.last_modified}
+            changed |= page.status == "saved"
+        elif page.status == "failed" and page.url in crawl.old:
+            kept[page.url] = crawl.old[page.url]  # a transient failure keeps the copy we have
+    # Files of pages no longer listed, gone (404/410), or renamed are deleted.
+    keep_files = {v["file"] for v in kept.values()}
+    for old in crawl.old.values():
+        if old.get("file") and old["file"] not in keep_files:
+            target = crawl._target(old["file"])
+            if target.is_file():
+                target.unlink()
+                changed = True
+    failures = [(p.url, p.error or p.status) for p in pages if p.status in ("failed", "gone")] + skipped
+    digest = hashlib.sha1(json.dumps(sorted((u, v["file"], v.get("etag")) for u, v in kept.items())).encode())
+    crawl.meta = {
+        "origin": spec.origin, "pages": kept, "synced_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "seconds": round(seconds, 2), "failures": [{"url": u, "error": e} for u, e in failures],
+    }
+    (folder / META_FILE).write_text(json.dumps(crawl.meta, indent=1), encoding="utf-8")
+    claim_storage(folder, user)
+    total = len(pages) + len(skipped)
+    if failures:
+        shown = "; ".join(f"{u} ({e})" for u, e in failures[:5]) + (" …" if len(failures) > 5 else "")
+        message = f"{len(failures)} of {total} page(s) not fetched: {shown}"
+        return Fetched(crawl.pages_dir, digest.hexdigest()[:16], None, "partial", message, changed)
+    return Fetched(crawl.pages_dir, digest.hexdigest()[:16], None, "ok", None, changed)
+

@@ -1,0 +1,291 @@
+"""Sources end to end through the real CLI and Prefect: add, update, list, search across, remove, ask; git, local and web."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from docsite import DocSite, Page, serve
+from helpers import ctx_subprocess, git, write_files
+from stub_agent import install_stub, read_record
+
+from ctxlake.tasks.lake import CHUNKS_TABLE, FILES_TABLE, WriterLock, connect
+
+pytestmark = pytest.mark.usefixtures("prefect_server", "fake_embedder")
+
+LIB = {
+    "libs/core/tools.py": 'def make_tool(name):\n    """Create a custom tool."""\n    return {"name": name}\n',
+    "libs/core/graph.py": "class StateGraph:\n    def add_node(self, node):\n        return node\n",
+    "libs/core/test_graph.py": "def test_graph():\n    assert True\n",
+    "docs/tools.md": "# Tools\n\nUse make_tool to create a custom tool.\n\n## Naming\n\nNames are unique.\n",
+    "tests/test_tools.py": "def test_tools():\n    assert True\n",
+    "README.md": "# lib\n\nA library of tools.\n",
+}
+PROJECT = {"app/main.py": "from lib import make_tool\n\ntool = make_tool('search')\n"}
+
+
+def rows(root: Path, table: str, columns: list[str], source: str | None = None) -> list[dict[str, Any]]:
+    db = connect(root / ".ctx" / "lake")
+    query = db.open_table(table).search()
+    if source:
+        query = query.where(f"source = '{source}'")
+    out: list[dict[str, Any]] = query.select(columns).to_arrow().to_pylist()
+    return out
+
+
+def ok_json(result: Any) -> dict[str, Any]:
+    assert result.exit_code == 0, result.stderr
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+@pytest.fixture
+def lib_remote(make_repo: Callable[..., Path], tmp_path: Path) -> tuple[Path, str]:
+    work = make_repo(LIB, name="lib")
+    bare = tmp_path / "lib.git"
+    git(tmp_path, "clone", "-q", "--bare", str(work), str(bare))
+    return work, f"file://{bare}"
+
+
+@pytest.fixture
+def project(make_repo: Callable[..., Path]) -> Path:
+    return make_repo(PROJECT, name="proj")
+
+
+def push(work: Path, url: str, files: dict[str, str], message: str) -> None:
+    write_files(work, files)
+    git(work, "add", "-A")
+    git(work, "commit", "-qm", message)
+    git(work, "push", "-q", url.removeprefix("file://"), "main")
+
+
+def test_git_source_add_search_update_only_changed(
+    project: Path, lib_remote: tuple[Path, str], cli: Callable[..., Any], fake_embedder: Any
+) -> None:
+    work, url = lib_remote
+    assert cli("run", "index", cwd=project).exit_code == 0
+    added = ok_json(cli("add", "lib", url, "--paths", "libs/core,docs", "--exclude", "**/test_*", "--json", cwd=project))
+    report = added["sources"][0]
+    assert report["status"] == "ok" and report["ref_kind"] == "default"
+    assert report["resolved"] == git(work, "rev-parse", "HEAD")
+    lib_paths = {r["path"] for r in rows(project, FILES_TABLE, ["path"], "lib")}
+    assert lib_paths == {"libs/core/tools.py", "libs/core/graph.py", "docs/tools.md"}
+    toml = (project / ".ctx" / "sources.toml").read_text()
+    assert f'origin = "{url}"' in toml and 'paths = ["libs/core", "docs"]' in toml
+
+    listed = ok_json(cli("list", "--json", cwd=project))["sources"]
+    chunks = rows(project, CHUNKS_TABLE, ["id", "path", "text"], "lib")
+    assert [(s["name"], s["files"], s["chunks"], s["status"]) for s in listed] == [("lib", 3, len(chunks), "ok")]
+    human = cli("list", cwd=project)
+    assert human.exit_code == 0 and "lib" in human.stdout and "default -> " + report["resolved"][:12] in human.stdout
+
+    both = ok_json(cli("search", "make_tool", "--mode", "keyword", "--json", cwd=project))
+    assert {h["source"] for h in both["hits"]} == {"project", "lib"}
+    only = ok_json(cli("search", "make_tool", "--mode", "keyword", "--sources", "lib", "--json", cwd=project))
+    assert only["hits"] and {h["source"] for h in only["hits"]} == {"lib"}
+    unknown = cli("search", "make_tool", "--sources", "lib,nope", cwd=project)
+    assert unknown.exit_code == 2 and "unknown source(s): nope" in unknown.stderr
+
+    # Upstream changes one file: only its chunks are re-embedded.
+    before = {r["id"]: r for r in chunks}
+    push(work, url, {"docs/tools.md": LIB["docs/tools.md"].replace("unique", "unique per graph")}, "docs")
+    fake_embedder.reset_counters()
+    updated = ok_json(cli("update", "lib", "--json", cwd=project))["sources"][0]
+    assert updated["resolved"] == git(work, "rev-parse", "HEAD") != report["resolved"]
+    assert (updated["index"]["added"], updated["index"]["modified"], updated["index"]["removed"]) == (0, 1, 0)
+    after = {r["id"]: r for r in rows(project, CHUNKS_TABLE, ["id", "path", "text"], "lib")}
+    new_ids = set(after) - set(before)
+    assert new_ids and {after[i]["path"] for i in new_ids} == {"docs/tools.md"}
+    new_texts = {after[i]["text"] for i in new_ids} - {r["text"] for r in before.values()}
+    assert fake_embedder.texts_embedded == len(new_texts) > 0
+
+    fake_embedder.reset_counters()
+    again = ok_json(cli("update", "--json", cwd=project))["sources"][0]
+    assert again["status"] == "ok" and again["index"] is None and fake_embedder.texts_embedded == 0
+    # Nothing new upstream is decided before Prefect starts: an unreachable API fails any flow.
+    quick = ctx_subprocess("update", cwd=project, env={
+        "PREFECT_API_URL": "http://127.0.0.1:9/api", "CTX_EMBED_PROVIDER": "fake", "CTX_EMBED_MODEL": "hash"})
+    assert quick.returncode == 0 and f"lib: up to date @ {updated['resolved'][:12]}" in quick.stdout, quick.stderr
+    # The project's own no-op check is untouched by source runs.
+    noop = cli("run", "index", cwd=project)
+    assert noop.exit_code == 0 and "Up to date" in noop.stdout
+
+
+def test_remove_deletes_rows_snapshot_and_unshared_clone(
+    make_repo: Callable[..., Path], lib_remote: tuple[Path, str], cli: Callable[..., Any]
+) -> None:
+    _, url = lib_remote
+    a = make_repo(PROJECT, name="a")
+    b = make_repo(PROJECT, name="b")
+    for proj in (a, b):
+        ok_json(cli("add", "lib", url, "--json", cwd=proj))
+    root_a = ok_json(cli("list", "--json", cwd=a))["sources"][0]["root"]
+    assert root_a == ok_json(cli("list", "--json", cwd=b))["sources"][0]["root"]  # one shared clone
+    snapshot = a / ".ctx" / "lake" / "manifest" / "lib.arrow"
+    assert snapshot.is_file()
+
+    removed = ok_json(cli("remove", "lib", "--json", cwd=a))
+    assert removed["chunks"] > 0 and removed["files"] == 6 and removed["storage"] == "kept (another project uses it)"
+    assert rows(a, CHUNKS_TABLE, ["id"], "lib") == [] and rows(a, FILES_TABLE, ["path"], "lib") == []
+    assert not snapshot.exists() and "lib" not in (a / ".ctx" / "sources.toml").read_text()
+    assert ok_json(cli("list", "--json", cwd=a))["sources"] == []
+    assert Path(root_a).is_dir() and rows(b, CHUNKS_TABLE, ["id"], "lib")
+
+    last = cli("remove", "lib", cwd=b)
+    assert last.exit_code == 0 and "clone/pages deleted" in last.stdout
+    assert not Path(root_a).exists()
+    assert cli("remove", "lib", cwd=b).exit_code == 2
+
+
+def test_failed_add_leaves_nothing_and_inputs_are_checked(
+    project: Path, lib_remote: tuple[Path, str], cli: Callable[..., Any], tmp_path: Path, ctx_home: Path
+) -> None:
+    _, url = lib_remote
+    # In a fresh process, as a user runs it: one error line with git's reason, no traceback.
+    missing = ctx_subprocess("add", "gone", f"file://{tmp_path}/missing.git", cwd=project,
+                             env={"CTX_EMBED_PROVIDER": "fake", "CTX_EMBED_MODEL": "hash"})
+    assert missing.returncode == 9, missing.stderr
+    errors = [ln for ln in missing.stderr.splitlines() if ln.startswith("ctx: error:")]
+    assert errors == [f"ctx: error: cannot add gone: `git ls-remote` failed: '{tmp_path}/missing.git' "
+                      "does not appear to be a git repository"]
+    assert "Traceback" not in missing.stderr
+    badref = cli("add", "lib", url, "--ref", "no-such-branch", cwd=project)
+    assert badref.exit_code == 2 and "no branch or tag 'no-such-branch'" in badref.stderr
+    assert "gone" not in (project / ".ctx" / "sources.toml").read_text()
+    assert ok_json(cli("list", "--json", cwd=project))["sources"] == []
+    assert not list((ctx_home / "sources" / "git").glob("*/tree"))
+    assert cli("add", "../evil", url, cwd=project).exit_code == 2
+    assert cli("add", "project", url, cwd=project).exit_code == 2
+    assert cli("add", "web", "https://x.org/llms.txt", "--ref", "main", cwd=project).exit_code == 2
+    held = WriterLock(project / ".ctx" / "lake", purpose="test holder").acquire()
+    try:
+        busy = cli("add", "lib2", url, cwd=project)
+    finally:
+        held.release()
+    assert busy.exit_code == 5 and "lib2" not in (project / ".ctx" / "sources.toml").read_text()
+    ok_json(cli("add", "lib", url, "--ref", "main", "--json", cwd=project))
+    dup = cli("add", "lib", url, cwd=project)
+    assert dup.exit_code == 2 and "already exists" in dup.stderr
+
+
+def test_local_folder_and_docs_folder(project: Path, cli: Callable[..., Any], tmp_path: Path) -> None:
+    notes = tmp_path / "notes"
+    write_files(notes, {"ideas.md": "# Ideas\n\nA graph of tools.\n", "script.py": "print('hi')\n",
+                        "guide/setup.rst": "Setup\n=====\n\nInstall it.\n"})
+    ok_json(cli("add", "notes", str(notes), "--json", cwd=project))
+    ok_json(cli("add-docs", "notes-docs", str(notes), "--json", cwd=project))
+    assert {r["path"] for r in rows(project, FILES_TABLE, ["path"], "notes")} == {"ideas.md", "script.py", "guide/setup.rst"}
+    assert {r["path"] for r in rows(project, FILES_TABLE, ["path"], "notes-docs")} == {"ideas.md", "guide/setup.rst"}
+    listed = {s["name"]: s for s in ok_json(cli("list", "--json", cwd=project))["sources"]}
+    assert listed["notes"]["root"] == str(notes) and listed["notes-docs"]["docs"] is True
+    # Indexed in place: an edit shows up on update, nothing was copied.
+    (notes / "ideas.md").write_text("# Ideas\n\nA graph of tools and edges.\n")
+    out = ok_json(cli("update", "notes", "--json", cwd=project))["sources"][0]
+    assert out["index"]["modified"] == 1
+    assert cli("remove", "notes", cwd=project).exit_code == 0 and (notes / "ideas.md").is_file()
+
+
+@pytest.fixture
+def site() -> Iterator[DocSite]:
+    with serve(DocSite(pages={
+        "/llms.txt": Page("# Demo\n\n> Demo docs.\n\n## Docs\n\n- [Tools](/docs/tools.md): tools\n"
+                          "- [Missing](/docs/missing.md)\n", "text/plain"),
+        "/docs/tools.md": Page("# Tools\n\nCall make_widget to build a widget.\n"),
+    })) as running:
+        yield running
+
+
+def test_web_source_partial_is_reported_then_completes(project: Path, site: DocSite, cli: Callable[..., Any]) -> None:
+    added = cli("add", "demo-docs", site.url("/llms.txt"), "--json", cwd=project)
+    assert added.exit_code == 9 and "not every source synced: demo-docs (partial)" in added.stderr
+    report = json.loads(added.stdout)["sources"][0]
+    assert report["status"] == "partial" and "missing.md (HTTP 404)" in report["message"]
+    listed = ok_json(cli("list", "--json", cwd=project))["sources"][0]
+    assert listed["status"] == "partial" and listed["files"] == 2  # llms.md and docs/tools.md
+    found = ok_json(cli("search", "make_widget", "--mode", "keyword", "--sources", "demo-docs", "--json", cwd=project))
+    assert found["hits"][0]["path"] == "docs/tools.md"
+
+    site.pages["/docs/missing.md"] = Page("# Missing no more\n\nmake_gadget lives here.\n")
+    site.log.clear()
+    done = ok_json(cli("update", "demo-docs", "--json", cwd=project))["sources"][0]
+    assert done["status"] == "ok" and done["index"]["added"] == 1
+    assert site.requests("/docs/tools.md") == [304]
+    assert ok_json(cli("list", "--json", cwd=project))["sources"][0]["status"] == "ok"
+
+
+def test_crashed_source_run_is_repaired_and_does_not_block_the_project(
+    project: Path, lib_remote: tuple[Path, str], cli: Callable[..., Any]
+) -> None:
+    work, url = lib_remote
+    assert cli("run", "index", cwd=project).exit_code == 0
+    ok_json(cli("add", "lib", url, "--json", cwd=project))
+    push(work, url, {"libs/core/tools.py": LIB["libs/core/tools.py"].replace("custom", "bespoke")}, "edit")
+
+    from ctxlake.tasks.chunk_stage import chunk_files
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    # Killed after the clone moved and the run was journaled, before anything was written.
+    with pytest.MonkeyPatch.context() as fault:
+        fault.setattr(chunk_files, "fn", interrupted)
+        fault.setattr(chunk_files, "_task", None)
+        crashed = cli("update", "lib", cwd=project)
+    chunk_files._task = None  # rebuild the Prefect task around the real function
+    assert crashed.exit_code == 130
+    # The project's fast no-op path, in a process that cannot start a flow, is not fooled.
+    done = ctx_subprocess("run", "index", cwd=project, env={
+        "PREFECT_API_URL": "http://127.0.0.1:9/api", "CTX_EMBED_PROVIDER": "fake", "CTX_EMBED_MODEL": "hash"})
+    assert done.returncode == 0 and "Up to date" in done.stdout, done.stderr
+    # The next update redoes the source even though its clone is already at the new commit.
+    repaired = ok_json(cli("update", "lib", "--json", cwd=project))["sources"][0]
+    assert repaired["index"] is not None
+    texts = [r for r in rows(project, CHUNKS_TABLE, ["path", "text", "vector"], "lib")]
+    assert all(r["vector"] is not None for r in texts)
+    tools = "".join(r["text"] for r in texts if r["path"] == "libs/core/tools.py")
+    assert "bespoke" in tools and "custom" not in tools
+
+
+def test_ask_and_chat_with_a_stub_agent(
+    project: Path, lib_remote: tuple[Path, str], cli: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, url = lib_remote
+    ok_json(cli("add", "lib", url, "--paths", "libs/core", "--json", cwd=project))
+    install_stub(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("STUB_RECORD", str(tmp_path / "record.json"))
+    (project / ".ctx" / "config.toml").write_text(
+        f'[agents]\ndefault_agent = "stub"\nsandbox_dir = "{tmp_path / "sandboxes"}"\n\n'
+        '[agents.commands]\nstub = "stub-agent {prompt_file}"\n\n'
+        '[agents.chat_commands]\nstub = "stub-agent {prompt_file} --interactive"\n')
+
+    answer = ok_json(cli("ask", "-s", "lib", "-q", "How do I create a custom tool?", "--json", cwd=project))
+    assert answer["agent"] == "stub" and answer["answer"].strip() == "ANSWER from stub: see lib"
+    assert answer["hits_in_prompt"] > 0
+    seen = read_record(tmp_path / "record.json")
+    assert list(seen["links"]) == ["lib"]
+    assert seen["links"]["lib"]["files"] == ["libs/core/graph.py", "libs/core/test_graph.py", "libs/core/tools.py"]
+    assert "## 1. lib/libs/core/tools.py:1-3 (make_tool)" in seen["prompt"]
+    assert '"""Create a custom tool."""' in seen["prompt"]  # the chunk's full text, read from the clone
+    assert not Path(seen["cwd"]).exists()
+
+    plain = cli("ask", "-q", "graph nodes?", cwd=project)
+    assert plain.exit_code == 0 and plain.stdout.strip() == "ANSWER from stub: see lib, project"
+    assert cli("ask", "-s", "nope", "-q", "x", cwd=project).exit_code == 2
+    monkeypatch.setenv("STUB_MODE", "fail")
+    failed = cli("ask", "-s", "lib", "-q", "x", cwd=project)
+    assert failed.exit_code == 10 and "partial answer" in failed.stdout
+    assert "agent 'stub' exited with 3: stub: model quota exceeded" in failed.stderr
+    missing = cli("ask", "-s", "lib", "-q", "x", "--agent", "codex", cwd=project)
+    assert missing.exit_code == 10 and "runs `codex`, which is not on PATH" in missing.stderr
+
+    monkeypatch.delenv("STUB_MODE")
+    chat = cli("chat", "-s", "lib", cwd=project)
+    assert chat.exit_code == 0
+    seen = read_record(tmp_path / "record.json")
+    assert seen["argv"][1:] == ["--interactive"] and "# Question" not in seen["prompt"]
+    assert "| lib | git |" in seen["prompt"]

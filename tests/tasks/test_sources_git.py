@@ -1,0 +1,185 @@
+"""Git sources against real bare repositories in tmp (file:// URLs): refs, pins, sparse paths, updates, limits, shared clones."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from helpers import git, write_files
+
+from ctxlake.errors import InputError, SourceError
+from ctxlake.schemas.config import IndexSettings, SourcesSettings
+from ctxlake.schemas.sources import SourceSpec, clean_path, validate_name
+from ctxlake.tasks.sources import (
+    classify_origin,
+    fetch_git,
+    fetch_local,
+    release_storage,
+    storage_dir,
+    storage_key,
+)
+
+LIB = {
+    "libs/core/tools.py": "def make_tool(name):\n    return {'name': name}\n",
+    "libs/core/graph.py": "class Graph:\n    pass\n",
+    "docs/guide.md": "# Guide\n\nMake a tool.\n",
+    "tests/test_tools.py": "def test_tool():\n    assert True\n",
+    "README.md": "# lib\n",
+}
+
+
+def files_in(tree: Path) -> set[str]:
+    return {str(p.relative_to(tree)) for p in tree.rglob("*") if p.is_file() and ".git" not in p.parts}
+
+
+@pytest.fixture
+def remote(make_repo: Callable[..., Path], tmp_path: Path) -> tuple[Path, str]:
+    """A work repo with a tag v1 (annotated) and one more commit, pushed to a bare repo."""
+    work = make_repo(LIB, name="lib")
+    git(work, "tag", "-a", "v1", "-m", "release 1")
+    write_files(work, {"libs/core/tools.py": LIB["libs/core/tools.py"] + "\n\ndef v2():\n    return 2\n"})
+    git(work, "commit", "-qam", "v2")
+    bare = tmp_path / "lib.git"
+    git(tmp_path, "clone", "-q", "--bare", str(work), str(bare))
+    git(bare, "config", "uploadpack.allowFilter", "true")
+    return work, f"file://{bare}"
+
+
+def spec(url: str, **kw: object) -> SourceSpec:
+    return SourceSpec(name="lib", type="git", origin=url, **kw)  # type: ignore[arg-type]
+
+
+def fetch(s: SourceSpec, home: Path, limits: SourcesSettings | None = None, user: Path | None = None):  # type: ignore[no-untyped-def]
+    return fetch_git.fn(s, storage_dir(home, s), limits or SourcesSettings(), user or home / "project")
+
+
+def test_default_branch_is_shallow_and_resolved(remote: tuple[Path, str], tmp_path: Path) -> None:
+    work, url = remote
+    got = fetch(spec(url), tmp_path / "home")
+    assert got.ref_kind == "default" and got.changed and got.status == "ok"
+    assert got.resolved == git(work, "rev-parse", "HEAD")
+    assert files_in(got.root) == set(LIB)
+    assert git(got.root, "rev-parse", "--is-shallow-repository") == "true"
+    assert git(got.root, "rev-list", "--count", "HEAD") == "1"
+
+
+def test_tag_and_commit_are_pinned(remote: tuple[Path, str], tmp_path: Path) -> None:
+    work, url = remote
+    tagged = fetch(spec(url, ref="v1"), tmp_path / "home")
+    # The annotated tag is recorded as the commit it points at, not the tag object.
+    assert tagged.ref_kind == "tag" and tagged.resolved == git(work, "rev-parse", "v1^{commit}")
+    assert "def v2" not in (tagged.root / "libs/core/tools.py").read_text()
+    first = git(work, "rev-parse", "HEAD~1")
+    pinned = fetch(spec(url, ref=first), tmp_path / "home")
+    assert pinned.ref_kind == "commit" and pinned.resolved == first
+    assert git(pinned.root, "rev-list", "--count", "HEAD") == "1"
+    # A pinned commit needs no remote once it is here: the remote can even be gone.
+    bare = Path(url.removeprefix("file://"))
+    bare.rename(bare.with_name("moved.git"))
+    again = fetch(spec(url, ref=first), tmp_path / "home")
+    assert not again.changed and again.resolved == first
+
+
+def test_sparse_paths_check_out_only_those(remote: tuple[Path, str], tmp_path: Path) -> None:
+    _, url = remote
+    got = fetch(spec(url, paths=["libs/core", "docs/guide.md"]), tmp_path / "home")
+    assert files_in(got.root) == {"libs/core/tools.py", "libs/core/graph.py", "docs/guide.md"}
+    assert git(got.root, "config", "remote.origin.partialclonefilter") == "blob:none"
+    # The index narrows to the same paths (anchored, so a bare folder name cannot miss).
+    include = spec(url, paths=["libs/core"]).index_settings(IndexSettings()).include
+    assert include == ["/libs/core", "/libs/core/**"]
+
+
+def test_update_after_new_commit_touches_only_changed_files(remote: tuple[Path, str], tmp_path: Path) -> None:
+    work, url = remote
+    home = tmp_path / "home"
+    first = fetch(spec(url), home)
+    before = {p: (first.root / p).stat().st_mtime_ns for p in LIB}
+    unchanged = fetch(spec(url), home)
+    assert not unchanged.changed and unchanged.resolved == first.resolved
+    write_files(work, {"docs/guide.md": "# Guide\n\nMake two tools.\n"})
+    git(work, "commit", "-qam", "docs")
+    git(work, "push", "-q", url.removeprefix("file://"), "main")
+    updated = fetch(spec(url), home)
+    assert updated.changed and updated.resolved == git(work, "rev-parse", "HEAD") != first.resolved
+    after = {p: (updated.root / p).stat().st_mtime_ns for p in LIB}
+    assert [p for p in LIB if after[p] != before[p]] == ["docs/guide.md"]
+    assert git(updated.root, "rev-list", "--count", "HEAD") == "1"  # still depth 1
+
+
+def test_bad_refs_and_remotes_are_clear_errors(remote: tuple[Path, str], tmp_path: Path) -> None:
+    work, url = remote
+    with pytest.raises(InputError, match="no branch or tag 'nope'"):
+        fetch(spec(url, ref="nope"), tmp_path / "home")
+    short = git(work, "rev-parse", "--short", "HEAD")
+    with pytest.raises(InputError, match="full 40-character sha"):
+        fetch(spec(url, ref=short), tmp_path / "home")
+    with pytest.raises(SourceError, match=r"`git ls-remote` failed"):
+        fetch(spec(f"file://{tmp_path}/missing.git"), tmp_path / "home")
+    # A failed first fetch leaves no half-made clone behind.
+    assert not (storage_dir(tmp_path / "home", spec(f"file://{tmp_path}/missing.git")) / "tree").exists()
+    with pytest.raises(InputError, match="invalid --ref"):
+        spec(url, ref="--upload-pack=evil")
+
+
+def test_file_count_limit_refuses_before_checkout(remote: tuple[Path, str], tmp_path: Path) -> None:
+    _, url = remote
+    with pytest.raises(SourceError, match=r"has 5 files, over the limit of 3") as err:
+        fetch(spec(url), tmp_path / "home", SourcesSettings(max_files=3))
+    assert err.value.hint and "--paths" in err.value.hint
+    assert not (storage_dir(tmp_path / "home", spec(url)) / "tree").exists()
+    got = fetch(spec(url, paths=["libs/core"]), tmp_path / "home", SourcesSettings(max_files=3))
+    assert len(files_in(got.root)) == 2
+    with pytest.raises(SourceError, match="checks out to"):
+        fetch(spec(url, ref="v1"), tmp_path / "home", SourcesSettings(max_bytes=10))
+
+
+def test_clone_is_shared_between_projects_until_the_last_leaves(remote: tuple[Path, str], tmp_path: Path) -> None:
+    _, url = remote
+    home = tmp_path / "home"
+    a, b = tmp_path / "a", tmp_path / "b"
+    for project in (a, b):
+        (project / ".ctx").mkdir(parents=True)
+    first = fetch(spec(url), home, user=a)
+    second = fetch(spec(url), home, user=b)
+    assert first.root == second.root and not second.changed
+    folder = storage_dir(home, spec(url))
+    assert release_storage(folder, a) is False and first.root.is_dir()
+    assert release_storage(folder, b) is True and not folder.exists()
+    # Different refs or paths are different clones.
+    assert storage_key(spec(url)) != storage_key(spec(url, ref="v1")) != storage_key(spec(url, paths=["docs"]))
+
+
+def test_local_source_and_origin_classification(tmp_path: Path) -> None:
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    assert classify_origin(str(notes)) == ("local", str(notes.resolve()))
+    assert classify_origin("https://github.com/org/repo/") == ("git", "https://github.com/org/repo")
+    assert classify_origin("git@github.com:org/repo.git")[0] == "git"
+    assert classify_origin("https://docs.example.com/llms.txt")[0] == "web"
+    assert classify_origin("https://docs.example.com/guide/", docs=True)[0] == "web"
+    assert classify_origin("https://github.com/org/repo.git", docs=True)[0] == "git"
+    with pytest.raises(InputError, match="neither an existing folder nor a URL"):
+        classify_origin(str(tmp_path / "nope"))
+    (tmp_path / "file.txt").write_text("x")
+    with pytest.raises(InputError, match="not a folder"):
+        classify_origin(str(tmp_path / "file.txt"))
+    local = SourceSpec(name="notes", type="local", origin=str(notes))
+    assert fetch_local.fn(local).root == notes
+    os.rmdir(notes)
+    with pytest.raises(SourceError, match="is gone"):
+        fetch_local.fn(local)
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "project", ".hidden", "", "x" * 65, "a b"])
+def test_source_names_are_one_safe_path_component(name: str) -> None:
+    with pytest.raises(InputError):
+        validate_name(name)
+
+
+@pytest.mark.parametrize("path", ["../up", "/abs", "a/../../b", "", "!neg"])
+def test_paths_cannot_leave_the_source(path: str) -> None:
+    with pytest.raises(InputError):
+        clean_path(path)
