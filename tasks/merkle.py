@@ -302,7 +302,9 @@ class _Rules:
         return False
 
     def excluded_by_include(self, rel: str) -> bool:
-        return self.include is not None and not self.include.verdict(rel)
+        # pathspec's own matcher, not the basename fast path: include rules see files only, and
+        # `include = ["docs"]` must keep docs/guide.md (a folder name matches what lies below).
+        return self.include is not None and not self.include.spec.match_file(rel)
 
 
 class PathFilter:

@@ -233,3 +233,10 @@ def test_file_deleted_between_listing_and_hashing_is_counted_not_fatal(
     tree, stats = scan_tree(tmp_path, IndexSettings())
     assert set(tree.entries) == {"a.py", "c.py"}
     assert stats.vanished == 1
+
+
+def test_include_by_folder_name_keeps_what_lies_below(tmp_path: Path) -> None:
+    write_files(tmp_path, {"docs/guide.md": "g", "docs/api/ref.md": "r", "src/docs.py": "d", "src/a.py": "a"})
+    assert indexed(scan(tmp_path, IndexSettings(include=["docs"]))) == {"docs/guide.md", "docs/api/ref.md"}
+    assert indexed(scan(tmp_path, IndexSettings(include=["/src/", "*.md"]))) == {
+        "src/docs.py", "src/a.py", "docs/guide.md", "docs/api/ref.md"}
