@@ -19,6 +19,7 @@ from ctxlake.schemas.config import (
     load_settings,
     resolve_root,
 )
+from ctxlake.serve import cli_memory
 
 app = typer.Typer(
     name="ctx",
@@ -236,6 +237,9 @@ def clean(yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] =
 def version() -> None:
     """Print the version."""
     typer.echo(f"ctxlake {__version__}")
+
+
+cli_memory.register(app, run_app)
 
 
 def run(argv: list[str] | None = None) -> int:
