@@ -260,6 +260,19 @@ def loads(data: bytes | str) -> Any:
     return orjson.loads(data)
 
 
+def reset_if_replaced(path: Path, pos: FileState) -> None:
+    """Forget the position (and parser context) of a file that shrank or is another file now.
+
+    Called before a parser reads its context from `pos.extra`; the dict is cleared in place so
+    references a parser already holds stay valid.
+    """
+    st = os.stat(path)
+    if st.st_ino != pos.inode or st.st_size < pos.offset:
+        pos.offset = 0
+        pos.extra.clear()
+    pos.inode = st.st_ino
+
+
 def read_new_lines(path: Path, pos: FileState) -> Iterator[tuple[int, bytes]]:
     """Complete lines appended since `pos` as (byte offset, line); advances `pos.offset`.
 
@@ -267,11 +280,7 @@ def read_new_lines(path: Path, pos: FileState) -> Iterator[tuple[int, bytes]]:
     make re-reading harmless. A last line without its newline is left for the next run unless it
     already parses (the tool may simply not end its file with one).
     """
-    st = os.stat(path)
-    if st.st_ino != pos.inode or st.st_size < pos.offset:
-        pos.offset = 0
-        pos.extra = {}
-    pos.inode = st.st_ino
+    reset_if_replaced(path, pos)
     with open(path, "rb") as fh:
         fh.seek(pos.offset)
         offset = pos.offset
@@ -453,6 +462,7 @@ class JsonlScraper:
         for path in files:
             pos = state.setdefault(str(path), FileState())
             try:
+                reset_if_replaced(path, pos)
                 self.scrape_file(path, pos, out)
             except OSError as exc:
                 out.cannot_read(path, exc)

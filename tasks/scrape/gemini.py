@@ -20,6 +20,7 @@ from ctxlake.tasks.scrape.base import (
     obj,
     parse_ts,
     read_document,
+    reset_if_replaced,
     stat_fingerprint,
     text_of,
     tool_call,
@@ -85,6 +86,7 @@ class GeminiScraper:
             self._message(message, session, str(doc.get("projectHash") or ""), path, i, f"{path}: messages[{i}]", out)
 
     def _jsonl(self, path: Path, pos: FileState, out: ScrapeOutput) -> None:
+        reset_if_replaced(path, pos)
         extra = pos.extra
         for offset, rec in json_lines(path, pos, out):
             if "$set" in rec or "$unset" in rec:
