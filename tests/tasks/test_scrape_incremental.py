@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from memlogs import (
     claude,
-    codex,
     codex_meta,
     codex_msg,
     codex_tokens,
