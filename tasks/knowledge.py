@@ -208,9 +208,10 @@ def vectors_for(texts: Sequence[str], cache: EmbeddingCache, embedder: Embedder)
 def decide(text: str, existing: Sequence[Record], cache: EmbeddingCache, embedder: Embedder,
            duplicate_above: float, supersede_from: float) -> tuple[WriteStatus, Record | None, float]:
     """created / superseded / duplicate for a new text against existing records of its type."""
+    # The new text is embedded even with nothing to compare: its vector waits in the cache for ingest.
+    matrix = vectors_for([text, *(r.text for r in existing)], cache, embedder)
     if not existing:
         return "created", None, 0.0
-    matrix = vectors_for([text, *(r.text for r in existing)], cache, embedder)
     sims = matrix[1:] @ matrix[0]
     best = int(np.argmax(sims))
     score = float(sims[best])
