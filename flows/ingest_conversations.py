@@ -40,7 +40,14 @@ from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.redact import redact_scraped
 from ctxlake.tasks.scrape import SCRAPERS, ScrapeState, plan, prune, scrape_group, split
 from ctxlake.tasks.scrape.base import Counts, SessionMeta
-from ctxlake.tasks.sessionize import link_projects, project_filter, sessionize
+from ctxlake.tasks.sessionize import (
+    clear_touched,
+    link_projects,
+    project_filter,
+    read_touched,
+    sessionize,
+    write_touched,
+)
 from ctxlake.tasks.store import sql_str
 
 
@@ -105,7 +112,8 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
     report.files_seen, report.files_changed = work.store_files, work.changed_files
     known = {str(settings.root)} | set(tables.sessions.search().select(["project_path"]).limit(None)
                                        .to_arrow().column("project_path").unique().to_pylist())
-    touched: set[tuple[str, str]] = set()
+    # Sessions a crashed run stored messages for but never summarized are redone now.
+    touched: set[tuple[str, str]] = read_touched(settings.memory_dir)
     meta: dict[tuple[str, str], SessionMeta] = {}
     totals: dict[str, Counts] = {}
     progress.start("scrape", work.changed_files, "reading logs")
@@ -116,17 +124,20 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
             report.linked += link_projects(out, known)
             rows = messages_table(out.messages, dims)
             stored = store_messages(tables, rows, SCRAPERS[group.scraper].mutable, cache)
-            # Positions are saved only once their rows are committed: a crash re-reads, ids de-duplicate.
+            touched |= {(m.tool, m.session_id) for m in out.messages}
+            # Positions are saved only once their rows are committed (a crash re-reads, ids
+            # de-duplicate), and after the sessions to summarize are journaled.
+            write_touched(settings.memory_dir, touched)
             scrape_state.save(settings.memory_dir)
             report.messages_inserted += stored.inserted
             report.messages_updated += stored.updated
-            report.duplicates += stored.duplicates
+            # Copies within this batch (a fork and its parent read together) never reach the store.
+            report.duplicates += stored.duplicates + len(out.messages) - rows.num_rows
             report.redacted += redaction.redacted
             report.bytes_read += group.new_bytes
             report.warnings.extend(out.warnings[:20])
             report.problems.extend(out.problems[:50])
             totals.setdefault(group.scraper, Counts()).add(out.counts)
-            touched |= {(m.tool, m.session_id) for m in out.messages}
             for key, facts in out.meta.items():
                 meta.setdefault(key, SessionMeta(*key)).merge(facts)
             known |= {m.project_path for m in out.messages if m.project_path}
@@ -147,6 +158,7 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
         rows, _ = fill_from_cache(rows, cache)
         replace_rows(tables.sessions, rows, "id", _touched_filter(touched))
         report.sessions_written = rows.num_rows
+    clear_touched(settings.memory_dir)
 
     knowledge = open_knowledge(settings.lake_dir, dims)
     if manifest_changed(settings.lake_dir, settings.knowledge_dir, embedder.model_id) or not (

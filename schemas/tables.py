@@ -115,6 +115,7 @@ MESSAGES = pa.schema(
         pa.field("role", pa.string(), nullable=False),  # user | assistant | tool | system
         pa.field("kind", pa.string(), nullable=False),  # text | tool_call | tool_result | compaction | error | summary | artifact
         pa.field("text", pa.string(), nullable=False),
+        pa.field("terms", pa.string(), nullable=False),  # tool names and inputs, file paths: searchable beside text
         pa.field("tool_calls", pa.list_(TOOL_CALL)),
         pa.field("files", pa.list_(pa.string())),  # paths the record reads, writes or mentions
         pa.field("tokens_in", pa.int64()),  # de-duplicated: counted on one row per model response

@@ -220,12 +220,15 @@ def session_detail(lake: MemoryLake, ref: str, offset: int = 0, limit: int = 50)
 
 
 def _fts(table: Table, query: str, where: str | None, columns: list[str], limit: int) -> list[dict[str, Any]]:
-    from lancedb.query import MatchQuery
+    from lancedb.query import MatchQuery, MultiMatchQuery
 
     text = keyword_query(query)
-    if not re.search(r"[A-Za-z0-9]", text) or not any(i.index_type == "FTS" for i in table.list_indices()):
+    indexed = {c for i in table.list_indices() if i.index_type == "FTS" for c in i.columns}
+    if not re.search(r"[A-Za-z0-9]", text) or "text" not in indexed:
         return []
-    search = table.search(MatchQuery(text, "text"), query_type="fts")  # type: ignore[call-arg]
+    # lancedb declares these options as Field(default, kw_only=True), which mypy reads as required.
+    fts = MultiMatchQuery(text, ["text", "terms"]) if "terms" in indexed else MatchQuery(text, "text")  # type: ignore[call-arg]
+    search = table.search(fts, query_type="fts")
     if where:
         search = search.where(where, prefilter=True)
     rows: list[dict[str, Any]] = search.select(columns).limit(limit).to_list()

@@ -73,14 +73,20 @@ def open_tasks(rows: Sequence[dict[str, Any]]) -> list[str]:
     return list(found)[-MAX_ITEMS:]
 
 
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def decision_sentences(text: str) -> list[str]:
+    """The sentences of `text` that state a decision ("we decided to ...", "let's use ...")."""
+    return [_line(sentence, 200) for raw in text.splitlines() for sentence in SENTENCE_END.split(raw)
+            if DECISION.search(sentence)]
+
+
 def decisions(rows: Sequence[dict[str, Any]]) -> list[str]:
     found: dict[str, None] = {}
     for row in rows:
-        if row["role"] not in ("user", "assistant") or row["kind"] != "text":
-            continue
-        for raw in row["text"].splitlines():
-            if DECISION.search(raw):
-                found[_line(raw, 200)] = None
+        if row["role"] in ("user", "assistant") and row["kind"] == "text":
+            found.update(dict.fromkeys(decision_sentences(row["text"])))
     return list(found)[-MAX_ITEMS:]
 
 

@@ -9,7 +9,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ctxlake.tasks.compact import DECISION
+from ctxlake.tasks.compact import decision_sentences
 from ctxlake.tasks.knowledge import WriteResult, write_record
 from ctxlake.tasks.lake import write_atomic
 from ctxlake.tasks.sessionize import Segment
@@ -50,10 +50,9 @@ def candidates(seg: Segment) -> list[Candidate]:
     rows = seg.rows
     for row in rows:
         if row["role"] in ("user", "assistant") and row["kind"] == "text":
-            for line in row["text"].splitlines():
-                if DECISION.search(line):
-                    found.append(Candidate("decision", _first_line(line), f"{line.strip()}\n\n(said by the {row['role']} in {seg.ref})",
-                                           row["timestamp"], seg.tool, seg.ref, list(row["files"] or [])))
+            for sentence in decision_sentences(row["text"]):
+                found.append(Candidate("decision", _first_line(sentence), f"{sentence}\n\n(said by the {row['role']} in {seg.ref})",
+                                       row["timestamp"], seg.tool, seg.ref, list(row["files"] or [])))
     for i, row in enumerate(rows):
         failed = [c for c in row["tool_calls"] or [] if c.get("is_error")] if row["role"] == "tool" else []
         if not failed or not row["text"].strip():

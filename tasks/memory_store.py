@@ -49,12 +49,18 @@ class MemoryTables(NamedTuple):
     sessions: Table
 
 
+def _open_or_create(db: lancedb.DBConnection, name: str, schema: pa.Schema) -> Table:
+    # Not `open_table(...) or create`: a LanceTable with no rows is falsy (its len is its row count).
+    table = open_table(db, name)
+    return db.create_table(name, schema=schema) if table is None else table
+
+
 def open_memory(memory_dir: Path, dims: int) -> MemoryTables:
     """The user-wide memory lake's tables, created with their declared schemas when missing."""
     try:
         db = connect(memory_dir, create=True)
-        messages = open_table(db, MESSAGES_TABLE) or db.create_table(MESSAGES_TABLE, schema=with_vector_width(MESSAGES, dims))
-        sessions = open_table(db, SESSIONS_TABLE) or db.create_table(SESSIONS_TABLE, schema=with_vector_width(SESSIONS, dims))
+        messages = _open_or_create(db, MESSAGES_TABLE, with_vector_width(MESSAGES, dims))
+        sessions = _open_or_create(db, SESSIONS_TABLE, with_vector_width(SESSIONS, dims))
     except OSError as exc:
         raise LakeError(f"cannot open the memory lake at {memory_dir}: {exc}") from exc
     return MemoryTables(db, messages, sessions)
@@ -62,8 +68,7 @@ def open_memory(memory_dir: Path, dims: int) -> MemoryTables:
 
 def open_knowledge(lake_dir: Path, dims: int) -> Table:
     try:
-        db = connect(lake_dir, create=True)
-        return open_table(db, KNOWLEDGE_TABLE) or db.create_table(KNOWLEDGE_TABLE, schema=with_vector_width(KNOWLEDGE, dims))
+        return _open_or_create(connect(lake_dir, create=True), KNOWLEDGE_TABLE, with_vector_width(KNOWLEDGE, dims))
     except OSError as exc:
         raise LakeError(f"cannot open the lake at {lake_dir}: {exc}") from exc
 
@@ -91,6 +96,7 @@ def messages_table(msgs: Sequence[Msg], dims: int) -> pa.Table:
         rows.append({
             "id": mid, "tool": m.tool, "session_id": m.session_id, "project_path": m.project_path,
             "timestamp": m.timestamp, "seq": m.seq, "role": m.role, "kind": m.kind, "text": m.text,
+            "terms": " ".join([*(f"{c['name']} {c['input']}" for c in m.tool_calls), *m.files]),
             "tool_calls": m.tool_calls or None, "files": m.files or None, "tokens_in": m.tokens_in,
             "tokens_out": m.tokens_out, "tokens_cached": m.tokens_cached, "model": m.model, "agent": m.agent,
             "parent_id": m.parent_id if isinstance(m.parent_id, str) else None, "source_file": m.source_file,
@@ -190,19 +196,22 @@ def _write_vectors(table: Table, vectors: dict[str, np.ndarray], ids_by_hash: di
         pa.table({"id": pa.array(ids), "vector": vector_array(matrix, dims)}))
 
 
-FTS_COLUMN = "text"
+# BM25 columns per table: a message's tool calls and files are searchable too (`terms`).
+FTS_COLUMNS = {MESSAGES_TABLE: ("text", "terms"), SESSIONS_TABLE: ("text",), KNOWLEDGE_TABLE: ("text",)}
 
 
 @stage("fts-memory")
 def index_and_optimize(tables: Sequence[Table]) -> None:
-    """Memory tables -> BM25 index on `text` (built once, then folded in by optimize) and compacted fragments."""
+    """Memory tables -> BM25 indexes (built once, then folded in by optimize) and compacted fragments."""
     from lancedb.index import FTS
 
     for table in tables:
         if table.count_rows() == 0:
             continue
-        if not any(idx.index_type == "FTS" for idx in table.list_indices()):
-            # Conversations are prose and code mixed: keep stop words and exact forms, like chunks.
-            table.create_index(FTS_COLUMN, config=FTS(stem=False, remove_stop_words=False, with_position=False), replace=True)
+        indexed = {c for idx in table.list_indices() if idx.index_type == "FTS" for c in idx.columns}
+        for column in FTS_COLUMNS[table.name]:
+            if column not in indexed:
+                # Conversations mix prose and code: keep stop words and exact forms, like chunks.
+                table.create_index(column, config=FTS(stem=False, remove_stop_words=False, with_position=False), replace=True)
         table.optimize(cleanup_older_than=KEEP_VERSIONS)
 

@@ -88,3 +88,57 @@ def put_bubble(con: sqlite3.Connection, cid: str, bid: str, data: dict[str, Any]
 
 def ms(minute: float) -> int:
     return int((T0 + timedelta(minutes=minute)).timestamp() * 1000)
+
+
+# A planted secret (built from parts so the repository holds no scanner bait) and a harmless
+# marker: the marker must be found in the lake's bytes, proving the byte scan can see text.
+SECRET = "ghp_" + "Zq8Xw7Vc6Bn5Mm4Ll3Kk2Jj1Hh0Gg9Ff8Dd"
+CANARY = "canary-7f3a9c-marker"
+
+
+def build_stores(base: Path, project: Path, other: str = "/home/u/other") -> dict[str, Path]:
+    """Small stores of three tools for one project (and one session elsewhere): a planted secret,
+    a 31-minute pause, a forked Codex rollout, a Gemini chat linked to the project by its path hash."""
+    import hashlib
+
+    cwd = str(project)
+    claude_root = base / "claude" / "projects"
+    write_jsonl(claude_root / slug(cwd) / "sess-a.jsonl", [
+        claude("user", "u1", 0, f"Deploy fails: export GITHUB_TOKEN={SECRET} did not help", cwd=cwd),
+        claude("assistant", "a1", 1, [{"type": "text", "text": f"Checking the deploy script. {CANARY}"},
+                                      tool_use("Bash", command="./deploy.sh --dry-run")], cwd=cwd),
+        claude("user", "u2", 2, tool_result("error: permission denied (publickey)", is_error=True), cwd=cwd),
+        claude("assistant", "a2", 3, [tool_use("Bash", command="ssh-add ~/.ssh/deploy && ./deploy.sh --dry-run")], cwd=cwd),
+        claude("user", "u3", 4, tool_result("dry run ok"), cwd=cwd),
+        claude("assistant", "a3", 5, [{"type": "text", "text": "The deploy key was not loaded; ssh-add fixed it. "
+                                                             "We decided to use a dedicated deploy key.\nTODO: rotate the old key"}], cwd=cwd),
+        # 31 minutes later the same session continues: a new segment.
+        claude("user", "u4", 36, "Now write the release notes", cwd=cwd),
+        claude("assistant", "a4", 37, [{"type": "text", "text": "Release notes drafted in CHANGELOG.md."},
+                                       tool_use("Edit", file_path=f"{cwd}/CHANGELOG.md")], cwd=cwd),
+    ])
+    write_jsonl(claude_root / slug(other) / "sess-z.jsonl", [
+        claude("user", "z1", 10, "Unrelated project question", session="sess-z", cwd=other)])
+    codex_root = base / "codex" / "sessions"
+    day = codex_root / "2026" / "03" / "02"
+    parent = [codex_meta("cx-parent", 50, cwd=cwd), codex_msg("user", 50, "Add a health check endpoint"),
+              codex_msg("assistant", 51, "Added GET /healthz.", "msg-1"), codex_tokens(51.1, 900, 120)]
+    write_jsonl(day / "rollout-2026-03-02T09-50-00-parent.jsonl", parent)
+    write_jsonl(day / "rollout-2026-03-02T10-30-00-fork.jsonl", [
+        codex_meta("cx-fork", 90, cwd=cwd), *parent, codex_msg("assistant", 91, "Also added /readyz on the fork.", "msg-2"),
+        codex_tokens(91.1, 1300, 170)])
+    gemini_root = base / "gemini" / "tmp"
+    digest = hashlib.sha256(cwd.encode()).hexdigest()
+    (gemini_root / digest / "chats").mkdir(parents=True)
+    (gemini_root / digest / "chats" / "session-1.json").write_text(json.dumps({
+        "sessionId": "gem-1", "projectHash": digest, "startTime": at(120), "messages": [
+            {"id": "m1", "timestamp": at(120), "type": "user", "content": "Why is the health check slow?"},
+            {"id": "m2", "timestamp": at(121), "type": "gemini", "content": "It opens a database connection per call.",
+             "tokens": {"input": 50, "output": 12}}]}))
+    return {"claude": claude_root, "codex": codex_root, "gemini": gemini_root}
+
+
+def slug(path: str) -> str:
+    import re
+
+    return re.sub(r"[^A-Za-z0-9]", "-", path)
