@@ -137,7 +137,8 @@ def rule_summary(seg: Segment, fields: dict[str, Any]) -> str:
     start, end = fields["started_at"], fields["ended_at"]
     span = f"{start:%Y-%m-%d %H:%M}–{end:%H:%M} UTC" if start.date() == end.date() else f"{start:%Y-%m-%d %H:%M} – {end:%Y-%m-%d %H:%M} UTC"
     lines = [fields["title"],
-             f"{seg.tool} session {seg.ref} in {seg.project_path or 'an unknown project'}, {span}, {fields['n_messages']} messages"]
+             f"{seg.tool} session {seg.ref} in {seg.project_path or 'an unknown project'}, {span}, "
+             f"{fields['n_messages']} message{'s' if fields['n_messages'] != 1 else ''}"]
     talk = fields["_talk"]
     first_user = next((r for r in talk if r["role"] == "user"), None)
     last_assistant = next((r for r in reversed(talk) if r["role"] == "assistant"), None)
