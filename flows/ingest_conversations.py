@@ -14,18 +14,22 @@ from ctxlake.tasks.compact import compact
 from ctxlake.tasks.embed import EmbeddingCache
 from ctxlake.tasks.embedders import make_embedder
 from ctxlake.tasks.extract import extract_candidates
-from ctxlake.tasks.knowledge import (
-    MANIFEST_FILE,
-    ingest_knowledge,
-    load_records,
-    manifest_changed,
-    save_manifest,
-)
+from ctxlake.tasks.knowledge import ingest_knowledge, load_records
 from ctxlake.tasks.lake import IndexState
+from ctxlake.tasks.memory_state import (
+    MANIFEST_FILE,
+    clear_touched,
+    embed_key,
+    manifest_changed,
+    read_touched,
+    save_manifest,
+    write_touched,
+)
 from ctxlake.tasks.memory_store import (
     KNOWLEDGE_TABLE,
     MESSAGES_TABLE,
     SESSIONS_TABLE,
+    StoreResult,
     embed_table,
     index_and_optimize,
     messages_table,
@@ -39,15 +43,8 @@ from ctxlake.tasks.memory_store import (
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.redact import redact_scraped
 from ctxlake.tasks.scrape import SCRAPERS, ScrapeState, plan, prune, scrape_group, split
-from ctxlake.tasks.scrape.base import Counts, SessionMeta
-from ctxlake.tasks.sessionize import (
-    clear_touched,
-    link_projects,
-    project_filter,
-    read_touched,
-    sessionize,
-    write_touched,
-)
+from ctxlake.tasks.scrape.base import Counts, ScrapeOutput, SessionMeta
+from ctxlake.tasks.sessionize import link_projects, project_filter, sessionize
 from ctxlake.tasks.store import sql_str
 
 
@@ -56,6 +53,7 @@ class IngestReport:
     """What one run did; printed by the CLI, stored in the memory lake's state.json as `last_run`."""
 
     root: str
+    embed_settings: str = ""  # lets the next no-op check know the model id without loading embedders
     tools: dict[str, dict[str, Any]] = field(default_factory=dict)  # scraper -> counts
     files_seen: int = 0
     files_changed: int = 0
@@ -77,8 +75,27 @@ class IngestReport:
     seconds: float = 0.0
     finished_at: str = ""
 
+    _counts: dict[str, Counts] = field(default_factory=dict, repr=False)
+
+    def add_group(self, scraper: str, out: ScrapeOutput, rows: int, stored: StoreResult, redacted: int,
+                  new_bytes: int) -> None:
+        """Account for one scraped and stored group of files."""
+        self.messages_inserted += stored.inserted
+        self.messages_updated += stored.updated
+        # Copies within this batch (a fork and its parent read together) never reach the store.
+        self.duplicates += stored.duplicates + len(out.messages) - rows
+        self.redacted += redacted
+        self.bytes_read += new_bytes
+        self.warnings.extend(out.warnings[:20])
+        self.problems.extend(out.problems[:50])
+        self._counts.setdefault(scraper, Counts()).add(out.counts)
+        self.tools[scraper] = asdict(self._counts[scraper])
+        self.unknown_records = sum(c.n_unknown for c in self._counts.values())
+        self.malformed_records = sum(c.n_malformed for c in self._counts.values())
+
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
+        out.pop("_counts")
         out["warnings"] = self.warnings[:50]
         out["problems"] = self.problems[:50]
         return out
@@ -89,7 +106,7 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
     """Read every agent tool's logs into the user-wide memory lake and this project's knowledge into its lake."""
     started = time.perf_counter()
     memory = settings.memory
-    report = IngestReport(root=str(settings.root))
+    report = IngestReport(root=str(settings.root), embed_settings=embed_key(settings))
     progress = reporter()
     embedder = make_embedder(settings.embed, settings.models_dir)
     dims = embedder.dims
@@ -115,7 +132,6 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
     # Sessions a crashed run stored messages for but never summarized are redone now.
     touched: set[tuple[str, str]] = read_touched(settings.memory_dir)
     meta: dict[tuple[str, str], SessionMeta] = {}
-    totals: dict[str, Counts] = {}
     progress.start("scrape", work.changed_files, "reading logs")
     for item in work.items:
         for group in split(item):
@@ -129,25 +145,13 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
             # de-duplicate), and after the sessions to summarize are journaled.
             write_touched(settings.memory_dir, touched)
             scrape_state.save(settings.memory_dir)
-            report.messages_inserted += stored.inserted
-            report.messages_updated += stored.updated
-            # Copies within this batch (a fork and its parent read together) never reach the store.
-            report.duplicates += stored.duplicates + len(out.messages) - rows.num_rows
-            report.redacted += redaction.redacted
-            report.bytes_read += group.new_bytes
-            report.warnings.extend(out.warnings[:20])
-            report.problems.extend(out.problems[:50])
-            totals.setdefault(group.scraper, Counts()).add(out.counts)
+            report.add_group(group.scraper, out, rows.num_rows, stored, redaction.redacted, group.new_bytes)
             for key, facts in out.meta.items():
                 meta.setdefault(key, SessionMeta(*key)).merge(facts)
             known |= {m.project_path for m in out.messages if m.project_path}
             progress.advance("scrape", len(group.files))
     progress.finish("scrape")
     scrape_state.save(settings.memory_dir)
-    for name, counts in totals.items():
-        report.tools[name] = asdict(counts)
-        report.unknown_records += counts.n_unknown
-        report.malformed_records += counts.n_malformed
 
     segments = sessionize(tables.messages, tables.sessions, touched, meta, memory.gap_minutes) if touched else []
     if segments:

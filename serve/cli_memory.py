@@ -68,20 +68,19 @@ def run_ingest(
         typer.echo(f"Created {root / CTX_DIR}/ (config.toml, knowledge/; the lake is gitignored).", err=True)
     overrides = {"memory": {"tools": list(tools)}} if tools else None
     settings = load_settings(root, overrides)
-    from ctxlake.tasks import ingest_check
-    from ctxlake.tasks.embedders import make_embedder
+    from ctxlake.tasks import memory_state
     from ctxlake.tasks.lake import WriterLock
     from ctxlake.tasks.scrape import parse_from, resolve_roots
 
     roots = resolve_roots(settings.memory, Path.home(), parse_from(sources or []))
-    model_id = make_embedder(settings.embed, settings.models_dir).model_id
+    model_id = memory_state.configured_model_id(settings)
     memory_lock = WriterLock(settings.memory_dir, purpose="ctx run ingest").acquire(wait_s=wait)
     try:
         project_lock = WriterLock(settings.lake_dir, purpose="ctx run ingest").acquire(wait_s=wait)
         try:
             if not force:
                 # Decided before Prefect starts (its temporary server costs seconds): a no-op run returns at once.
-                fresh = ingest_check.check(settings, roots, model_id)
+                fresh = memory_state.check(settings, roots, model_id)
                 if fresh.up_to_date and not (no_embed is False and _pending(settings)):
                     took = time.perf_counter() - started
                     if as_json:

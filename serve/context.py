@@ -26,8 +26,9 @@ from ctxlake.serve.memory_models import (
     ToolCallOut,
 )
 from ctxlake.serve.queries import fuse, keyword_query
-from ctxlake.tasks.knowledge import MANIFEST_FILE, inbox_records
+from ctxlake.tasks.knowledge import inbox_records
 from ctxlake.tasks.lake import IndexState, connect, open_table
+from ctxlake.tasks.memory_state import MANIFEST_FILE
 from ctxlake.tasks.memory_store import KNOWLEDGE_TABLE, MESSAGES_TABLE, SESSIONS_TABLE
 from ctxlake.tasks.sessionize import project_filter
 from ctxlake.tasks.store import sql_str

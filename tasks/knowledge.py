@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,9 +17,10 @@ import yaml
 from ctxlake.errors import InputError
 from ctxlake.schemas.tables import KNOWLEDGE, KNOWLEDGE_TYPES, with_vector_width
 from ctxlake.tasks.lake import write_atomic
+from ctxlake.tasks.memory_state import FOLDERS, knowledge_files
 from ctxlake.tasks.memory_store import content_hash
 from ctxlake.tasks.redact import redact_strings, redact_text
-from ctxlake.tasks.scrape.base import parse_ts, stat_fingerprint
+from ctxlake.tasks.scrape.base import parse_ts
 from ctxlake.tasks.stage import stage
 
 if TYPE_CHECKING:
@@ -29,9 +29,7 @@ if TYPE_CHECKING:
     from ctxlake.tasks.embed import EmbeddingCache
     from ctxlake.tasks.embedders import Embedder
 
-FOLDERS = {"decision": "decisions", "error": "errors", "insight": "insights"}
 INBOX = "inbox"
-MANIFEST_FILE = "knowledge_state.json"
 FRONT = re.compile(r"\A---\s*\n(?P<front>.*?)\n---\s*\n?(?P<body>.*)\Z", re.S)
 WriteStatus = Literal["created", "superseded", "duplicate"]
 
@@ -102,16 +100,6 @@ def parse_record(path: Path, root: Path, kind_hint: str | None = None) -> Record
     )
 
 
-def knowledge_files(knowledge_dir: Path) -> list[tuple[str, Path]]:
-    """(type, path) of every accepted record; the inbox holds proposals and is not ingested."""
-    found = []
-    for kind, folder in FOLDERS.items():
-        base = knowledge_dir / folder
-        if base.is_dir():
-            found += [(kind, p) for p in sorted(base.glob("*.md")) if not p.name.startswith(".")]
-    return found
-
-
 def load_records(knowledge_dir: Path, root: Path) -> tuple[list[Record], list[str]]:
     """Every accepted record, and one problem line per file that could not be read (skipped)."""
     records, problems = [], []
@@ -139,31 +127,6 @@ def knowledge_table(records: Sequence[Record], dims: int) -> pa.Table:
         "text": r.text, "content_hash": content_hash(r.text), "vector": None,
     } for r in {r.id: r for r in records}.values()]
     return pa.Table.from_pylist(rows, schema=with_vector_width(KNOWLEDGE, dims))
-
-
-# -- no-op check ---------------------------------------------------------------------------------
-
-
-def fingerprints(knowledge_dir: Path) -> dict[str, list[int]]:
-    out = {}
-    for _, path in knowledge_files(knowledge_dir):
-        fp = stat_fingerprint(path)
-        if fp is not None:
-            out[str(path)] = list(fp)
-    return out
-
-
-def manifest_changed(lake_dir: Path, knowledge_dir: Path, model_id: str) -> bool:
-    """True when the knowledge files (or the model) differ from what the last ingest stored."""
-    try:
-        saved = json.loads((lake_dir / MANIFEST_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return bool(knowledge_files(knowledge_dir))
-    return saved.get("model_id") != model_id or saved.get("files") != fingerprints(knowledge_dir)
-
-
-def save_manifest(lake_dir: Path, knowledge_dir: Path, model_id: str) -> None:
-    write_atomic(lake_dir / MANIFEST_FILE, json.dumps({"model_id": model_id, "files": fingerprints(knowledge_dir)}))
 
 
 @stage("ingest-knowledge")

@@ -36,6 +36,7 @@ EMBED_WHERE = {
     KNOWLEDGE_TABLE: "vector IS NULL",
 }
 ENCODE_GROUP = 256
+WRITE_ROWS = 16_384  # vectors per merge into the table (a crash loses at most these; the cache keeps the rest)
 READ_IDS = 500  # ids per IN (...) filter
 
 
@@ -173,6 +174,15 @@ def embed_table(table: Table, name: str, cache: EmbeddingCache, embedder: Embedd
     cached = cache.get_many(list(ids_by_hash))
     embedded = 0
     todo = sorted((h for h in ids_by_hash if h not in cached), key=lambda h: len(text_by_hash[h]))
+    buffer: dict[str, np.ndarray] = {}
+
+    def flush() -> None:
+        # Each merge joins against the whole table: few large writes, not one per encode group.
+        if buffer:
+            cache.put_many(list(buffer), np.stack(list(buffer.values())))
+            _write_vectors(table, buffer, ids_by_hash, cache.dims)
+            buffer.clear()
+
     try:
         if cached:
             _write_vectors(table, cached, ids_by_hash, cache.dims)
@@ -180,10 +190,12 @@ def embed_table(table: Table, name: str, cache: EmbeddingCache, embedder: Embedd
         for start in range(0, len(todo), ENCODE_GROUP):
             group = todo[start : start + ENCODE_GROUP]
             vectors = embedder.embed_documents([text_by_hash[h] for h in group])
-            cache.put_many(group, vectors)
-            _write_vectors(table, dict(zip(group, vectors, strict=True)), ids_by_hash, cache.dims)
+            buffer.update(zip(group, vectors, strict=True))
             embedded += len(group)
             progress.advance(f"embed-{name}", sum(len(ids_by_hash[h]) for h in group))
+            if len(buffer) >= WRITE_ROWS:
+                flush()
+        flush()
     finally:
         progress.finish(f"embed-{name}")
     return embedded

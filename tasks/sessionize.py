@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import re
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,23 +18,20 @@ from ctxlake.tasks.stage import stage
 if TYPE_CHECKING:
     from lancedb.table import Table
 
-JOURNAL_FILE = "touched.json"  # sessions whose messages changed but whose summaries are not written yet
 SEGMENT_COLUMNS = ["id", "tool", "session_id", "project_path", "timestamp", "seq", "role", "kind", "text",
                    "tool_calls", "files", "tokens_in", "tokens_out", "agent", "source_file"]
 SESSION_CARRY = ["id", "tool", "session_id", "title", "llm_summary", "text", "project_path"]
 
 
-@dataclass
 class Segment:
-    """One session segment: a tool's session, cut where the conversation paused too long."""
+    """One session segment: a tool's session, cut where the conversation paused too long.
+    (A plain class so that Prefect does not walk every message row when segments pass between tasks.)"""
 
-    tool: str
-    session_id: str
-    segment: int
-    rows: list[dict[str, Any]]
-    project_path: str = ""
-    title: str = ""
-    previous: dict[str, Any] = field(default_factory=dict)  # the stored row of this ref, if any
+    def __init__(self, tool: str, session_id: str, segment: int, rows: list[dict[str, Any]], project_path: str = "",
+                 title: str = "", previous: dict[str, Any] | None = None) -> None:
+        self.tool, self.session_id, self.segment, self.rows = tool, session_id, segment, rows
+        self.project_path, self.title = project_path, title
+        self.previous: dict[str, Any] = previous or {}  # the stored row of this ref, if any
 
     @property
     def ref(self) -> str:
@@ -144,23 +139,3 @@ def project_filter(root: Path | str) -> str:
     like = quoted.replace("%", "\\%").replace("_", "\\_")
     return f"(project_path = '{quoted}' OR project_path LIKE '{like}/%' ESCAPE '\\')"
 
-
-# -- the journal: sessions with committed messages whose summaries a crash may have left undone ----
-
-
-def read_touched(memory_dir: Path) -> set[tuple[str, str]]:
-    try:
-        data = json.loads((memory_dir / JOURNAL_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return set()
-    return {(str(t), str(s)) for t, s in data} if isinstance(data, list) else set()
-
-
-def write_touched(memory_dir: Path, touched: set[tuple[str, str]]) -> None:
-    from ctxlake.tasks.lake import write_atomic
-
-    write_atomic(memory_dir / JOURNAL_FILE, json.dumps(sorted(touched)))
-
-
-def clear_touched(memory_dir: Path) -> None:
-    (memory_dir / JOURNAL_FILE).unlink(missing_ok=True)

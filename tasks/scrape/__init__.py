@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ctxlake.errors import InputError, LakeError
@@ -73,11 +73,12 @@ def resolve_roots(memory: MemorySettings, user_home: Path, overrides: dict[str, 
     return roots
 
 
-@dataclass
 class ScrapeState:
-    """Saved positions of every store file read so far, per scraper: {name: {path: FileState}}."""
+    """Saved positions of every store file read so far, per scraper: {name: {path: FileState}}.
+    (A plain class so that Prefect does not walk thousands of positions at every task call.)"""
 
-    files: dict[str, dict[str, FileState]] = field(default_factory=dict)
+    def __init__(self, files: dict[str, dict[str, FileState]] | None = None) -> None:
+        self.files: dict[str, dict[str, FileState]] = files if files is not None else {}
 
     @classmethod
     def load(cls, memory_dir: Path) -> ScrapeState:

@@ -143,16 +143,21 @@ class Counts:
         return sum(self.malformed.values())
 
 
-@dataclass
 class ScrapeOutput:
-    """Rows and session facts collected from one group of store files."""
+    """Rows and session facts collected from one group of store files.
 
-    messages: list[Msg] = field(default_factory=list)
-    meta: dict[tuple[str, str], SessionMeta] = field(default_factory=dict)
-    counts: Counts = field(default_factory=Counts)
-    warnings: list[str] = field(default_factory=list)  # files that could not be read
-    problems: list[str] = field(default_factory=list)  # where the malformed records are (first 200)
-    failed: set[str] = field(default_factory=set)  # files not read: their position is not advanced
+    A plain class, not a dataclass: Prefect walks dataclasses, lists and dicts passed between
+    tasks looking for futures, and walking tens of thousands of rows cost more than scraping them.
+    """
+
+    def __init__(self, messages: list[Msg] | None = None,
+                 meta: dict[tuple[str, str], SessionMeta] | None = None) -> None:
+        self.messages: list[Msg] = messages if messages is not None else []
+        self.meta: dict[tuple[str, str], SessionMeta] = meta if meta is not None else {}
+        self.counts = Counts()
+        self.warnings: list[str] = []  # files that could not be read
+        self.problems: list[str] = []  # where the malformed records are (first 200)
+        self.failed: set[str] = set()  # files not read: their position is not advanced
 
     def cannot_read(self, path: Path, exc: Exception) -> None:
         self.failed.add(str(path))

@@ -17,10 +17,9 @@ from ctxlake.tasks.knowledge import (
     ingest_knowledge,
     knowledge_table,
     load_records,
-    manifest_changed,
-    save_manifest,
     write_record,
 )
+from ctxlake.tasks.memory_state import manifest_changed, save_manifest
 from ctxlake.tasks.memory_store import open_knowledge
 from ctxlake.tasks.sessionize import Segment
 
