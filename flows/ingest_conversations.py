@@ -35,17 +35,25 @@ from ctxlake.tasks.memory_store import (
     messages_table,
     open_knowledge,
     open_memory,
-    replace_rows,
     reset_vectors,
     store_messages,
+    store_sessions,
     vector_width,
 )
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.redact import redact_scraped
 from ctxlake.tasks.scrape import SCRAPERS, ScrapeState, plan, prune, scrape_group, split
 from ctxlake.tasks.scrape.base import Counts, ScrapeOutput, SessionMeta
-from ctxlake.tasks.sessionize import link_projects, project_filter, sessionize
-from ctxlake.tasks.store import sql_str
+from ctxlake.tasks.sessionize import (
+    batches,
+    known_projects,
+    link_projects,
+    sessionize,
+    touched_filter,
+    under,
+)
+
+SESSIONS_PER_BATCH = 200  # bounds the message rows held in memory while summarizing
 
 
 @dataclass
@@ -127,8 +135,7 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
     work = plan(roots, scrape_state)
     prune(scrape_state, work.removed)
     report.files_seen, report.files_changed = work.store_files, work.changed_files
-    known = {str(settings.root)} | set(tables.sessions.search().select(["project_path"]).limit(None)
-                                       .to_arrow().column("project_path").unique().to_pylist())
+    known = {str(settings.root)} | known_projects(tables.sessions)
     # Sessions a crashed run stored messages for but never summarized are redone now.
     touched: set[tuple[str, str]] = read_touched(settings.memory_dir)
     meta: dict[tuple[str, str], SessionMeta] = {}
@@ -153,15 +160,17 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
     progress.finish("scrape")
     scrape_state.save(settings.memory_dir)
 
-    segments = sessionize(tables.messages, tables.sessions, touched, meta, memory.gap_minutes) if touched else []
-    if segments:
+    # Sessions are summarized a batch at a time: a cold ingest touches every session there is.
+    for batch in batches(sorted(touched), SESSIONS_PER_BATCH):
+        segments = sessionize(tables.messages, tables.sessions, set(batch), meta, memory.gap_minutes)
         rows, warnings = compact(segments, memory, dims)
         report.warnings.extend(warnings)
-        from ctxlake.tasks.embed import fill_from_cache
-
-        rows, _ = fill_from_cache(rows, cache)
-        replace_rows(tables.sessions, rows, "id", _touched_filter(touched))
-        report.sessions_written = rows.num_rows
+        report.sessions_written += store_sessions(tables.sessions, rows, touched_filter(batch), cache)
+        if memory.extract:
+            mine = [s for s in segments if s.project_path and under(s.project_path, str(settings.root))]
+            for result in extract_candidates(mine, settings.knowledge_dir, settings.root, settings.lake_dir, cache,
+                                             embedder, memory.duplicate_threshold, memory.supersede_threshold):
+                report.candidates[result.status] = report.candidates.get(result.status, 0) + 1
     clear_touched(settings.memory_dir)
 
     knowledge = open_knowledge(settings.lake_dir, dims)
@@ -173,11 +182,6 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
         report.knowledge_rows = ingest_knowledge(knowledge, records, cache)
         report.knowledge_problems = problems
         save_manifest(settings.lake_dir, settings.knowledge_dir, embedder.model_id)
-    if memory.extract:
-        mine = [s for s in segments if s.project_path and _under(s.project_path, str(settings.root))]
-        for result in extract_candidates(mine, settings.knowledge_dir, settings.root, settings.lake_dir, cache,
-                                         embedder, memory.duplicate_threshold, memory.supersede_threshold):
-            report.candidates[result.status] = report.candidates.get(result.status, 0) + 1
 
     if embed:
         report.embedded = {
@@ -198,16 +202,4 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
     return report
 
 
-def _under(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
-def _touched_filter(touched: set[tuple[str, str]]) -> str:
-    by_tool: dict[str, list[str]] = {}
-    for tool, sid in touched:
-        by_tool.setdefault(tool, []).append(sid)
-    return " OR ".join(f"(tool = {sql_str(t)} AND session_id IN ({', '.join(sql_str(s) for s in sorted(ids))}))"
-                       for t, ids in sorted(by_tool.items()))
-
-
-__all__ = ["IngestReport", "ingest_conversations", "project_filter"]
+__all__ = ["IngestReport", "ingest_conversations"]

@@ -148,10 +148,14 @@ def read_rows(table: Table, column: str, values: Iterable[str], columns: list[st
     return pa.concat_tables(parts)
 
 
-def replace_rows(table: Table, rows: pa.Table, key: str, where: str) -> None:
-    """Rows matching `where` become `rows`: one transaction that upserts them and deletes the rest."""
-    (table.merge_insert(key).when_matched_update_all().when_not_matched_insert_all()
+@stage("store-sessions", retries=2)
+def store_sessions(sessions: Table, rows: pa.Table, where: str, cache: EmbeddingCache) -> int:
+    """SESSIONS rows of the touched sessions -> the lake, replacing every stored segment of them
+    (a re-split session may have fewer); rows written."""
+    rows, _ = fill_from_cache(rows, cache)
+    (sessions.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
      .when_not_matched_by_source_delete(where).execute(rows, on_bad_vectors="null"))
+    return rows.num_rows
 
 
 @stage("embed-memory")

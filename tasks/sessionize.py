@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ctxlake.tasks.memory_store import read_rows
 from ctxlake.tasks.scrape.base import ScrapeOutput, SessionMeta
 from ctxlake.tasks.stage import stage
+from ctxlake.tasks.store import sql_str
 
 if TYPE_CHECKING:
     from lancedb.table import Table
@@ -61,8 +62,28 @@ def resolve_hint(hint: str, candidates: Iterable[str]) -> str:
     return ""
 
 
-def _under(path: str, root: str) -> bool:
+def under(path: str, root: str) -> bool:
+    """Whether `path` is `root` or inside it."""
     return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def known_projects(sessions: Table) -> set[str]:
+    """Project paths the lake already has sessions for: candidates for linking lossy project names."""
+    column = sessions.search().select(["project_path"]).limit(None).to_arrow().column("project_path")
+    return {p for p in column.unique().to_pylist() if p}
+
+
+def batches(items: list[tuple[str, str]], size: int) -> list[list[tuple[str, str]]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def touched_filter(touched: Iterable[tuple[str, str]]) -> str:
+    """SQL: the rows of these (tool, session id) pairs."""
+    by_tool: dict[str, list[str]] = {}
+    for tool, sid in touched:
+        by_tool.setdefault(tool, []).append(sid)
+    return " OR ".join(f"(tool = {sql_str(t)} AND session_id IN ({', '.join(sql_str(s) for s in sorted(ids))}))"
+                       for t, ids in sorted(by_tool.items()))
 
 
 @stage("link-projects")
@@ -82,7 +103,7 @@ def link_projects(out: ScrapeOutput, candidates: set[str]) -> int:
             hint = meta.project_hint or next((m.project_hint for m in msgs if m.project_hint), "")
             path = resolve_hint(hint, known) if hint else ""
         if not path:
-            votes = Counter(root for m in msgs for f in m.files if f.startswith("/") for root in known if _under(f, root))
+            votes = Counter(root for m in msgs for f in m.files if f.startswith("/") for root in known if under(f, root))
             path = votes.most_common(1)[0][0] if votes else ""
         if path:
             for m in msgs:
@@ -102,7 +123,7 @@ def sessionize(messages: Table, sessions: Table, touched: set[tuple[str, str]],
     for tool, sid in touched:
         by_tool.setdefault(tool, []).append(sid)
     for tool, sids in sorted(by_tool.items()):
-        tool_where = f"tool = '{tool}'"
+        tool_where = f"tool = {sql_str(tool)}"
         rows = read_rows(messages, "session_id", sids, SEGMENT_COLUMNS, where=tool_where).to_pylist()
         stored = {r["id"]: r for r in read_rows(sessions, "session_id", sids, SESSION_CARRY, where=tool_where).to_pylist()}
         grouped: dict[str, list[dict[str, Any]]] = {}
