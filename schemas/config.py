@@ -148,6 +148,27 @@ class AgentsSettings(_Section):
         default = cls.model_fields[str(info.field_name)].get_default(call_default_factory=True)
         return {**default, **value}
 
+class MemorySettings(_Section):
+    """Conversation memory: where each agent tool keeps its logs, and how they are compacted."""
+
+    roots: dict[str, str] = Field(
+        default_factory=dict, description="store folder per scraper, e.g. { claude = \"~/backup/claude\" }")
+    tools: list[str] = Field(default_factory=list, description="scrapers to run; empty = every registered one")
+    gap_minutes: int = Field(30, ge=1, description="a pause longer than this starts a new session")
+    compact_messages: int = Field(3, ge=1, le=20, description="first/last N messages kept in a session summary")
+    max_text_chars: int = Field(20_000, ge=200, description="longer message texts are cut (tool output mostly)")
+    embed_messages: bool = Field(True, description="embed user/assistant messages (summaries and knowledge always are)")
+    extract: bool = Field(True, description="propose knowledge candidates into .ctx/knowledge/inbox/")
+    duplicate_threshold: float = Field(0.95, ge=0.0, le=1.0, description="similarity above which a knowledge write is a duplicate")
+    supersede_threshold: float = Field(0.85, ge=0.0, le=1.0, description="similarity above which it supersedes the record")
+    llm: Literal["off", "command", "ollama", "openai"] = Field("off", description="optional LLM compaction")
+    llm_command: str = Field("", description="for llm = command: e.g. \"claude -p\" (prompt on stdin)")
+    llm_url: str = Field("", description="for ollama / openai: the endpoint's base URL")
+    llm_model: str = ""
+    llm_timeout_s: float = Field(120.0, gt=0)
+    # Never written to config.toml: filled from OPENAI_API_KEY at load time when llm = openai.
+    llm_api_key: SecretStr | None = Field(None, exclude=True, repr=False)
+
 
 class Settings(_Section):
     """Everything a command needs, resolved once at the entry point and passed down."""
@@ -162,6 +183,7 @@ class Settings(_Section):
     mcp: McpSettings = Field(default_factory=McpSettings)
     sources: SourcesSettings = Field(default_factory=SourcesSettings)
     agents: AgentsSettings = Field(default_factory=AgentsSettings)
+    memory: MemorySettings = Field(default_factory=MemorySettings)
 
     @property
     def ctx_dir(self) -> Path:
@@ -183,6 +205,15 @@ class Settings(_Section):
     def models_dir(self) -> Path:
         return self.home / "models"
 
+    @property
+    def memory_dir(self) -> Path:
+        """The user-wide conversation lake (messages, sessions of every project)."""
+        return self.home / "memory"
+
+    @property
+    def knowledge_dir(self) -> Path:
+        return self.ctx_dir / "knowledge"
+
 
 SECTIONS: dict[str, type[_Section]] = {
     "index": IndexSettings,
@@ -193,6 +224,7 @@ SECTIONS: dict[str, type[_Section]] = {
     "mcp": McpSettings,
     "sources": SourcesSettings,
     "agents": AgentsSettings,
+    "memory": MemorySettings,
 }
 
 
@@ -274,6 +306,8 @@ def _env_layer(env: dict[str, str]) -> dict[str, dict[str, Any]]:
                 value: Any = env[key]
                 if info.annotation == list[str]:
                     value = [v.strip() for v in value.split(",") if v.strip()]
+                elif info.annotation == dict[str, str]:  # KEY=VALUE,KEY=VALUE
+                    value = dict(kv.split("=", 1) for kv in value.split(",") if "=" in kv)
                 layer.setdefault(name, {})[field] = value
     return layer
 
@@ -308,6 +342,8 @@ def load_settings(
     key_env = API_KEY_ENV.get(provider)
     if key_env and env.get(key_env):
         data = _merge(data, {"embed": {"api_key": env[key_env]}})
+    if str(data.get("memory", {}).get("llm", "off")) == "openai" and env.get("OPENAI_API_KEY"):
+        data = _merge(data, {"memory": {"llm_api_key": env["OPENAI_API_KEY"]}})
     try:
         return Settings(root=root.resolve(), home=default_home(env), **data)
     except ValidationError as exc:
@@ -348,5 +384,7 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
+        if not value:
+            return "{}"
         return "{ " + ", ".join(f"{_toml_value(str(k))} = {_toml_value(v)}" for k, v in value.items()) + " }"
     return str(value)

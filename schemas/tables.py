@@ -110,3 +110,105 @@ SOURCES = pa.schema(
     ],
     metadata=_meta("name", "sources added with `ctx add`: origin, resolved version, last sync"),
 )
+
+# -- conversation memory -------------------------------------------------------------------------
+# Messages and sessions live in a user-wide lake (Settings.memory_dir): one agent tool's logs span
+# many projects, so every row carries the project it belongs to and queries filter on it.
+
+TOOL_CALL = pa.struct(
+    [
+        pa.field("id", pa.string()),  # the tool's call id, when it has one
+        pa.field("name", pa.string()),
+        pa.field("input", pa.string()),  # a one-line summary of the arguments, redacted
+        pa.field("is_error", pa.bool_()),  # null: the outcome is not in this row
+    ]
+)
+
+# One row per conversation record that carries content: a user prompt, an assistant reply or tool
+# call, a tool result, a compaction marker, an API error. Text is redacted before it is stored.
+MESSAGES = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),  # xxh3(tool, scope, the record's own id): resumed/forked copies collide
+        pa.field("tool", pa.string(), nullable=False),  # claude | codex | gemini | cursor | copilot | opencode | antigravity
+        pa.field("session_id", pa.string(), nullable=False),  # the tool's own session id
+        pa.field("project_path", pa.string(), nullable=False),  # from the record's cwd; "" when unknown
+        pa.field("timestamp", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("seq", pa.int64(), nullable=False),  # order within the source file, for equal timestamps
+        pa.field("role", pa.string(), nullable=False),  # user | assistant | tool | system
+        pa.field("kind", pa.string(), nullable=False),  # text | tool_call | tool_result | compaction | error | summary | artifact
+        pa.field("text", pa.string(), nullable=False),
+        pa.field("terms", pa.string(), nullable=False),  # tool names and inputs, file paths: searchable beside text
+        pa.field("tool_calls", pa.list_(TOOL_CALL)),
+        pa.field("files", pa.list_(pa.string())),  # paths the record reads, writes or mentions
+        pa.field("tokens_in", pa.int64()),  # de-duplicated: counted on one row per model response
+        pa.field("tokens_out", pa.int64()),
+        pa.field("tokens_cached", pa.int64()),
+        pa.field("model", pa.string()),
+        pa.field("agent", pa.string()),  # subagent id for sidechain transcripts; null on the main thread
+        pa.field("parent_id", pa.string()),  # the tool's parent record id (rewinds branch from it)
+        pa.field("source_file", pa.string(), nullable=False),
+        pa.field("content_hash", pa.string(), nullable=False),  # xxh3-128 hex of text (embedding cache key)
+        pa.field("vector", pa.list_(pa.float32())),
+    ],
+    metadata=_meta("id", "agent conversation messages, redacted"),
+)
+
+NAME_COUNT = pa.struct([pa.field("name", pa.string()), pa.field("count", pa.int32())])
+
+# One row per session segment: a tool's session split further where the conversation paused for
+# longer than memory.gap_minutes. `text` is the rule-based summary that gets embedded and searched.
+SESSIONS = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),  # the session ref: tool:session_id, then #2, #3 for later segments
+        pa.field("tool", pa.string(), nullable=False),
+        pa.field("session_id", pa.string(), nullable=False),
+        pa.field("segment", pa.int32(), nullable=False),  # 1-based
+        pa.field("project_path", pa.string(), nullable=False),
+        pa.field("title", pa.string(), nullable=False),
+        pa.field("started_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("ended_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("n_messages", pa.int32(), nullable=False),
+        pa.field("n_user", pa.int32(), nullable=False),
+        pa.field("n_assistant", pa.int32(), nullable=False),
+        pa.field("tokens_in", pa.int64(), nullable=False),
+        pa.field("tokens_out", pa.int64(), nullable=False),
+        pa.field("files", pa.list_(pa.string())),
+        pa.field("tool_counts", pa.list_(NAME_COUNT)),
+        pa.field("errors", pa.list_(pa.string())),
+        pa.field("commits", pa.list_(pa.string())),  # "sha subject" of the project's commits in the window
+        pa.field("first_messages", pa.list_(pa.string())),  # "role: text" of the first N user/assistant messages
+        pa.field("last_messages", pa.list_(pa.string())),
+        pa.field("open_tasks", pa.list_(pa.string())),
+        pa.field("decisions", pa.list_(pa.string())),
+        pa.field("llm_summary", pa.string()),  # optional LLM compaction; null when off or failed
+        pa.field("text", pa.string(), nullable=False),  # the summary that is embedded and FTS-indexed
+        pa.field("content_hash", pa.string(), nullable=False),
+        pa.field("vector", pa.list_(pa.float32())),
+    ],
+    metadata=_meta("id", "conversation sessions with their rule-based compaction"),
+)
+
+# Knowledge records of one project, ingested from .ctx/knowledge/{decisions,errors,insights}/*.md
+# (the files are the truth; this table is rebuilt from them) into the project's own lake.
+KNOWLEDGE = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),  # from the file's front matter
+        pa.field("type", pa.string(), nullable=False),  # decision | error | insight
+        pa.field("title", pa.string(), nullable=False),
+        pa.field("body", pa.string(), nullable=False),
+        pa.field("created_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("supersedes", pa.string()),  # id of the record this one replaces
+        pa.field("superseded_by", pa.string()),  # derived: the newer record that replaces this one
+        pa.field("source_tool", pa.string()),
+        pa.field("source_session", pa.string()),
+        pa.field("files", pa.list_(pa.string())),
+        pa.field("tags", pa.list_(pa.string())),
+        pa.field("path", pa.string(), nullable=False),  # the markdown file, relative to the project root
+        pa.field("text", pa.string(), nullable=False),  # title + body, embedded and FTS-indexed
+        pa.field("content_hash", pa.string(), nullable=False),
+        pa.field("vector", pa.list_(pa.float32())),
+    ],
+    metadata=_meta("id", "project knowledge: decisions, error solutions, insights"),
+)
+
+KNOWLEDGE_TYPES = ("decision", "error", "insight")

@@ -20,36 +20,55 @@ _READ_ONLY = re.compile(r"^\s*(WITH|SELECT|FROM|DESCRIBE|SHOW|SUMMARIZE|EXPLAIN|
 
 def lake_tables(lake_dir: Path, with_vectors: bool = False) -> dict[str, pa.Table]:
     """Every table of the lake as Arrow; vector columns left out unless asked (they are bulky)."""
+    if not (lake_dir / "state.json").exists() and not any(lake_dir.glob("*.lance")):
+        return {}
     db = connect(lake_dir)
     out: dict[str, pa.Table] = {}
     for name in sorted(db.list_tables().tables):
         table = db.open_table(name).to_arrow()
         if not with_vectors:
-            bulky = [f.name for f in table.schema if pa.types.is_list(f.type) or pa.types.is_fixed_size_list(f.type)]
-            table = table.drop_columns([c for c in bulky if c == "vector" or c.endswith("_vector")])
+            table = table.drop_columns([c for c in _bulky(table.schema)])
         out[name] = table
-    if not out:
-        raise NotIndexedError(f"the lake at {lake_dir} has no tables", hint="run `ctx run index` first")
     return out
 
 
-def duck(lake_dir: Path, with_vectors: bool = False) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with one view per lake table (files, chunks, ...)."""
+def _bulky(schema: pa.Schema) -> list[str]:
+    return [f.name for f in schema
+            if (pa.types.is_list(f.type) or pa.types.is_fixed_size_list(f.type))
+            and (f.name == "vector" or f.name.endswith("_vector"))]
+
+
+def duck(lake_dir: Path, with_vectors: bool = False, memory_dir: Path | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with one view per lake table (files, chunks, knowledge, ...)
+    and, given the user-wide memory lake, its messages and sessions."""
     import duckdb
 
     con = duckdb.connect(":memory:")
     for name, table in lake_tables(lake_dir, with_vectors).items():
         con.register(name, table)
+    if memory_dir is not None and any(memory_dir.glob("*.lance")):
+        db = connect(memory_dir)
+        taken = set(lake_tables_names(con))
+        for name in sorted(set(db.list_tables().tables) - taken):
+            # Conversation histories run to hundreds of MB: DuckDB scans the Lance dataset lazily
+            # (projection and filters pushed down) instead of copying it into memory first.
+            dataset = db.open_table(name).to_lance()
+            con.register(f"_lance_{name}", dataset)
+            drop = [] if with_vectors else _bulky(dataset.schema)
+            exclude = f" EXCLUDE ({', '.join(drop)})" if drop else ""
+            con.execute(f'CREATE VIEW "{name}" AS SELECT *{exclude} FROM "_lance_{name}"')
+    if not lake_tables_names(con):
+        raise NotIndexedError(f"the lake at {lake_dir} has no tables", hint="run `ctx run index` first")
     return con
 
 
-def run_sql(lake_dir: Path, sql: str, limit: int = 1000) -> dict[str, Any]:
+def run_sql(lake_dir: Path, sql: str, limit: int = 1000, memory_dir: Path | None = None) -> dict[str, Any]:
     """One read-only statement over the lake -> {columns, rows, row_count, truncated}."""
     if not _READ_ONLY.match(sql):
         raise InputError("ctx sql runs read-only statements (SELECT, WITH, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN)")
     import duckdb
 
-    con = duck(lake_dir)
+    con = duck(lake_dir, memory_dir=memory_dir)
     try:
         result = con.execute(sql)
     except duckdb.Error as exc:
@@ -66,4 +85,4 @@ def run_sql(lake_dir: Path, sql: str, limit: int = 1000) -> dict[str, Any]:
 
 
 def lake_tables_names(con: duckdb.DuckDBPyConnection) -> list[str]:
-    return [row[0] for row in con.execute("SHOW TABLES").fetchall()]
+    return [row[0] for row in con.execute("SHOW TABLES").fetchall() if not row[0].startswith("_lance_")]

@@ -19,7 +19,7 @@ from ctxlake.schemas.config import (
     load_settings,
     resolve_root,
 )
-from ctxlake.serve import cli_mcp
+from ctxlake.serve import cli_mcp, cli_memory
 from ctxlake.serve.cli_sources import register as register_sources
 
 app = typer.Typer(
@@ -275,11 +275,12 @@ def sql(
     limit: Annotated[int, typer.Option("-n", "--limit", help="at most this many rows")] = 1000,
     as_json: JsonOpt = False,
 ) -> None:
-    """Query the lake's tables (files, chunks, ...) with DuckDB."""
+    """Query the lake's tables with DuckDB: files, chunks, embeddings, manifest, sources, knowledge,
+    and the conversation memory's messages and sessions."""
     settings = load_settings(resolve_root(None, for_write=False))
     from ctxlake.serve.analytics import run_sql
 
-    result = run_sql(settings.lake_dir, statement, limit)
+    result = run_sql(settings.lake_dir, statement, limit, memory_dir=settings.memory_dir)
     if as_json:
         from ctxlake.serve.render import print_json
 
@@ -302,6 +303,9 @@ def sql(
 def version() -> None:
     """Print the version."""
     typer.echo(f"ctxlake {__version__}")
+
+
+cli_memory.register(app, run_app)
 
 
 def run(argv: list[str] | None = None) -> int:

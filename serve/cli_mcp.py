@@ -40,6 +40,9 @@ def serve(
         "expose index_codebase, which starts `ctx run index` in a separate process"))] = False,
     allow_agents: Annotated[bool, typer.Option("--allow-agents", help=(
         "expose ask_codebase, which runs a CLI agent in a sandbox over the sources"))] = False,
+    allow_writes: Annotated[bool, typer.Option("--allow-writes", help=(
+        "expose save_decision, save_error_solution and save_insight, which write .ctx/knowledge/ "
+        "files (never tables; `ctx run ingest` picks them up)"))] = False,
     verbose: Annotated[bool, typer.Option("-v", "--verbose", help="log requests on stderr")] = False,
 ) -> None:
     """Run the MCP server: stdio by default (what MCP clients launch), or --http on 127.0.0.1."""
@@ -53,7 +56,8 @@ def serve(
                    "`ctx run index` has run there (docs tools work meanwhile).", err=True)
     from ctxlake.serve.mcp import ServeOptions, run_http, run_stdio
 
-    options = ServeOptions(allow_index=allow_index, allow_agents=allow_agents, log_level=level)
+    options = ServeOptions(allow_index=allow_index, allow_agents=allow_agents, allow_writes=allow_writes,
+                           log_level=level)
     if http:
         typer.echo(f"ctx serve: MCP over streamable HTTP at http://127.0.0.1:{settings.mcp.port}/mcp "
                    f"for {project}", err=True)

@@ -77,6 +77,7 @@ class ServeOptions:
 
     allow_index: bool = False  # expose index_codebase (starts `ctx run index` in a separate process)
     allow_agents: bool = False  # expose ask_codebase (spawns a CLI agent in a sandbox; writes no table)
+    allow_writes: bool = False  # expose save_decision/save_error_solution/save_insight (knowledge files only)
     log_level: str = "WARNING"
 
 
@@ -260,6 +261,7 @@ ToolGroup = Callable[[MCPServer, ServerState], None]
 def tool_groups() -> list[ToolGroup]:
     """Every group of tools, resources and prompts the server offers; imported here so that
     building a server is the only thing that pulls them in."""
+    from ctxlake.serve.mcp_memory import register_memory_tools
     from ctxlake.serve.mcp_resources import register_prompts, register_resources
     from ctxlake.serve.mcp_sources import register_source_tools
     from ctxlake.serve.mcp_tools import (
@@ -271,8 +273,11 @@ def tool_groups() -> list[ToolGroup]:
     def register_sources(server: MCPServer[ServerState], state: ServerState) -> None:
         register_source_tools(server, state.settings, allow_agents=state.options.allow_agents)
 
+    def register_memory(server: MCPServer[ServerState], state: ServerState) -> None:
+        register_memory_tools(server, state.settings, allow_writes=state.options.allow_writes)
+
     return [register_code_tools, register_docs_tools, register_index_tool, register_sources,
-            register_resources, register_prompts]
+            register_memory, register_resources, register_prompts]
 
 
 def build_server(settings: Settings, options: ServeOptions | None = None) -> MCPServer[ServerState]:

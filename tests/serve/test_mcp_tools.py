@@ -30,7 +30,12 @@ CONTRACT = {
     "list_sources": set(),
     "docs_index": {"source", "cursor"},
     "docs_content": {"path", "chunk"},
+    "search_context": {"query", "mode", "depth", "source_filter", "type_filter", "time_range", "limit"},
+    "recent_sessions": {"limit", "tool_filter"},
+    "session_detail": {"session_ref", "offset", "limit"},
+    "project_knowledge": {"type", "query"},
 }
+SAVE_TOOLS = {"save_decision", "save_error_solution", "save_insight"}
 
 
 def index_project(root: Path, env: dict[str, str]) -> None:
@@ -96,6 +101,25 @@ def test_tool_list_is_the_contract(shop: tuple[Path, dict[str, str]]) -> None:
         assert search["top_k"]["default"] == 10 and search["fuzziness"]["anyOf"][0]["maximum"] == 2
         check_snapshot("mcp_tools_list", [t.model_dump(mode="json", by_alias=True, exclude_none=True)
                                           for t in sorted(tools.values(), key=lambda t: t.name)])
+
+    with_client(server, body)
+
+
+def test_allow_writes_adds_only_the_knowledge_save_tools(shop: tuple[Path, dict[str, str]]) -> None:
+    """`ctx serve --allow-writes` adds the save_* tools to the same server; they write a file only."""
+    settings = settings_for(*shop)
+    server = build_server(settings, ServeOptions(allow_writes=True))
+
+    async def body(client: Client) -> None:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        assert set(tools) == set(CONTRACT) | SAVE_TOOLS
+        assert all(tools[n].annotations.read_only_hint is False for n in SAVE_TOOLS)
+        saved = await call_ok(client, "save_insight", {
+            "title": "Invoices round half up", "details": "Totals use Decimal with ROUND_HALF_UP."})
+        assert saved["status"] == "created"
+        written = settings.root / saved["path"]
+        assert written.parent == settings.knowledge_dir / "insights" and "ROUND_HALF_UP" in written.read_text()
+        written.unlink()
 
     with_client(server, body)
 

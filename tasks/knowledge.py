@@ -1,0 +1,249 @@
+"""Knowledge stage: .ctx/knowledge/{decisions,errors,insights}/*.md <-> KNOWLEDGE rows; writes with duplicate/supersede checks."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import xxhash
+import yaml
+
+from ctxlake.errors import InputError
+from ctxlake.schemas.tables import KNOWLEDGE, KNOWLEDGE_TYPES, with_vector_width
+from ctxlake.tasks.lake import write_atomic
+from ctxlake.tasks.memory_state import FOLDERS, knowledge_files
+from ctxlake.tasks.memory_store import content_hash
+from ctxlake.tasks.redact import redact_strings, redact_text
+from ctxlake.tasks.scrape.base import parse_ts
+from ctxlake.tasks.stage import stage
+
+if TYPE_CHECKING:
+    from lancedb.table import Table
+
+    from ctxlake.tasks.embed import EmbeddingCache
+    from ctxlake.tasks.embedders import Embedder
+
+INBOX = "inbox"
+FRONT = re.compile(r"\A---\s*\n(?P<front>.*?)\n---\s*\n?(?P<body>.*)\Z", re.S)
+WriteStatus = Literal["created", "superseded", "duplicate"]
+
+
+@dataclass
+class Record:
+    """One knowledge file: front matter + markdown body."""
+
+    id: str
+    type: str
+    title: str
+    body: str
+    created_at: datetime
+    path: str  # relative to the project root
+    supersedes: str | None = None
+    source_tool: str | None = None
+    source_session: str | None = None
+    files: list[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return f"{self.title}\n\n{self.body}".strip()
+
+
+def record_id(kind: str, when: datetime, text: str) -> str:
+    return f"{kind}-{when:%Y%m%d}-{xxhash.xxh3_64_hexdigest(text.encode())[:8]}"
+
+
+def parse_record(path: Path, root: Path, kind_hint: str | None = None) -> Record:
+    """A knowledge markdown file -> Record; InputError says what is wrong with it."""
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text") from exc
+    match = FRONT.match(raw)
+    front: dict[str, Any] = {}
+    body = raw
+    if match:
+        try:
+            loaded = yaml.safe_load(match.group("front")) or {}
+        except yaml.YAMLError as exc:
+            raise InputError(f"{path}: front matter is not valid YAML ({str(exc).splitlines()[0]})") from exc
+        if not isinstance(loaded, dict):
+            raise InputError(f"{path}: front matter is not a mapping")
+        front, body = loaded, match.group("body")
+    kind = str(front.get("type") or kind_hint or "")
+    if kind not in KNOWLEDGE_TYPES:
+        raise InputError(f"{path}: type must be one of {', '.join(KNOWLEDGE_TYPES)}, got {kind!r}")
+    body = body.strip()
+    title = str(front.get("title") or "").strip()
+    if not title:
+        first = next((ln.strip() for ln in body.splitlines() if ln.strip()), "")
+        title = first.lstrip("#").strip() or path.stem
+    created = front.get("created_at")
+    when = created if isinstance(created, datetime) else parse_ts(str(created)) if created else None
+    if when is None:
+        when = datetime.fromtimestamp(path.stat().st_mtime, tz=UTC)
+    elif when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return Record(
+        id=str(front.get("id") or path.stem), type=kind, title=title, body=body, created_at=when,
+        path=path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path),
+        supersedes=str(front["supersedes"]) if front.get("supersedes") else None,
+        source_tool=str(front["source_tool"]) if front.get("source_tool") else None,
+        source_session=str(front["source_session"]) if front.get("source_session") else None,
+        files=[str(f) for f in front.get("files") or [] if f], tags=[str(t) for t in front.get("tags") or [] if t],
+    )
+
+
+def load_records(knowledge_dir: Path, root: Path) -> tuple[list[Record], list[str]]:
+    """Every accepted record, and one problem line per file that could not be read (skipped)."""
+    records, problems = [], []
+    for kind, path in knowledge_files(knowledge_dir):
+        try:
+            records.append(parse_record(path, root, kind))
+        except (InputError, OSError) as exc:
+            problems.append(str(exc))
+    return records, problems
+
+
+def heads(records: Sequence[Record]) -> list[Record]:
+    """Records no other record supersedes: the current state of each chain."""
+    replaced = {r.supersedes for r in records if r.supersedes}
+    return [r for r in records if r.id not in replaced]
+
+
+def knowledge_table(records: Sequence[Record], dims: int) -> pa.Table:
+    """Records -> KNOWLEDGE rows (superseded_by derived from the chains; vectors null)."""
+    newer = {r.supersedes: r.id for r in sorted(records, key=lambda r: r.created_at) if r.supersedes}
+    rows = [{
+        "id": r.id, "type": r.type, "title": r.title, "body": r.body, "created_at": r.created_at,
+        "supersedes": r.supersedes, "superseded_by": newer.get(r.id), "source_tool": r.source_tool,
+        "source_session": r.source_session, "files": r.files or None, "tags": r.tags or None, "path": r.path,
+        "text": r.text, "content_hash": content_hash(r.text), "vector": None,
+    } for r in {r.id: r for r in records}.values()]
+    return pa.Table.from_pylist(rows, schema=with_vector_width(KNOWLEDGE, dims))
+
+
+@stage("ingest-knowledge")
+def ingest_knowledge(table: Table, records: Sequence[Record], cache: EmbeddingCache) -> int:
+    """Knowledge records -> the KNOWLEDGE table, replaced as a whole (the files are the truth); rows written."""
+    from ctxlake.tasks.embed import fill_from_cache
+
+    rows, _ = fill_from_cache(knowledge_table(records, cache.dims), cache)
+    if rows.num_rows == 0:
+        table.delete("true")
+        return 0
+    (table.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
+     .when_not_matched_by_source_delete().execute(rows, on_bad_vectors="null"))
+    return rows.num_rows
+
+
+# -- writing -------------------------------------------------------------------------------------
+
+
+@dataclass
+class WriteResult:
+    status: WriteStatus
+    id: str
+    path: str | None  # the file written (None for a duplicate)
+    similar_to: str | None = None  # the closest existing record of the same type
+    similarity: float = 0.0
+
+
+def vectors_for(texts: Sequence[str], cache: EmbeddingCache, embedder: Embedder) -> np.ndarray:
+    """Unit vectors of texts, through the embedding cache."""
+    hashes = [content_hash(t) for t in texts]
+    found = cache.get_many(hashes)
+    todo = [i for i, h in enumerate(hashes) if h not in found]
+    if todo:
+        fresh = embedder.embed_documents([texts[i] for i in todo])
+        cache.put_many([hashes[i] for i in todo], fresh)
+        for i, vec in zip(todo, fresh, strict=True):
+            found[hashes[i]] = vec
+    return np.stack([found[h] for h in hashes]) if hashes else np.zeros((0, cache.dims), dtype=np.float32)
+
+
+def decide(text: str, existing: Sequence[Record], cache: EmbeddingCache, embedder: Embedder,
+           duplicate_above: float, supersede_from: float) -> tuple[WriteStatus, Record | None, float]:
+    """created / superseded / duplicate for a new text against existing records of its type."""
+    # The new text is embedded even with nothing to compare: its vector waits in the cache for ingest.
+    matrix = vectors_for([text, *(r.text for r in existing)], cache, embedder)
+    if not existing:
+        return "created", None, 0.0
+    sims = matrix[1:] @ matrix[0]
+    best = int(np.argmax(sims))
+    score = float(sims[best])
+    if score > duplicate_above:
+        return "duplicate", existing[best], score
+    if score >= supersede_from:
+        return "superseded", existing[best], score
+    return "created", existing[best], score
+
+
+def render(record: Record) -> str:
+    front: dict[str, Any] = {"id": record.id, "type": record.type, "title": record.title,
+                             "created_at": record.created_at.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    for key in ("supersedes", "source_tool", "source_session"):
+        if getattr(record, key):
+            front[key] = getattr(record, key)
+    if record.files:
+        front["files"] = record.files
+    if record.tags:
+        front["tags"] = record.tags
+    text = yaml.safe_dump(front, sort_keys=False, allow_unicode=True).strip()
+    return f"---\n{text}\n---\n\n{record.body.strip()}\n"
+
+
+def write_record(
+    knowledge_dir: Path, root: Path, kind: str, title: str, body: str, *, cache: EmbeddingCache, embedder: Embedder,
+    duplicate_above: float, supersede_from: float, files: Sequence[str] = (), tags: Sequence[str] = (),
+    source_tool: str | None = None, source_session: str | None = None, inbox: bool = False,
+    when: datetime | None = None,
+) -> WriteResult:
+    """A new knowledge file (redacted), unless a record of the same type says the same thing:
+    similarity > duplicate_above is a duplicate (nothing written), >= supersede_from supersedes it."""
+    if kind not in KNOWLEDGE_TYPES:
+        raise InputError(f"unknown knowledge type {kind!r}", hint=f"one of {', '.join(KNOWLEDGE_TYPES)}")
+    title, body = redact_text(" ".join(title.split())), redact_text(body.strip())
+    if not title:
+        raise InputError("a knowledge record needs a title (its first line)")
+    when = when or datetime.now(UTC)
+    records, _ = load_records(knowledge_dir, root)
+    pool = [r for r in heads(records) if r.type == kind]
+    if inbox:
+        pool += [r for r in _inbox(knowledge_dir, root) if r.type == kind]
+    new = Record(id="", type=kind, title=title, body=body, created_at=when, path="",
+                 files=list(dict.fromkeys(redact_strings(files))), tags=list(dict.fromkeys(tags)),
+                 source_tool=source_tool, source_session=source_session)
+    status, match, score = decide(new.text, pool, cache, embedder, duplicate_above, supersede_from)
+    if status == "duplicate":
+        assert match is not None
+        return WriteResult("duplicate", match.id, None, match.id, round(score, 4))
+    new.id = record_id(kind, when, new.text)
+    if status == "superseded" and match is not None:
+        new.supersedes = match.id
+    folder = knowledge_dir / (INBOX if inbox else FOLDERS[kind])
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{new.id}.md"
+    write_atomic(path, render(new))
+    return WriteResult(status, new.id, path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path),
+                       match.id if match else None, round(score, 4))
+
+
+def _inbox(knowledge_dir: Path, root: Path) -> list[Record]:
+    out = []
+    for path in sorted((knowledge_dir / INBOX).glob("*.md")):
+        try:
+            out.append(parse_record(path, root))
+        except (InputError, OSError):
+            continue
+    return out
+
+
+def inbox_records(knowledge_dir: Path, root: Path) -> list[Record]:
+    return _inbox(knowledge_dir, root)

@@ -1,0 +1,121 @@
+"""Freshness of conversation memory (would `ctx run ingest` do anything?) and the run journal; no Prefect, no lancedb."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ctxlake.schemas.config import Settings
+from ctxlake.tasks.lake import IndexState, write_atomic
+from ctxlake.tasks.scrape import Plan, ScrapeState, plan
+from ctxlake.tasks.scrape.base import stat_fingerprint
+
+FOLDERS = {"decision": "decisions", "error": "errors", "insight": "insights"}
+MANIFEST_FILE = "knowledge_state.json"  # in the project lake: what the last ingest stored
+JOURNAL_FILE = "touched.json"  # sessions whose messages changed but whose summaries are not written yet
+
+
+@dataclass
+class IngestCheck:
+    up_to_date: bool
+    reason: str
+    plan: Plan
+    state: ScrapeState
+    knowledge_changed: bool
+    seconds: float
+
+
+def embed_key(settings: Settings) -> str:
+    """The embedding settings as text (the API key is excluded): equal keys mean an equal model id."""
+    return settings.embed.model_dump_json()
+
+
+def configured_model_id(settings: Settings) -> str:
+    """The model id the settings name; read from the last run when its settings were the same, so
+    a no-op check does not import the embedders (numpy, ~0.2 s)."""
+    state = IndexState.read(settings.memory_dir)
+    if state is not None and state.last_run and state.last_run.get("embed_settings") == embed_key(settings):
+        return state.model_id
+    from ctxlake.tasks.embedders import make_embedder
+
+    return make_embedder(settings.embed, settings.models_dir).model_id
+
+
+def check(settings: Settings, roots: dict[str, list[Path]], model_id: str) -> IngestCheck:
+    """Stat every store file and knowledge file against what the last run saved; open none."""
+    started = time.perf_counter()
+    scrape_state = ScrapeState.load(settings.memory_dir)
+    found = plan(roots, scrape_state)
+    knowledge = manifest_changed(settings.lake_dir, settings.knowledge_dir, model_id)
+    state = IndexState.read(settings.memory_dir)
+    if state is None:
+        reason = "nothing ingested yet"
+    elif not state.clean:
+        reason = "the last run did not finish"
+    elif state.model_id != model_id:
+        reason = f"vectors were made with {state.model_id}, the configuration says {model_id}"
+    elif found.changed_files:
+        reason = f"{found.changed_files} log file(s) changed"
+    elif knowledge:
+        reason = "knowledge files changed"
+    elif state.pending_vectors:
+        reason = f"{state.pending_vectors} row(s) still to embed"
+    else:
+        return IngestCheck(True, "up to date", found, scrape_state, False, time.perf_counter() - started)
+    return IngestCheck(False, reason, found, scrape_state, knowledge, time.perf_counter() - started)
+
+
+# -- the journal: sessions with committed messages whose summaries a crash may have left undone ----
+
+
+def read_touched(memory_dir: Path) -> set[tuple[str, str]]:
+    try:
+        data = json.loads((memory_dir / JOURNAL_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return set()
+    return {(str(t), str(s)) for t, s in data} if isinstance(data, list) else set()
+
+
+def write_touched(memory_dir: Path, touched: set[tuple[str, str]]) -> None:
+    write_atomic(memory_dir / JOURNAL_FILE, json.dumps(sorted(touched)))
+
+
+def clear_touched(memory_dir: Path) -> None:
+    (memory_dir / JOURNAL_FILE).unlink(missing_ok=True)
+
+
+# -- knowledge files: what the last ingest saw -------------------------------------------------
+
+
+def knowledge_files(knowledge_dir: Path) -> list[tuple[str, Path]]:
+    """(type, path) of every accepted record; the inbox holds proposals and is not ingested."""
+    found = []
+    for kind, folder in FOLDERS.items():
+        base = knowledge_dir / folder
+        if base.is_dir():
+            found += [(kind, p) for p in sorted(base.glob("*.md")) if not p.name.startswith(".")]
+    return found
+
+
+def fingerprints(knowledge_dir: Path) -> dict[str, list[int]]:
+    out = {}
+    for _, path in knowledge_files(knowledge_dir):
+        fp = stat_fingerprint(path)
+        if fp is not None:
+            out[str(path)] = list(fp)
+    return out
+
+
+def manifest_changed(lake_dir: Path, knowledge_dir: Path, model_id: str) -> bool:
+    """True when the knowledge files (or the model) differ from what the last ingest stored."""
+    try:
+        saved = json.loads((lake_dir / MANIFEST_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return bool(knowledge_files(knowledge_dir))
+    return saved.get("model_id") != model_id or saved.get("files") != fingerprints(knowledge_dir)
+
+
+def save_manifest(lake_dir: Path, knowledge_dir: Path, model_id: str) -> None:
+    write_atomic(lake_dir / MANIFEST_FILE, json.dumps({"model_id": model_id, "files": fingerprints(knowledge_dir)}))

@@ -1,0 +1,233 @@
+"""Store stage for conversation memory: Msg rows -> MESSAGES, SESSIONS rows -> SESSIONS, in the user-wide lake; vectors and FTS."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import xxhash
+
+from ctxlake.errors import LakeError
+from ctxlake.schemas.tables import KNOWLEDGE, MESSAGES, SESSIONS, with_vector_width
+from ctxlake.tasks.embed import EmbeddingCache, fill_from_cache, vector_array
+from ctxlake.tasks.lake import connect, open_table
+from ctxlake.tasks.progress import reporter
+from ctxlake.tasks.scrape.base import Msg
+from ctxlake.tasks.stage import stage
+from ctxlake.tasks.store import KEEP_VERSIONS, sql_str
+
+if TYPE_CHECKING:
+    import lancedb
+    from lancedb.table import Table
+
+    from ctxlake.tasks.embedders import Embedder
+
+MESSAGES_TABLE = "messages"
+SESSIONS_TABLE = "sessions"
+KNOWLEDGE_TABLE = "knowledge"
+# Tool results and compaction markers are searchable by keyword; only what people and agents
+# wrote is worth a vector (and an embedding pass over every tool output would take hours).
+EMBED_WHERE = {
+    MESSAGES_TABLE: "vector IS NULL AND role IN ('user', 'assistant') AND kind = 'text' AND length(text) > 0",
+    SESSIONS_TABLE: "vector IS NULL",
+    KNOWLEDGE_TABLE: "vector IS NULL",
+}
+ENCODE_GROUP = 256
+WRITE_ROWS = 16_384  # vectors per merge into the table (a crash loses at most these; the cache keeps the rest)
+READ_IDS = 500  # ids per IN (...) filter
+
+
+def content_hash(text: str) -> str:
+    return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogatepass"))
+
+
+class MemoryTables(NamedTuple):
+    db: lancedb.DBConnection
+    messages: Table
+    sessions: Table
+
+
+def _open_or_create(db: lancedb.DBConnection, name: str, schema: pa.Schema) -> Table:
+    # Not `open_table(...) or create`: a LanceTable with no rows is falsy (its len is its row count).
+    table = open_table(db, name)
+    return db.create_table(name, schema=schema) if table is None else table
+
+
+def open_memory(memory_dir: Path, dims: int) -> MemoryTables:
+    """The user-wide memory lake's tables, created with their declared schemas when missing."""
+    try:
+        db = connect(memory_dir, create=True)
+        messages = _open_or_create(db, MESSAGES_TABLE, with_vector_width(MESSAGES, dims))
+        sessions = _open_or_create(db, SESSIONS_TABLE, with_vector_width(SESSIONS, dims))
+    except OSError as exc:
+        raise LakeError(f"cannot open the memory lake at {memory_dir}: {exc}") from exc
+    return MemoryTables(db, messages, sessions)
+
+
+def open_knowledge(lake_dir: Path, dims: int) -> Table:
+    try:
+        return _open_or_create(connect(lake_dir, create=True), KNOWLEDGE_TABLE, with_vector_width(KNOWLEDGE, dims))
+    except OSError as exc:
+        raise LakeError(f"cannot open the lake at {lake_dir}: {exc}") from exc
+
+
+def vector_width(table: Table) -> int:
+    vtype = table.schema.field("vector").type
+    return int(vtype.list_size) if isinstance(vtype, pa.FixedSizeListType) else -1
+
+
+def reset_vectors(table: Table, dims: int) -> None:
+    """Drop every vector (another model, maybe another width); rows stay, the cache refills them."""
+    table.drop_columns(["vector"])
+    table.add_columns(pa.field("vector", pa.list_(pa.float32(), dims)))
+
+
+def messages_table(msgs: Sequence[Msg], dims: int) -> pa.Table:
+    """Msg rows -> MESSAGES rows (ids, content hashes; null vectors), first copy of an id kept."""
+    seen: set[str] = set()
+    rows = []
+    for m in msgs:
+        mid = m.id
+        if mid in seen:
+            continue
+        seen.add(mid)
+        rows.append({
+            "id": mid, "tool": m.tool, "session_id": m.session_id, "project_path": m.project_path,
+            "timestamp": m.timestamp, "seq": m.seq, "role": m.role, "kind": m.kind, "text": m.text,
+            "terms": " ".join([*(f"{c['name']} {c['input']}" for c in m.tool_calls), *m.files]),
+            "tool_calls": m.tool_calls or None, "files": m.files or None, "tokens_in": m.tokens_in,
+            "tokens_out": m.tokens_out, "tokens_cached": m.tokens_cached, "model": m.model, "agent": m.agent,
+            "parent_id": m.parent_id if isinstance(m.parent_id, str) else None, "source_file": m.source_file,
+            "content_hash": content_hash(m.text), "vector": None,
+        })
+    return pa.Table.from_pylist(rows, schema=with_vector_width(MESSAGES, dims))
+
+
+class StoreResult(NamedTuple):
+    inserted: int
+    updated: int
+    duplicates: int  # rows whose id the lake already had (resumed or forked copies, re-reads)
+
+
+@stage("store-messages", retries=2)
+def store_messages(tables: MemoryTables, rows: pa.Table, mutable: bool, cache: EmbeddingCache | None) -> StoreResult:
+    """MESSAGES rows -> the lake: new ids inserted; existing ids kept (append-only logs) or replaced (mutable stores)."""
+    if rows.num_rows == 0:
+        return StoreResult(0, 0, 0)
+    if cache is not None:
+        rows, _ = fill_from_cache(rows, cache)
+    if tables.messages.count_rows() == 0:
+        tables.messages.add(rows, on_bad_vectors="null")
+        return StoreResult(rows.num_rows, 0, 0)
+    builder = tables.messages.merge_insert("id")
+    if mutable:
+        builder = builder.when_matched_update_all()
+    result = builder.when_not_matched_insert_all().execute(rows, on_bad_vectors="null")
+    inserted = result.num_inserted_rows
+    updated = result.num_updated_rows if mutable else 0
+    return StoreResult(inserted, updated, rows.num_rows - inserted - updated)
+
+
+def read_rows(table: Table, column: str, values: Iterable[str], columns: list[str] | None = None,
+              where: str | None = None) -> pa.Table:
+    """Rows whose `column` is one of `values`, read in batches of IN (...) lists."""
+    values = list(dict.fromkeys(values))
+    parts = []
+    for start in range(0, len(values), READ_IDS):
+        chunk = values[start : start + READ_IDS]
+        cond = f"{column} IN ({', '.join(sql_str(v) for v in chunk)})" + (f" AND ({where})" if where else "")
+        query = table.search().where(cond)
+        if columns:
+            query = query.select(columns)
+        parts.append(query.limit(None).to_arrow())
+    if not parts:
+        return table.search().limit(0).to_arrow() if not columns else table.search().select(columns).limit(0).to_arrow()
+    return pa.concat_tables(parts)
+
+
+@stage("store-sessions", retries=2)
+def store_sessions(sessions: Table, rows: pa.Table, where: str, cache: EmbeddingCache) -> int:
+    """SESSIONS rows of the touched sessions -> the lake, replacing every stored segment of them
+    (a re-split session may have fewer); rows written."""
+    rows, _ = fill_from_cache(rows, cache)
+    (sessions.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
+     .when_not_matched_by_source_delete(where).execute(rows, on_bad_vectors="null"))
+    return rows.num_rows
+
+
+@stage("embed-memory")
+def embed_table(table: Table, name: str, cache: EmbeddingCache, embedder: Embedder, messages: bool = True) -> int:
+    """Rows of a memory table without a vector -> vectors from the cache, else the model; texts embedded."""
+    where = EMBED_WHERE[name]
+    if name == MESSAGES_TABLE and not messages:
+        return 0
+    pending = table.search().where(where).select(["id", "content_hash", "text"]).limit(None).to_arrow()
+    if pending.num_rows == 0:
+        return 0
+    progress = reporter()
+    progress.start(f"embed-{name}", pending.num_rows, f"embed {name}")
+    ids_by_hash: dict[str, list[str]] = {}
+    text_by_hash: dict[str, str] = {}
+    for cid, h, text in zip(pending.column("id").to_pylist(), pending.column("content_hash").to_pylist(),
+                            pending.column("text").to_pylist(), strict=True):
+        ids_by_hash.setdefault(h, []).append(cid)
+        text_by_hash[h] = text
+    cached = cache.get_many(list(ids_by_hash))
+    embedded = 0
+    todo = sorted((h for h in ids_by_hash if h not in cached), key=lambda h: len(text_by_hash[h]))
+    buffer: dict[str, np.ndarray] = {}
+
+    def flush() -> None:
+        # Each merge joins against the whole table: few large writes, not one per encode group.
+        if buffer:
+            cache.put_many(list(buffer), np.stack(list(buffer.values())))
+            _write_vectors(table, buffer, ids_by_hash, cache.dims)
+            buffer.clear()
+
+    try:
+        if cached:
+            _write_vectors(table, cached, ids_by_hash, cache.dims)
+            progress.advance(f"embed-{name}", sum(len(ids_by_hash[h]) for h in cached))
+        for start in range(0, len(todo), ENCODE_GROUP):
+            group = todo[start : start + ENCODE_GROUP]
+            vectors = embedder.embed_documents([text_by_hash[h] for h in group])
+            buffer.update(zip(group, vectors, strict=True))
+            embedded += len(group)
+            progress.advance(f"embed-{name}", sum(len(ids_by_hash[h]) for h in group))
+            if len(buffer) >= WRITE_ROWS:
+                flush()
+        flush()
+    finally:
+        progress.finish(f"embed-{name}")
+    return embedded
+
+
+def _write_vectors(table: Table, vectors: dict[str, np.ndarray], ids_by_hash: dict[str, list[str]], dims: int) -> None:
+    ids = [cid for h in vectors for cid in ids_by_hash[h]]
+    matrix = np.stack([vectors[h] for h in vectors for _ in ids_by_hash[h]])
+    table.merge_insert("id").when_matched_update_all().execute(
+        pa.table({"id": pa.array(ids), "vector": vector_array(matrix, dims)}))
+
+
+# BM25 columns per table: a message's tool calls and files are searchable too (`terms`).
+FTS_COLUMNS = {MESSAGES_TABLE: ("text", "terms"), SESSIONS_TABLE: ("text",), KNOWLEDGE_TABLE: ("text",)}
+
+
+@stage("fts-memory")
+def index_and_optimize(tables: Sequence[Table]) -> None:
+    """Memory tables -> BM25 indexes (built once, then folded in by optimize) and compacted fragments."""
+    from lancedb.index import FTS
+
+    for table in tables:
+        if table.count_rows() == 0:
+            continue
+        indexed = {c for idx in table.list_indices() if idx.index_type == "FTS" for c in idx.columns}
+        for column in FTS_COLUMNS[table.name]:
+            if column not in indexed:
+                # Conversations mix prose and code: keep stop words and exact forms, like chunks.
+                table.create_index(column, config=FTS(stem=False, remove_stop_words=False, with_position=False), replace=True)
+        table.optimize(cleanup_older_than=KEEP_VERSIONS)
+

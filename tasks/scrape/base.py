@@ -1,0 +1,481 @@
+"""Scrape stage, shared parts: the Scraper protocol, saved positions, and record -> MESSAGES row helpers."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+import orjson
+import xxhash
+
+# Tool output is mostly noise for a summary; a one-line input summary is what an agent needs.
+INPUT_SUMMARY_CHARS = 300
+# Call id -> tool name maps kept per file between runs, so a tool result appended later is named.
+KEEP_CALL_NAMES = 200
+# Keys under which agent tools pass file paths to their tools.
+FILE_KEYS = ("file_path", "filePath", "path", "notebook_path", "TargetFile", "AbsolutePath", "file",
+             "filename", "target_file", "relative_workspace_path")
+PATCH_FILE = re.compile(r"^\*\*\* (?:Update|Add|Delete) File: (.+)$", re.M)
+EXIT_CODE = re.compile(r"Exit Code: (-?\d+)")
+
+
+@dataclass(slots=True)
+class Msg:
+    """One conversation record that carries content, as a scraper sees it (before redaction)."""
+
+    tool: str
+    session_id: str
+    timestamp: datetime
+    seq: int
+    role: str  # user | assistant | tool | system
+    kind: str  # text | tool_call | tool_result | compaction | error | summary | artifact
+    text: str
+    key: str  # the record's own id (or a stable hash of it when the format has none)
+    source_file: str
+    scope: str = ""  # "" when `key` is unique across sessions; else what makes it unique (the session)
+    project_path: str = ""
+    project_hint: str = ""  # a lossy project name (Gemini's path hash, Cursor's folder slug) resolved later
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    tokens_cached: int | None = None
+    model: str | None = None
+    agent: str | None = None
+    parent_id: str | None = None
+
+    @property
+    def id(self) -> str:
+        return message_id(self.tool, self.scope, self.key)
+
+
+def message_id(tool: str, scope: str, key: str) -> str:
+    return xxhash.xxh3_128_hexdigest(f"{tool}\0{scope}\0{key}".encode())
+
+
+@dataclass(slots=True)
+class SessionMeta:
+    """What a log says about a session rather than in it: its title, where it ran."""
+
+    tool: str
+    session_id: str
+    title: str = ""
+    title_rank: int = 0  # higher wins: a user's custom title beats an AI title beats a summary
+    project_path: str = ""
+    project_hint: str = ""
+
+    def merge(self, other: SessionMeta) -> None:
+        if other.title and other.title_rank >= self.title_rank:
+            self.title, self.title_rank = other.title, other.title_rank
+        self.project_path = other.project_path or self.project_path
+        self.project_hint = other.project_hint or self.project_hint
+
+
+@dataclass
+class FileState:
+    """A store file's saved position: enough to tell cheaply whether it changed, and where to resume.
+
+    `fp` is the file's fingerprint when it was last read (size, mtime, inode; SQLite adds its
+    -wal file's). JSONL: byte `offset` after the last complete line, valid while `inode` is the
+    same and the file did not shrink. JSON documents: `digest` of the content (an mtime alone lies
+    after a copy). `extra` carries a parser's running context: the session id and cwd a Codex
+    rollout declared in its first line, cumulative token totals, a database's per-chat positions.
+    """
+
+    fp: list[int] = field(default_factory=list)
+    inode: int = 0
+    offset: int = 0
+    digest: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> list[Any]:
+        return [self.fp, self.inode, self.offset, self.digest, self.extra]
+
+    @classmethod
+    def from_json(cls, data: list[Any]) -> FileState:
+        fp, inode, offset, digest, extra = data
+        return cls([int(x) for x in fp], int(inode), int(offset), str(digest), dict(extra))
+
+
+Fingerprint = tuple[int, ...]
+
+
+def stat_fingerprint(path: Path) -> Fingerprint | None:
+    """(size, mtime_ns, inode) of a file, or None when it vanished."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+@dataclass
+class Counts:
+    """What a scrape saw; unknown record types and malformed lines are counted, never fatal."""
+
+    files: int = 0
+    records: int = 0
+    messages: int = 0
+    ignored: int = 0  # known record types that carry no conversation content
+    unknown: dict[str, int] = field(default_factory=dict)
+    malformed: dict[str, int] = field(default_factory=dict)
+
+    def add(self, other: Counts) -> None:
+        self.files += other.files
+        self.records += other.records
+        self.messages += other.messages
+        self.ignored += other.ignored
+        for mine, theirs in ((self.unknown, other.unknown), (self.malformed, other.malformed)):
+            for k, v in theirs.items():
+                mine[k] = mine.get(k, 0) + v
+
+    @property
+    def n_unknown(self) -> int:
+        return sum(self.unknown.values())
+
+    @property
+    def n_malformed(self) -> int:
+        return sum(self.malformed.values())
+
+
+class ScrapeOutput:
+    """Rows and session facts collected from one group of store files.
+
+    A plain class, not a dataclass: Prefect walks dataclasses, lists and dicts passed between
+    tasks looking for futures, and walking tens of thousands of rows cost more than scraping them.
+    """
+
+    def __init__(self, messages: list[Msg] | None = None,
+                 meta: dict[tuple[str, str], SessionMeta] | None = None) -> None:
+        self.messages: list[Msg] = messages if messages is not None else []
+        self.meta: dict[tuple[str, str], SessionMeta] = meta if meta is not None else {}
+        self.counts = Counts()
+        self.warnings: list[str] = []  # files that could not be read
+        self.problems: list[str] = []  # where the malformed records are (first 200)
+        self.failed: set[str] = set()  # files not read: their position is not advanced
+
+    def cannot_read(self, path: Path, exc: Exception) -> None:
+        self.failed.add(str(path))
+        self.warnings.append(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})")
+
+    def emit(self, msg: Msg) -> Msg:
+        self.messages.append(msg)
+        self.counts.messages += 1
+        return msg
+
+    def session(self, meta: SessionMeta) -> None:
+        key = (meta.tool, meta.session_id)
+        if key in self.meta:
+            self.meta[key].merge(meta)
+        else:
+            self.meta[key] = meta
+
+    def malformed(self, reason: str, where: str) -> None:
+        self.counts.malformed[reason] = self.counts.malformed.get(reason, 0) + 1
+        if len(self.problems) < 200:
+            self.problems.append(f"{where}: {reason}")
+
+    def unknown(self, record_type: str) -> None:
+        self.counts.unknown[record_type] = self.counts.unknown.get(record_type, 0) + 1
+
+    def ignored(self) -> None:
+        self.counts.ignored += 1
+
+
+class Scraper(Protocol):
+    """One agent tool's on-disk store. `name` keys the registry, settings and `--from NAME=PATH`;
+    `tool` is what rows record (two stores of one tool, e.g. Cursor's transcripts and its IDE
+    database, share it). `mutable` stores rewrite records in place (whole JSON documents, SQLite),
+    so their rows are upserted; append-only logs keep the first copy of a record."""
+
+    name: ClassVar[str]
+    tool: ClassVar[str]
+    mutable: ClassVar[bool]
+
+    def default_roots(self, user_home: Path) -> list[Path]: ...
+
+    def store_files(self, root: Path) -> list[Path]: ...
+
+    def fingerprint(self, path: Path) -> Fingerprint | None: ...
+
+    def scrape(self, root: Path, files: Sequence[Path], state: dict[str, FileState], out: ScrapeOutput) -> None: ...
+
+
+def first_existing(root: Path, *subdirs: str) -> Path:
+    """The first of root/<subdir> that is a folder, else root: `--from claude=~/.claude` and
+    `--from claude=~/.claude/projects` both work."""
+    for sub in subdirs:
+        if (root / sub).is_dir():
+            return root / sub
+    return root
+
+
+def walk_files(root: Path, suffixes: tuple[str, ...], skip_dirs: frozenset[str] = frozenset()) -> list[Path]:
+    """Files under root with these suffixes, sorted (rollout names sort by time); symlinks are not followed."""
+    if not root.is_dir():
+        return []
+    found: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in skip_dirs and not d.startswith("."))
+        found.extend(Path(dirpath) / n for n in filenames if n.endswith(suffixes))
+    return sorted(found)
+
+
+# -- reading -------------------------------------------------------------------------------------
+
+
+def parse_ts(value: Any) -> datetime | None:
+    """ISO-8601 text or epoch seconds/milliseconds -> aware UTC datetime; None when unusable."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        seconds = value / 1000.0 if value > 1e11 else float(value)
+        try:
+            return datetime.fromtimestamp(seconds, tz=UTC)
+        except (OverflowError, OSError, ValueError):
+            return None
+    if isinstance(value, str) and value[:1].isdigit():
+        try:
+            ts = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+        return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
+    return None
+
+
+def obj(value: Any) -> dict[str, Any]:
+    """`value` when it is a JSON object, else an empty one (logs drift; fields go missing)."""
+    return value if isinstance(value, dict) else {}
+
+
+def string(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def mtime_ts(path: Path) -> datetime:
+    return datetime.fromtimestamp(os.stat(path).st_mtime, tz=UTC)
+
+
+def loads(data: bytes | str) -> Any:
+    return orjson.loads(data)
+
+
+def reset_if_replaced(path: Path, pos: FileState) -> None:
+    """Forget the position (and parser context) of a file that shrank or is another file now.
+
+    Called before a parser reads its context from `pos.extra`; the dict is cleared in place so
+    references a parser already holds stay valid.
+    """
+    st = os.stat(path)
+    if st.st_ino != pos.inode or st.st_size < pos.offset:
+        pos.offset = 0
+        pos.extra.clear()
+    pos.inode = st.st_ino
+
+
+def read_new_lines(path: Path, pos: FileState) -> Iterator[tuple[int, bytes]]:
+    """Complete lines appended since `pos` as (byte offset, line); advances `pos.offset`.
+
+    A file that shrank or was replaced (another inode) is read again from the start: record ids
+    make re-reading harmless. A last line without its newline is left for the next run unless it
+    already parses (the tool may simply not end its file with one).
+    """
+    reset_if_replaced(path, pos)
+    with open(path, "rb") as fh:
+        fh.seek(pos.offset)
+        offset = pos.offset
+        for line in fh:
+            if not line.endswith(b"\n"):
+                try:
+                    orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    break
+            yield offset, line
+            offset += len(line)
+            pos.offset = offset
+
+
+def json_lines(path: Path, pos: FileState, out: ScrapeOutput) -> Iterator[tuple[int, dict[str, Any]]]:
+    """New JSON objects of a JSONL file with their byte offsets; bad lines are counted and skipped."""
+    for offset, line in read_new_lines(path, pos):
+        if not line.strip():
+            continue
+        out.counts.records += 1
+        try:
+            record = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            out.malformed("not JSON", f"{path}:{offset}")
+            continue
+        if not isinstance(record, dict):
+            out.malformed("not a JSON object", f"{path}:{offset}")
+            continue
+        yield offset, record
+
+
+def read_document(path: Path, pos: FileState) -> bytes | None:
+    """A whole JSON document's bytes, or None when its content hash equals the saved one."""
+    data = path.read_bytes()
+    digest = xxhash.xxh3_64_hexdigest(data)
+    if digest == pos.digest:
+        return None
+    pos.digest = digest
+    return data
+
+
+# -- content helpers -----------------------------------------------------------------------------
+
+
+def text_of(content: Any, keys: tuple[str, ...] = ("text",)) -> str:
+    """The text of a message's content: a string, or the text blocks of a list of parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for block in content:
+            if isinstance(block, str):
+                parts.append(block)
+            elif isinstance(block, dict):
+                for key in keys:
+                    value = block.get(key)
+                    if isinstance(value, str):
+                        parts.append(value)
+                        break
+        return "\n".join(p for p in parts if p)
+    if isinstance(content, dict):
+        for key in keys:
+            value = content.get(key)
+            if isinstance(value, str):
+                return value
+    return ""
+
+
+def maybe_json(value: Any) -> Any:
+    """Arguments some tools pass as JSON text ("{\\"command\\": ...}", "\\"/tmp/x\\"") as values."""
+    if isinstance(value, str) and value[:1] in ('{', '[', '"'):
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return value
+    return value
+
+
+def summarize_input(value: Any) -> str:
+    """Tool arguments as one short line: the command, path, pattern or query when there is one."""
+    value = maybe_json(value)
+    if isinstance(value, dict):
+        for key in ("command", "cmd", "file_path", "filePath", "path", "pattern", "query", "url",
+                    "prompt", "description", "TargetFile", "DirectoryPath"):
+            if value.get(key) not in (None, "", []):
+                item = maybe_json(value[key])
+                text = " ".join(str(x) for x in item) if isinstance(item, list) else str(item)
+                return _one_line(text)
+        text = orjson.dumps(value).decode()
+    elif isinstance(value, list):
+        text = " ".join(str(x) for x in value)
+    else:
+        text = "" if value is None else str(value)
+    return _one_line(text)
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= INPUT_SUMMARY_CHARS else text[: INPUT_SUMMARY_CHARS - 1] + "…"
+
+
+def files_in(value: Any) -> list[str]:
+    """File paths named in tool arguments (file_path, path, ... and apply_patch headers)."""
+    value = maybe_json(value)
+    found: list[str] = []
+    if isinstance(value, dict):
+        for key in FILE_KEYS:
+            item = maybe_json(value.get(key))
+            if isinstance(item, str) and item and "\n" not in item and len(item) < 1024:
+                found.append(strip_file_uri(item))
+        for key in ("paths", "files", "file_paths"):
+            items = value.get(key)
+            if isinstance(items, list):
+                found.extend(strip_file_uri(i) for i in items if isinstance(i, str))
+        for key in ("input", "patch", "content"):
+            item = value.get(key)
+            if isinstance(item, str) and "*** " in item:
+                found.extend(PATCH_FILE.findall(item))
+    elif isinstance(value, str) and "*** " in value:
+        found.extend(PATCH_FILE.findall(value))
+    return list(dict.fromkeys(f.strip() for f in found if f.strip()))
+
+
+def strip_file_uri(path: str) -> str:
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
+def tool_call(name: str, arguments: Any, call_id: str | None = None, is_error: bool | None = None) -> dict[str, Any]:
+    return {"id": call_id, "name": name or "unknown", "input": summarize_input(arguments), "is_error": is_error}
+
+
+def exit_code_error(text: str) -> bool | None:
+    """True/False from an "Exit Code: N" line in shell output (Gemini CLI), None when absent."""
+    match = EXIT_CODE.search(text)
+    return None if match is None else int(match.group(1)) != 0
+
+
+def remember_call(extra: dict[str, Any], call_id: str | None, name: str) -> None:
+    if not call_id:
+        return
+    names: dict[str, str] = extra.setdefault("calls", {})
+    names[call_id] = name
+    if len(names) > KEEP_CALL_NAMES:
+        for old in list(names)[: len(names) - KEEP_CALL_NAMES]:
+            del names[old]
+
+
+def call_name(extra: dict[str, Any], call_id: Any) -> str:
+    names: dict[str, str] = extra.get("calls", {})
+    return names.get(call_id, "") if isinstance(call_id, str) else ""
+
+
+def record_hash(*parts: Any) -> str:
+    """A stable key for records without an id of their own (equal replays hash equal)."""
+    return xxhash.xxh3_128_hexdigest(orjson.dumps(parts, option=orjson.OPT_SORT_KEYS))
+
+
+class JsonlScraper:
+    """Base for append-only JSONL stores: each changed file is read from its saved offset."""
+
+    name: ClassVar[str]
+    tool: ClassVar[str]
+    mutable: ClassVar[bool] = False
+    suffixes: ClassVar[tuple[str, ...]] = (".jsonl",)
+
+    def default_roots(self, user_home: Path) -> list[Path]:
+        raise NotImplementedError
+
+    def store_dir(self, root: Path) -> Path:
+        return root
+
+    def store_files(self, root: Path) -> list[Path]:
+        return walk_files(self.store_dir(root), self.suffixes)
+
+    def fingerprint(self, path: Path) -> Fingerprint | None:
+        return stat_fingerprint(path)
+
+    def scrape(self, root: Path, files: Sequence[Path], state: dict[str, FileState], out: ScrapeOutput) -> None:
+        for path in files:
+            pos = state.setdefault(str(path), FileState())
+            try:
+                reset_if_replaced(path, pos)
+                self.scrape_file(path, pos, out)
+            except OSError as exc:
+                out.cannot_read(path, exc)
+                continue
+            out.counts.files += 1
+
+    def scrape_file(self, path: Path, pos: FileState, out: ScrapeOutput) -> None:
+        raise NotImplementedError
+
+
+ScraperFactory = Callable[[], Scraper]

@@ -1,0 +1,195 @@
+"""ingest_conversations through the real CLI: counts, no-op rescans, appended lines, redaction in the lake's bytes, crash recovery."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from memlogs import CANARY, SECRET, build_stores, claude, write_jsonl
+
+from ctxlake.errors import LakeError
+from ctxlake.tasks.lake import IndexState
+
+pytestmark = pytest.mark.usefixtures("prefect_server", "fake_embedder")
+
+
+@pytest.fixture
+def env(tmp_path: Path, make_repo: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, ctx_home: Path) -> dict[str, Any]:
+    """A project repo, agent stores of three tools under a private HOME (nothing real is read)."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    repo = make_repo({"deploy.sh": "#!/bin/sh\necho deploy\n"}, name="app")
+    stores = build_stores(tmp_path / "stores", repo)
+    args = [f"--from={name}={path}" for name, path in stores.items()]
+    return {"repo": repo, "stores": stores, "args": args, "home": ctx_home}
+
+
+def ingest(cli: Callable[..., Any], env: dict[str, Any], *extra: str) -> dict[str, Any]:
+    result = cli("run", "ingest", *env["args"], "--json", *extra, cwd=env["repo"])
+    assert result.exit_code == 0, result.stderr
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+def cli_json(cli: Callable[..., Any], cwd: Path, *args: str) -> Any:
+    result = cli(*args, "--json", cwd=cwd)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_ingest_counts_sessions_and_no_op(cli: Callable[..., Any], env: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    report = ingest(cli, env)
+    # claude: 8 messages of sess-a + 1 elsewhere; codex: 2 (parent) + 3 (fork: 2 replayed, 1 own); gemini: 2.
+    assert {name: t["messages"] for name, t in report["tools"].items()} == {"claude": 9, "codex": 5, "gemini": 2}
+    assert (report["messages_inserted"], report["duplicates"], report["messages_updated"]) == (14, 2, 0)
+    assert report["redacted"] == 1 and report["malformed_records"] == 0
+    assert report["sessions_written"] == 6
+    assert report["candidates"] == {"created": 2}
+    assert report["embedded"]["sessions"] == 6
+
+    sessions = cli_json(cli, env["repo"], "sessions")
+    assert [s["session_ref"] for s in sessions] == [
+        "gemini:gem-1", "codex:cx-fork", "codex:cx-parent", "claude:sess-a#2", "claude:sess-a"]
+    by_ref = {s["session_ref"]: s for s in sessions}
+    assert by_ref["gemini:gem-1"]["project_path"] == str(env["repo"])  # linked through Gemini's path hash
+    assert (by_ref["codex:cx-fork"]["tokens_in"], by_ref["codex:cx-fork"]["tokens_out"]) == (400, 50)
+    first = by_ref["claude:sess-a"]
+    assert first["open_tasks"] == ["rotate the old key"]
+    assert first["decisions"] == ["We decided to use a dedicated deploy key."]
+    assert first["errors"] == ["unknown: error: permission denied (publickey)"]
+    assert by_ref["claude:sess-a#2"]["files"] == [f"{env['repo']}/CHANGELOG.md"]
+    everywhere = cli_json(cli, env["repo"], "sessions", "--all-projects", "--tool", "claude")
+    assert [s["session_ref"] for s in everywhere] == ["claude:sess-a#2", "claude:sess-z", "claude:sess-a"]
+
+    # DuckDB sees the user-wide memory tables beside the project's own (vectors left out).
+    counts = cli_json(cli, env["repo"], "sql", "SELECT tool, count(*) AS n FROM messages GROUP BY 1 ORDER BY 1")
+    assert counts["rows"] == [["claude", 9], ["codex", 5], ["gemini", 2]]
+    columns = cli_json(cli, env["repo"], "sql", "SELECT * FROM sessions LIMIT 1")["columns"]
+    assert {"id", "tool", "started_at"} <= set(columns) and "vector" not in columns
+
+    # Nothing changed: decided from saved positions, the flow is never started.
+    def no_flow(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the flow must not run when nothing changed")
+
+    monkeypatch.setattr("ctxlake.serve.cli_memory._run_flow", no_flow)
+    again = ingest(cli, env)
+    assert again["up_to_date"] is True and again["files_seen"] == 5
+
+
+def test_appended_lines_are_ingested_alone(cli: Callable[..., Any], env: dict[str, Any]) -> None:
+    ingest(cli, env)
+    log = next(env["stores"]["claude"].rglob("sess-a.jsonl"))
+    write_jsonl(log, [claude("user", "u5", 38, "Ship it", cwd=str(env["repo"])),
+                      claude("assistant", "a5", 39, [{"type": "text", "text": "Tagged v1.2.0."}], cwd=str(env["repo"]))],
+                mode="a")
+    report = ingest(cli, env)
+    assert (report["files_changed"], report["messages_inserted"], report["duplicates"]) == (1, 2, 0)
+    assert report["sessions_written"] == 2  # the touched session's two segments
+    detail = cli_json(cli, env["repo"], "session", "show", "claude:sess-a#2")
+    assert [m["text"] for m in detail["messages"]][-2:] == ["Ship it", "Tagged v1.2.0."]
+    assert detail["total"] == 4
+
+
+def test_planted_secret_is_nowhere_in_the_lake_or_knowledge(cli: Callable[..., Any], env: dict[str, Any]) -> None:
+    ingest(cli, env)
+    places = [env["home"] / "memory", env["repo"] / ".ctx"]
+    files = [p for place in places for p in place.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".lance" for p in files)
+    blobs = {p: p.read_bytes() for p in files}
+    # Positive control: text in the lake is stored as bytes a scan can see.
+    assert any(CANARY.encode() in b for p, b in blobs.items() if p.suffix == ".lance")
+    for needle in (SECRET, SECRET[4:], SECRET[-16:]):
+        leaks = [str(p) for p, b in blobs.items() if needle.encode() in b]
+        assert leaks == [], f"secret found in {leaks}"
+    text = cli_json(cli, env["repo"], "session", "show", "claude:sess-a")["messages"][0]["text"]
+    assert text == "Deploy fails: export GITHUB_TOKEN=[REDACTED:assignment] did not help"
+
+
+def test_context_search_and_session_pages(cli: Callable[..., Any], env: dict[str, Any]) -> None:
+    ingest(cli, env)
+    found = cli_json(cli, env["repo"], "context", "search", "deploy key", "--mode", "keyword")
+    assert found["hits"] and found["hits"][0]["session_ref"].startswith("claude:sess-a")
+    assert {h["type"] for h in found["hits"]} <= {"message", "session"}
+    sessions_only = cli_json(cli, env["repo"], "context", "search", "health check", "--type", "session")
+    assert {h["ref"] for h in sessions_only["hits"]} >= {"gemini:gem-1", "codex:cx-parent"}
+    only_codex = cli_json(cli, env["repo"], "context", "search", "health check", "--tool", "codex", "--type", "message")
+    assert {h["tool"] for h in only_codex["hits"]} == {"codex"}
+    late = cli_json(cli, env["repo"], "context", "search", "health", "--after", "2026-03-02T10:45", "--mode", "keyword")
+    assert {h["tool"] for h in late["hits"]} == {"gemini"}
+    raw = cli_json(cli, env["repo"], "context", "search", "ssh-add", "--depth", "raw", "--type", "message")
+    assert any("[Bash] ssh-add" in h["text"] for h in raw["hits"])
+    hybrid = cli_json(cli, env["repo"], "context", "search", "database connection per call")
+    assert hybrid["mode"] == "hybrid" and hybrid["hits"][0]["tool"] == "gemini" and hybrid["warnings"] == []
+    page = cli_json(cli, env["repo"], "session", "show", "claude:sess-a", "--offset", "2", "--limit", "3")
+    assert (page["total"], page["offset"], page["next_offset"], len(page["messages"])) == (6, 2, 5, 3)
+    by_prefix = cli_json(cli, env["repo"], "session", "show", "cx-fo")
+    assert by_prefix["session"]["session_ref"] == "codex:cx-fork"
+    assert [m["text"] for m in by_prefix["messages"]] == ["Also added /readyz on the fork."]
+
+
+def test_remember_then_ingest_makes_knowledge_searchable(cli: Callable[..., Any], env: dict[str, Any]) -> None:
+    ingest(cli, env)
+    text = "Deploys use a dedicated key\nThe old personal key is rotated; CI loads the deploy key with ssh-add."
+    created = cli_json(cli, env["repo"], "remember", "decision", text, "--file", "deploy.sh", "--tag", "ops")
+    assert created["status"] == "created"
+    duplicate = cli_json(cli, env["repo"], "remember", "decision", text)
+    assert (duplicate["status"], duplicate["id"], duplicate["path"]) == ("duplicate", created["id"], None)
+    report = ingest(cli, env)
+    assert report["knowledge_rows"] == 1 and report["messages_inserted"] == 0
+    listed = cli_json(cli, env["repo"], "knowledge")
+    assert [r["id"] for r in listed["records"]] == [created["id"]] and listed["inbox"] == 2
+    assert listed["records"][0]["files"] == ["deploy.sh"] and listed["records"][0]["tags"] == ["ops"]
+    hits = cli_json(cli, env["repo"], "context", "search", "dedicated key", "--type", "decision")
+    assert [h["ref"] for h in hits["hits"]] == [created["id"]]
+
+
+def test_bad_input_gets_one_clear_line(cli: Callable[..., Any], env: dict[str, Any]) -> None:
+    early = cli("sessions", cwd=env["repo"])
+    assert early.exit_code == 4 and "ctx run ingest" in early.stderr
+    bad_tool = cli("run", "ingest", "--from", "nosuch=/tmp", cwd=env["repo"])
+    assert bad_tool.exit_code == 2 and "unknown agent tool 'nosuch'" in bad_tool.stderr
+    missing = cli("run", "ingest", "--from", f"claude={env['repo']}/missing", cwd=env["repo"])
+    assert missing.exit_code == 2 and "does not exist" in missing.stderr
+    no_sep = cli("run", "ingest", "--from", "claude", cwd=env["repo"])
+    assert no_sep.exit_code == 2 and "TOOL=PATH" in no_sep.stderr
+    ingest(cli, env)
+    for args, words in [(("session", "show", "nope"), "no session matches"),
+                        (("session", "show", "claude:sess"), "matches 3 sessions"),
+                        (("context", "search", " "), "empty query"),
+                        (("context", "search", "x", "--after", "yesterday-ish"), "not a date"),
+                        (("context", "search", "x", "--type", "rumor"), "unknown type"),
+                        (("remember", "opinion", "x"), "unknown knowledge type")]:
+        result = cli(*args, cwd=env["repo"])
+        assert result.exit_code == 2 and words in result.stderr, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) <= 2
+
+
+def test_a_crashed_ingest_is_repaired_by_the_next_run(cli: Callable[..., Any], env: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    import ctxlake.flows.ingest_conversations as flow
+
+    real = flow.store_messages
+    calls = {"n": 0}
+
+    class Failing:
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise LakeError("disk full (injected)")
+            return real(*args, **kwargs)
+
+    monkeypatch.setattr(flow, "store_messages", Failing())
+    crashed = cli("run", "ingest", *env["args"], cwd=env["repo"])
+    assert crashed.exit_code == 8 and "disk full" in crashed.stderr
+    state = IndexState.read(env["home"] / "memory")
+    assert state is not None and not state.clean
+    monkeypatch.setattr(flow, "store_messages", real)
+    report = ingest(cli, env)
+    # The group that failed is read again, the committed one is not read twice, and the sessions
+    # the crashed run stored messages for are summarized now.
+    assert 0 < report["messages_inserted"] < 14 and report["files_changed"] < 5
+    sessions = cli_json(cli, env["repo"], "sessions", "--all-projects")
+    assert len(sessions) == 6 and sum(s["n_messages"] for s in sessions) == 14
+    again = ingest(cli, env)
+    assert again["up_to_date"] is True
