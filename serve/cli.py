@@ -275,8 +275,7 @@ def sql(
     limit: Annotated[int, typer.Option("-n", "--limit", help="at most this many rows")] = 1000,
     as_json: JsonOpt = False,
 ) -> None:
-    """Query the lake's tables with DuckDB: files, chunks, embeddings, manifest, sources, knowledge,
-    and the conversation memory's messages and sessions."""
+    """Query the lake's tables with DuckDB (files, chunks, knowledge, ...; memory's messages, sessions)."""
     settings = load_settings(resolve_root(None, for_write=False))
     from ctxlake.serve.analytics import run_sql
 
