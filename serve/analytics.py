@@ -13,6 +13,7 @@ from ctxlake.tasks.lake import connect
 
 if TYPE_CHECKING:
     import duckdb
+    from lancedb.table import Table
 
 # Statements that read; DuckDB would happily write files or attach databases otherwise.
 _READ_ONLY = re.compile(r"^\s*(WITH|SELECT|FROM|DESCRIBE|SHOW|SUMMARIZE|EXPLAIN|PRAGMA\s+table_info)\b", re.I)
@@ -25,11 +26,14 @@ def lake_tables(lake_dir: Path, with_vectors: bool = False) -> dict[str, pa.Tabl
     db = connect(lake_dir)
     out: dict[str, pa.Table] = {}
     for name in sorted(db.list_tables().tables):
-        table = db.open_table(name).to_arrow()
-        if not with_vectors:
-            table = table.drop_columns([c for c in _bulky(table.schema)])
-        out[name] = table
+        out[name] = _read(db.open_table(name), with_vectors)
     return out
+
+
+def _read(table: Table, with_vectors: bool) -> pa.Table:
+    # Only the columns asked for are read: vectors are most of a lake's bytes.
+    drop = set() if with_vectors else set(_bulky(table.schema))
+    return table.search().select([f.name for f in table.schema if f.name not in drop]).limit(None).to_arrow()
 
 
 def _bulky(schema: pa.Schema) -> list[str]:
@@ -50,13 +54,7 @@ def duck(lake_dir: Path, with_vectors: bool = False, memory_dir: Path | None = N
         db = connect(memory_dir)
         taken = set(lake_tables_names(con))
         for name in sorted(set(db.list_tables().tables) - taken):
-            # Conversation histories run to hundreds of MB: DuckDB scans the Lance dataset lazily
-            # (projection and filters pushed down) instead of copying it into memory first.
-            dataset = db.open_table(name).to_lance()
-            con.register(f"_lance_{name}", dataset)
-            drop = [] if with_vectors else _bulky(dataset.schema)
-            exclude = f" EXCLUDE ({', '.join(drop)})" if drop else ""
-            con.execute(f'CREATE VIEW "{name}" AS SELECT *{exclude} FROM "_lance_{name}"')
+            con.register(name, _read(db.open_table(name), with_vectors))
     if not lake_tables_names(con):
         raise NotIndexedError(f"the lake at {lake_dir} has no tables", hint="run `ctx run index` first")
     return con
@@ -85,4 +83,4 @@ def run_sql(lake_dir: Path, sql: str, limit: int = 1000, memory_dir: Path | None
 
 
 def lake_tables_names(con: duckdb.DuckDBPyConnection) -> list[str]:
-    return [row[0] for row in con.execute("SHOW TABLES").fetchall() if not row[0].startswith("_lance_")]
+    return [row[0] for row in con.execute("SHOW TABLES").fetchall()]
