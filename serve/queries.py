@@ -194,14 +194,23 @@ def semantic_rows(lake: Lake, query: str, limit: int, where: str | None) -> list
     vector = lake.embedder().embed_query(query)
     # The null test reads every vector (4x the cost of the search on 50k chunks): only a lake
     # that is still being embedded needs it.
-    parts = ([] if embedded_fraction(lake) == 1.0 else ["vector IS NOT NULL"]) + ([where] if where else [])
-    builder = cast("LanceVectorQueryBuilder", lake.chunks.search(vector.tolist(), vector_column_name="vector"))
-    builder = builder.distance_type("cosine")
-    if parts:
-        builder = builder.where(" AND ".join(parts), prefilter=True)
-    rows: list[dict[str, Any]] = builder.select(HIT_COLUMNS).limit(limit).to_list()
+    complete = embedded_fraction(lake) == 1.0
+    rows = _nearest(lake, vector.tolist(), limit, ([] if complete else ["vector IS NOT NULL"]) + ([where] if where else []))
+    if complete and len(rows) < limit:
+        # The fraction was counted on a version an indexer has since replaced with chunks still
+        # waiting for vectors; unfiltered, the nearest rows may all be those.
+        rows = _nearest(lake, vector.tolist(), limit, ["vector IS NOT NULL"] + ([where] if where else []))
     for row in rows:
         row["_rank_score"] = 1.0 - float(row.get("_distance", 1.0))
+    return rows
+
+
+def _nearest(lake: Lake, vector: list[float], limit: int, conditions: list[str]) -> list[dict[str, Any]]:
+    builder = cast("LanceVectorQueryBuilder", lake.chunks.search(vector, vector_column_name="vector"))
+    builder = builder.distance_type("cosine")
+    if conditions:
+        builder = builder.where(" AND ".join(conditions), prefilter=True)
+    rows: list[dict[str, Any]] = builder.select(HIT_COLUMNS).limit(limit).to_list()
     return rows
 
 
@@ -339,6 +348,8 @@ def search(
             rows = []
         else:
             rows = semantic_rows(lake, query, limit, where)
+            if not rows and embedded_fraction(lake) == 0.0:  # a re-index began meanwhile
+                warnings.append("no chunk has a vector yet: wait for `ctx run index` to embed, or use --mode keyword")
     elif mode == "fuzzy":
         rows = fuzzy_rows(lake, query, limit, where, 2 if fuzziness is None else fuzziness)
     elif mode == "hybrid":

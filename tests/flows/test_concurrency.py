@@ -32,7 +32,8 @@ def test_queries_in_a_loop_during_reindex_never_fail(make_repo: Callable[..., Pa
     settings = load_settings(repo)
     stop = threading.Event()
     errors: list[BaseException] = []
-    counts = {"queries": 0, "empty": 0}
+    counts = {"queries": 0}
+    empty: list[str] = []  # the modes that came back empty
     long_lived = queries.Lake(settings)  # like the MCP server: opened once, reads on
 
     def reader() -> None:
@@ -46,7 +47,8 @@ def test_queries_in_a_loop_during_reindex_never_fail(make_repo: Callable[..., Pa
                 counts["queries"] += 1
                 # Semantic hits may be missing while new chunks wait for vectors, and then it says so.
                 waiting = mode == "semantic" and any("no chunk has a vector yet" in w for w in result.warnings)
-                counts["empty"] += not result.hits and not waiting
+                if not result.hits and not waiting:
+                    empty.append(f"{mode} {result.warnings}")
             except BaseException as exc:  # every failure is recorded and fails the test
                 errors.append(exc)
 
@@ -67,7 +69,7 @@ def test_queries_in_a_loop_during_reindex_never_fail(make_repo: Callable[..., Pa
             thread.join(timeout=60)
     assert not errors, errors[:3]
     assert counts["queries"] > 20
-    assert counts["empty"] == 0, "a reader saw an empty or half-written index"
+    assert not empty, f"a reader saw an empty or half-written index: {empty[:5]}"
 
 
 def test_a_failed_write_is_one_clear_error_and_the_old_index_stays_readable(
