@@ -106,6 +106,11 @@ def run_index(
         if lock.took_over_from:
             typer.echo(f"Took over the lock of a finished indexer (pid {lock.took_over_from}).", err=True)
         if watch:
+            import signal
+
+            # A shell starts background jobs with SIGINT ignored and Python keeps that; a watcher
+            # must still stop on Ctrl-C or `kill -INT`, whoever started it.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             report = _run_flow(settings, force=force, embed=not no_embed, verbose=verbose, watch=True)
         elif not force:
             # Decided before Prefect starts (its temporary server costs ~10 s): a no-op run

@@ -69,11 +69,8 @@ def watch_bench(tree: Path, env: dict[str, str], edits: int, burst: int, seed: i
     lake = tree / ".ctx" / "lake"
     git_env = {**env, "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@x", "GIT_COMMITTER_NAME": "b",
                "GIT_COMMITTER_EMAIL": "b@x"}
-    # A background shell starts its jobs with SIGINT ignored, and Python keeps it so: give the
-    # watcher a normal Ctrl-C whoever launched this benchmark.
     proc = subprocess.Popen([str(CTX), "run", "index", "--watch"], cwd=tree, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     out: dict[str, Any] = {}
     try:
         print("waiting for the initial index and the watcher ...", file=sys.stderr, flush=True)
