@@ -31,6 +31,7 @@ How it is put together
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import sys
 import threading
@@ -252,6 +253,8 @@ def tool_errors(fn: Callable[P, R]) -> Callable[P, R]:
         except CtxError as exc:
             raise ToolError(f"{exc.message}" + (f" (hint: {exc.hint})" if exc.hint else "")) from exc
 
+    # The docstring is the tool's description: without the source's indentation on later lines.
+    wrapper.__doc__ = inspect.cleandoc(fn.__doc__ or "")
     return wrapper
 
 

@@ -60,7 +60,8 @@ def test_inspector_lists_and_calls_tools(
     assert listed.returncode == 0, listed.stderr[-2000:]
     names = {t["name"] for t in json.loads(listed.stdout)["tools"]}
     assert {"search_code", "fuzzy_find", "get_file_context", "get_stale_status", "list_sources",
-            "docs_index", "docs_content"} == names
+            "docs_index", "docs_content", "search_context", "recent_sessions", "session_detail",
+            "project_knowledge"} == names
 
     called = inspect(env, repo, "--method", "tools/call", "--tool-name", "search_code",
                      "--tool-arg", "query=getUserById", "--tool-arg", "search_type=bm25", "--format", "json")

@@ -33,7 +33,7 @@ CONTRACT = {
     "search_context": {"query", "mode", "depth", "source_filter", "type_filter", "time_range", "limit"},
     "recent_sessions": {"limit", "tool_filter"},
     "session_detail": {"session_ref", "offset", "limit"},
-    "project_knowledge": {"type", "query"},
+    "project_knowledge": {"type", "query", "limit"},
 }
 SAVE_TOOLS = {"save_decision", "save_error_solution", "save_insight"}
 
