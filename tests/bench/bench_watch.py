@@ -159,12 +159,14 @@ def crash_bench(mirror: Path, workdir: Path, env: dict[str, str], kills: int, se
         shutil.copytree(fresh_tree, tree, ignore=shutil.ignore_patterns(".ctx"), symlinks=True)
         shutil.rmtree(workdir / "home" / "embeddings", ignore_errors=True)
         delay = rng.uniform(0.5, full)
+        # Its own process group, killed whole: Prefect's temporary API server is a child process
+        # that a SIGKILL of `ctx` alone would leave running (and loading the machine) forever.
         proc = subprocess.Popen([str(CTX), "run", "index", str(tree)], cwd=tree, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+                                stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, start_new_session=True)
         time.sleep(delay)
         killed = proc.poll() is None
         if killed:
-            proc.send_signal(signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         tried += killed
         rerun = subprocess.run([str(CTX), "run", "index", str(tree)], cwd=tree, env=env, capture_output=True, text=True)
