@@ -59,6 +59,14 @@ class WatchSettings(_Section):
     debounce_ms: int = Field(500, ge=10)
 
 
+class EvalSettings(_Section):
+    mirrors: list[str] = Field(
+        default_factory=list,
+        description="folders holding git mirrors for `ctx eval` (owner+name/repo); never fetched",
+    )
+    include: list[str] = Field(default_factory=lambda: ["*.py"], description="the corpus `ctx eval` indexes")
+
+
 class Settings(_Section):
     """Everything a command needs, resolved once at the entry point and passed down."""
 
@@ -68,6 +76,7 @@ class Settings(_Section):
     embed: EmbedSettings = Field(default_factory=EmbedSettings)
     search: SearchSettings = Field(default_factory=SearchSettings)
     watch: WatchSettings = Field(default_factory=WatchSettings)
+    eval: EvalSettings = Field(default_factory=EvalSettings)
 
     @property
     def ctx_dir(self) -> Path:
@@ -95,6 +104,7 @@ SECTIONS: dict[str, type[_Section]] = {
     "embed": EmbedSettings,
     "search": SearchSettings,
     "watch": WatchSettings,
+    "eval": EvalSettings,
 }
 
 

@@ -19,6 +19,7 @@ from ctxlake.schemas.config import (
     load_settings,
     resolve_root,
 )
+from ctxlake.serve import cli_eval
 
 app = typer.Typer(
     name="ctx",
@@ -230,6 +231,9 @@ def clean(yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] =
         lock.release()
     shutil.rmtree(lake, ignore_errors=True)
     typer.echo(f"Removed {lake} ({size}).")
+
+
+cli_eval.register(app)
 
 
 @app.command()

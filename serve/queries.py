@@ -17,6 +17,10 @@ from ctxlake.errors import InputError, ModelMismatchError, NotIndexedError
 from ctxlake.schemas.config import Settings
 from ctxlake.schemas.tables import PROJECT_SOURCE
 from ctxlake.serve.models import Hit, SearchMode, SearchResult, Status
+from ctxlake.serve.ranking import (
+    TEST_PATH,
+    LakeCatalog,
+)
 from ctxlake.tasks import freshness
 from ctxlake.tasks.lake import (
     CHUNKS_TABLE,
@@ -26,6 +30,7 @@ from ctxlake.tasks.lake import (
     connect,
     open_table,
 )
+from ctxlake.tasks.query_terms import squeeze_repeats
 from ctxlake.tasks.terms import split_identifier
 
 if TYPE_CHECKING:
@@ -51,7 +56,7 @@ class Lake:
     one, and re-check for newer versions at most every second.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, embedder: Embedder | None = None) -> None:
         self.settings = settings
         self.state = IndexState.read(settings.lake_dir)
         if self.state is None:
@@ -67,7 +72,11 @@ class Lake:
         self.chunks: Table = chunks
         self.files: Table = files
         self._embedder: Embedder | None = None
+        if embedder is not None:
+            self._check_model(embedder)
+            self._embedder = embedder
         self._symbols: tuple[int, list[str], list[str]] | None = None
+        self._catalogs: dict[str | None, tuple[int, LakeCatalog]] = {}
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -77,13 +86,31 @@ class Lake:
             from ctxlake.tasks.embedders import make_embedder
 
             embedder = make_embedder(self.settings.embed, self.settings.models_dir)
-            if self.state is not None and self.state.model_id and self.state.model_id != embedder.model_id:
-                raise ModelMismatchError(
-                    f"index was built with {self.state.model_id}, config says {embedder.model_id}",
-                    hint="run `ctx run index --force`, or search with --mode keyword",
-                )
+            self._check_model(embedder)
             self._embedder = embedder
         return self._embedder
+
+    def _check_model(self, embedder: Embedder) -> None:
+        if self.state is not None and self.state.model_id and self.state.model_id != embedder.model_id:
+            raise ModelMismatchError(
+                f"index was built with {self.state.model_id}, config says {embedder.model_id}",
+                hint="run `ctx run index --force`, or search with --mode keyword",
+            )
+
+    def catalog(self, where: str | None = None) -> LakeCatalog:
+        """Files and the names they define (chunks matching `where`), cached per table version."""
+        version = self.chunks.version
+        cached = self._catalogs.get(where)
+        if cached is None or cached[0] != version:
+            search = self.chunks.search()
+            if where:
+                search = search.where(where)
+            table = search.select(["source", "path", "symbol"]).to_arrow()
+            catalog = LakeCatalog.build(zip(
+                table.column("source").to_pylist(), table.column("path").to_pylist(),
+                table.column("symbol").to_pylist(), strict=True))
+            cached = self._catalogs[where] = (version, catalog)
+        return cached[1]
 
     def refresh(self) -> None:
         self.state = IndexState.read(self.settings.lake_dir) or self.state
@@ -136,9 +163,14 @@ def _sql(value: str) -> str:
 
 
 def build_filter(
-    path_glob: str | None = None, lang: str | None = None, sources: Sequence[str] | None = None
+    path_glob: str | None = None,
+    lang: str | None = None,
+    sources: Sequence[str] | None = None,
+    exclude_tests: bool = False,
 ) -> str | None:
     parts = []
+    if exclude_tests:
+        parts.append(f"NOT regexp_like(path, {_sql(TEST_PATH.pattern)})")
     if path_glob:
         parts.append(f"regexp_like(path, {_sql(glob_to_regex(path_glob))})")
     if lang:
@@ -162,10 +194,12 @@ def keyword_query(query: str) -> str:
     return query if not extra else f"{query} {' '.join(extra)}"
 
 
-def keyword_rows(lake: Lake, query: str, limit: int, where: str | None) -> list[dict[str, Any]]:
+def keyword_rows(
+    lake: Lake, query: str, limit: int, where: str | None, squeeze: bool = False
+) -> list[dict[str, Any]]:
     from lancedb.query import MultiMatchQuery
 
-    text = keyword_query(query)
+    text = keyword_query(squeeze_repeats(query) if squeeze else query)
     if not re.search(r"[A-Za-z0-9]", text):
         return []
     # lancedb declares these options as Field(default, kw_only=True), which mypy reads as required.
