@@ -22,6 +22,7 @@ from ctxlake.serve.models import SearchMode
 from ctxlake.serve.ranking import TECHNIQUES, RankOptions, is_test_path
 from ctxlake.tasks.evaluate import (
     EvalTask,
+    Materialised,
     git_dir_for,
     load_tasks,
     materialise,
@@ -51,6 +52,7 @@ class IndexRecord(BaseModel):
     vectors_from_cache: int = 0
     seconds: float = 0.0
     reused: bool = Field(False, description="the lake was already up to date; nothing was indexed")
+    missing_files: list[str] = Field(default_factory=list, description="files whose content the mirror lacks")
 
 
 class TaskResult(BaseModel):
@@ -139,11 +141,11 @@ def lake_settings(base: Settings, lake_root: Path, profile: str | None, include:
     })
 
 
-def prepare_tree(task: EvalTask, base: Settings, mirrors: Sequence[Path]) -> Path:
+def prepare_tree(task: EvalTask, base: Settings, mirrors: Sequence[Path]) -> Materialised:
     """The task's repository at its commit, as a folder (extracted once into the eval cache)."""
     git_dir = git_dir_for(task, mirrors)
     if task.base_commit is None:
-        return Path(task.source)
+        return Materialised(Path(task.source), [], [])
     commit = resolve_commit(git_dir, task.base_commit)
     return materialise.fn(git_dir, commit, tree_dir(base.home / "eval" / "trees", task, commit))
 
@@ -206,10 +208,15 @@ def run_eval(base: Settings, plan: EvalPlan, log: Log | None = None) -> EvalRepo
         # One query embedder per profile, shared by every task's lake (loading it is the slow part).
         embedder = make_embedder(probe.embed, probe.models_dir)
         for number, task in enumerate(tasks, start=1):
-            tree = prepare_tree(task, base, plan.mirrors)
+            materialised = prepare_tree(task, base, plan.mirrors)
+            tree = materialised.tree
             lake_root = base.home / "eval" / "lakes" / slug(embedder.model_id) / tree.name
             settings = lake_settings(base, lake_root, profile, plan.include)
             record = index_tree(settings, tree, need_vectors, task, embedder.model_id)
+            record.missing_files = materialised.missing[:100]
+            if materialised.missing:
+                say(f"{task.instance_id}: {len(materialised.missing)} file(s) absent from the mirror, "
+                    f"e.g. {materialised.missing[0]}")
             index_records.append(record)
             lake = Lake(settings, embedder=embedder)
             ranks: list[str] = []

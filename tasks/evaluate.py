@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import subprocess
-import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -202,42 +201,114 @@ def tree_dir(trees_root: Path, task: EvalTask, commit: str) -> Path:
     return trees_root / f"{slug(task.repo)}@{commit[:12]}"
 
 
+@dataclass
+class Materialised:
+    tree: Path
+    missing: list[str]  # files the repository lists at the commit but whose content it lacks
+    unsafe: list[str]  # paths refused because they would land outside the tree
+
+
 @stage("materialise", retries=1)
-def materialise(git_dir: Path, commit: str, dest: Path) -> Path:
-    """A commit of a git repository -> its files under `dest` (extracted once, then reused)."""
+def materialise(git_dir: Path, commit: str, dest: Path) -> Materialised:
+    """A commit of a git repository -> its files under `dest` (extracted once, then reused).
+
+    Mirrors may lack some blobs (large data files left out of a snapshot): those files are
+    skipped and listed, so one absent asset does not cost the whole tree.
+    """
+    record = dest.with_name(dest.name + ".json")
     if dest.is_dir():
-        return dest
+        return _read_record(dest, record)
     dest.parent.mkdir(parents=True, exist_ok=True)
     with open(dest.parent / f".{dest.name}.lock", "w") as lock:
         # Two evals sharing the cache wait for each other instead of extracting twice.
         fcntl.flock(lock, fcntl.LOCK_EX)
         if dest.is_dir():
-            return dest
+            return _read_record(dest, record)
         tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         try:
-            _extract_archive(git_dir, commit, tmp)
+            missing, unsafe = _extract(git_dir, commit, tmp)
+            record.write_text(json.dumps({"commit": commit, "missing": missing, "unsafe": unsafe}))
             os.replace(tmp, dest)  # a killed extraction never leaves a half tree under dest
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    return dest
+    return Materialised(dest, missing, unsafe)
 
 
-def _extract_archive(git_dir: Path, commit: str, into: Path) -> None:
-    cmd = ["git", f"--git-dir={git_dir}", "archive", "--format=tar", commit]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert proc.stdout is not None
+def _read_record(dest: Path, record: Path) -> Materialised:
     try:
-        with tarfile.open(fileobj=proc.stdout, mode="r|") as archive:
-            # The "data" filter refuses absolute paths, `..` and links that point outside `into`.
-            archive.extractall(into, filter="data")
-    except (tarfile.TarError, OSError) as exc:
-        proc.kill()
-        raise InputError(f"cannot extract {commit[:12]} from {git_dir}: {exc}") from exc
+        data = json.loads(record.read_text())
+        return Materialised(dest, list(data.get("missing", [])), list(data.get("unsafe", [])))
+    except (OSError, ValueError):
+        return Materialised(dest, [], [])
+
+
+def _safe_parts(path: str) -> list[str] | None:
+    parts = path.split("/")
+    if path.startswith("/") or any(p in ("", ".", "..", ".git") for p in parts):
+        return None
+    return parts
+
+
+def _extract(git_dir: Path, commit: str, into: Path) -> tuple[list[str], list[str]]:
+    """Write every blob of `commit` under `into` via `git cat-file --batch`; (missing, unsafe)."""
+    listing = _git(git_dir, ["ls-tree", "-r", "-z", "--full-tree", commit], git_dir=True)
+    entries: list[tuple[str, str, str]] = []  # mode, sha, path
+    unsafe: list[str] = []
+    for item in listing.split("\0"):
+        if not item:
+            continue
+        meta, _, path = item.partition("\t")
+        mode, kind, sha = meta.split(" ")
+        if kind != "blob":
+            continue  # submodules have no content here
+        if _safe_parts(path) is None:
+            unsafe.append(path)
+            continue
+        entries.append((mode, sha, path))
+    proc = subprocess.Popen(["git", f"--git-dir={git_dir}", "cat-file", "--batch"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def feed() -> None:
+        assert proc.stdin is not None
+        try:
+            for _, sha, _ in entries:
+                proc.stdin.write(sha.encode() + b"\n")
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+
+    import threading
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    missing: list[str] = []
+    try:
+        for mode, _, path in entries:
+            header = proc.stdout.readline().split()
+            if len(header) < 3 or header[1] != b"blob":
+                missing.append(path)
+                continue
+            data = proc.stdout.read(int(header[2]))
+            proc.stdout.read(1)  # the newline after each object
+            target = into / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if mode == "120000":
+                # Symlinks stay links (the scanner never follows them), kept inside the tree.
+                link = data.decode("utf-8", "replace")
+                if link.startswith("/") or ".." in link.split("/"):
+                    unsafe.append(path)
+                    continue
+                os.symlink(link, target)
+                continue
+            target.write_bytes(data)
+            if mode == "100755":
+                target.chmod(0o755)
     finally:
+        writer.join()
         proc.stdout.close()
-        err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-        code = proc.wait()
-    if code != 0:
-        raise InputError(f"git archive {commit[:12]} failed in {git_dir}: {err.strip()[:300]}")
+        if proc.wait() != 0 and not entries:
+            raise InputError(f"git cat-file failed in {git_dir} for {commit[:12]}")
+    return missing, unsafe

@@ -106,6 +106,8 @@ def analyse(query: str) -> QueryAnalysis:
     prose = _BACKTICKS.sub(" ", _CODE_FENCE.sub(" ", text))
     for m in _DOTTED.finditer(text):
         name = m.group(1)
+        if all(len(part) < 3 for part in name.split(".")):
+            continue  # e.g, i.e, a.b: abbreviations and throwaway names
         if not re.search(r"\.(?:py|pyi|js|ts|txt|md|rst|cfg|toml|ini|json|yaml|yml|html|com|org)$", name):
             out.dotted.append(name)
     out.dotted = list(dict.fromkeys(out.dotted))
