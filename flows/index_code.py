@@ -21,6 +21,7 @@ from ctxlake.tasks.lake import IndexState
 from ctxlake.tasks.merkle import Diff, load_snapshot, save_snapshot, scan
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.store import (
+    FTS_TAG,
     LakeTables,
     append_chunks,
     build_fts,
@@ -135,6 +136,7 @@ def index_code(
 
     if build_fts(tables):
         progress.note("keyword search is ready")
+    state.fts = FTS_TAG
     report.keyword_ready_s = time.perf_counter() - started
     state.pending_vectors = tables.chunks.count_rows("vector IS NULL")
     state.write(lake)

@@ -94,7 +94,11 @@ def run_index(
             state = IndexState.read(settings.lake_dir)
             same_model = state is not None and state.model_id == make_embedder(
                 settings.embed, settings.models_dir).model_id
-            if fresh.up_to_date and same_model and not (no_embed is False and state and state.pending_vectors):
+            from ctxlake.tasks.store import FTS_TAG
+
+            fts_current = state is not None and state.fts == FTS_TAG  # else the BM25 index needs a rebuild
+            if fresh.up_to_date and same_model and fts_current and not (
+                    no_embed is False and state and state.pending_vectors):
                 took = time.perf_counter() - started
                 if as_json:
                     from ctxlake.serve.render import print_json

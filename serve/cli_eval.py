@@ -1,7 +1,9 @@
-"""`ctx eval`: parse the options, run serve/evaluate.py, render its report (table, JSON, Markdown, chart)."""
+"""Retrieval-quality commands: `ctx files` (files ranked for a query) and `ctx eval` (score file
+localisation on a task file: table, JSON, Markdown, chart)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -59,6 +61,9 @@ def eval_command(
         if not folder.is_dir():
             raise InputError(f"--mirrors {folder} is not a folder")
     _prefect_quietly(verbose=False)
+    # An eval runs for many minutes; on a loaded machine Prefect's temporary server can take
+    # longer than its default 20 s to answer, which would fail the whole run at its first index.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     from ctxlake.serve.ranking import RankOptions
 
     plan = EvalPlan(
@@ -85,8 +90,45 @@ def eval_command(
             typer.echo(f"wrote {target}", err=True)
 
 
+def files_command(
+    query: Annotated[str, typer.Argument(help="what to look for: an issue text, a traceback, identifiers, words")],
+    limit: Annotated[int | None, typer.Option("-n", "--limit", help="number of files")] = None,
+    mode: Annotated[str | None, typer.Option("--mode", help="hybrid | keyword | semantic")] = None,
+    path_glob: Annotated[str | None, typer.Option("--path", help="only paths matching this glob")] = None,
+    lang: Annotated[str | None, typer.Option("--lang", help="only this language, e.g. python")] = None,
+    no_tests: Annotated[bool, typer.Option("--no-tests", help="leave test files out")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")] = False,
+) -> None:
+    """Rank the project's files for a query: which files to open first (same ranking as `ctx eval`)."""
+    from ctxlake.schemas.config import resolve_root
+
+    if mode is not None and mode not in ("hybrid", "keyword", "semantic"):
+        raise InputError(f"unknown --mode {mode!r}", hint="hybrid, keyword or semantic")
+    settings = load_settings(resolve_root(None, for_write=False))
+    from ctxlake.serve.file_search import search_files
+    from ctxlake.serve.queries import Lake
+
+    result = search_files(Lake(settings), query, mode=mode, limit=limit, path_glob=path_glob,  # type: ignore[arg-type]
+                          lang=lang, exclude_tests=no_tests)
+    if as_json:
+        sys.stdout.write(_json(result.model_dump()))
+        return
+    from ctxlake.serve.render import stdout_console
+
+    console = stdout_console()
+    if not result.files:
+        console.print(f"No files for {result.query[:60]!r} ({result.mode}).")
+    for i, hit in enumerate(result.files, start=1):
+        where = f"  best match: lines {hit.start_line}-{hit.end_line}" if hit.start_line else ""
+        symbol = f" {hit.symbol}" if hit.symbol else ""
+        console.print(f"[bold]{i:>2}. {hit.path}[/]  [dim]{hit.score:.4f}{where}{symbol}[/]", highlight=False)
+    for warning in result.warnings:
+        typer.echo(f"warning: {warning}", err=True)
+
+
 def register(app: typer.Typer) -> None:
     app.command("eval")(eval_command)
+    app.command("files")(files_command)
 
 
 def _json(document: Any) -> str:

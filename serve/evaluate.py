@@ -19,7 +19,7 @@ from ctxlake.errors import InputError
 from ctxlake.schemas.config import IndexSettings, Settings
 from ctxlake.schemas.tables import PROJECT_SOURCE
 from ctxlake.serve.models import SearchMode
-from ctxlake.serve.ranking import TECHNIQUES, RankOptions, is_test_path
+from ctxlake.serve.ranking import VARIANTS, RankOptions, is_test_path
 from ctxlake.tasks.evaluate import (
     EvalTask,
     Materialised,
@@ -31,6 +31,7 @@ from ctxlake.tasks.evaluate import (
     tree_dir,
 )
 from ctxlake.tasks.metrics import METRICS, Estimate, first_gold_rank, score_ranking, summarise
+from ctxlake.tasks.store import FTS_TAG
 
 CORPORA = ("all", "non-test")
 MODES: tuple[SearchMode, ...] = ("keyword", "semantic", "hybrid")
@@ -119,15 +120,12 @@ Log = Callable[[str], None]
 
 
 def variants(plan: EvalPlan) -> dict[str, RankOptions]:
-    """The ranking variants to score: the full pipeline, and with --ablate the plain BM25
-    baseline plus the full pipeline with each technique switched off in turn."""
+    """The ranking variants to score: the full pipeline, and with --ablate plain BM25 plus each
+    technique switched off (`-X`) and each tried-and-dropped one switched on (`+X`)."""
     out = {FULL: plan.options}
     if plan.ablate:
-        plain = plan.options
-        for technique in TECHNIQUES:
-            plain = plain.without(technique)
-        out[PLAIN] = plain
-        out.update({f"-{t}": plan.options.without(t) for t in TECHNIQUES})
+        out[PLAIN] = plan.options.plain()
+        out.update({name: plan.options.variant(name) for name in VARIANTS})
     return out
 
 
@@ -159,7 +157,7 @@ def index_tree(settings: Settings, tree: Path, embed: bool, task: EvalTask, mode
     state = IndexState.read(settings.lake_dir)
     fresh = freshness.check(settings.lake_dir, PROJECT_SOURCE, tree, settings.index)
     if (fresh.up_to_date and state is not None and state.model_id == model_id
-            and not (embed and state.pending_vectors)):
+            and state.fts == FTS_TAG and not (embed and state.pending_vectors)):
         record.reused = True
         record.files = int((state.last_run or {}).get("files_seen", 0))
         return record

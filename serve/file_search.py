@@ -15,14 +15,17 @@ from ctxlake.serve.queries import (
     build_filter,
     embedded_fraction,
     fuzzy_rows,
+    identifier_rows,
     keyword_rows,
     semantic_rows,
 )
 from ctxlake.serve.ranking import (
     FileKey,
     RankOptions,
+    add_bonus,
     down_weight_tests,
     file_scores,
+    folder_scores,
     ordered,
     path_scores,
     rrf,
@@ -38,11 +41,14 @@ class FileEvidence:
     """Everything a file ranking is fused from: ranked chunks of each list, and per-file scores of
     the names and paths the query mentions. Kept apart so one search serves every fusion."""
 
-    keyword: list[dict[str, Any]] = field(default_factory=list)  # BM25 (or fuzzy) chunk rows
+    keyword: list[dict[str, Any]] = field(default_factory=list)  # BM25 (or fuzzy) over the whole query
+    title: list[dict[str, Any]] = field(default_factory=list)  # BM25 over its first line
+    identifiers: list[dict[str, Any]] = field(default_factory=list)  # exact code-name occurrences
     semantic: list[dict[str, Any]] = field(default_factory=list)  # vector chunk rows
     symbol: dict[FileKey, float] = field(default_factory=dict)
     path: dict[FileKey, float] = field(default_factory=dict)
     stem: dict[FileKey, float] = field(default_factory=dict)
+    folder: dict[FileKey, float] = field(default_factory=dict)
     asks_for_tests: bool = False
     warnings: list[str] = field(default_factory=list)
 
@@ -55,16 +61,34 @@ class FileEvidence:
         return self
 
 
+def query_title(query: str) -> str | None:
+    """The first line of a multi-line query (an issue's title), when it has words of its own."""
+    lines = [line.strip() for line in query.splitlines() if line.strip()]
+    if len(lines) < 2 or len(lines[0].split()) < 2:
+        return None
+    return lines[0]
+
+
 def file_evidence(
     lake: Lake, query: str, mode: SearchMode, where: str | None, options: RankOptions
 ) -> FileEvidence:
-    """A query -> ranked chunks (BM25, vectors) and the files named by what the query mentions."""
+    """A query -> ranked chunks (BM25 of the query and its title, exact identifiers, vectors) and
+    the files named by what the query mentions."""
     out = FileEvidence(asks_for_tests=wants_tests(query))
     lexical = mode in ("keyword", "hybrid", "fuzzy")
+    analysis = analyse(query) if lexical else None
     if mode == "fuzzy":
         out.keyword = fuzzy_rows(lake, query, options.pool, where)
     elif lexical:
         out.keyword = keyword_rows(lake, query, options.pool, where, squeeze=options.squeeze_logs)
+        title = query_title(query)
+        if options.title_list and title:
+            out.title = keyword_rows(lake, title, options.pool, where)
+    if analysis is not None and options.identifier_list:
+        names = [n for n, _ in analysis.identifiers.most_common(options.max_identifiers)]
+        out.identifiers, warning = identifier_rows(lake, names, options.pool, where)
+        if warning:
+            out.warnings.append(warning)
     if mode in ("semantic", "hybrid"):
         if embedded_fraction(lake) > 0.0:
             out.semantic = semantic_rows(lake, query, options.pool, where)
@@ -73,34 +97,44 @@ def file_evidence(
                                   hint="wait for `ctx run index` to embed, or use --mode keyword")
         else:
             out.warnings.append("semantic part skipped: no chunk is embedded yet")
-    if lexical and (options.symbol_evidence or options.path_evidence or options.stem_evidence):
-        analysis = analyse(query)
+    if analysis is not None and (options.symbol_evidence or options.path_evidence or options.stem_evidence):
         catalog = lake.catalog(where)
         out.symbol = symbol_scores(analysis, catalog) if options.symbol_evidence else {}
         out.path = path_scores(analysis, catalog) if options.path_evidence else {}
-        out.stem = stem_scores(analysis, catalog) if options.stem_evidence else {}
+        if options.stem_evidence:
+            out.stem = stem_scores(analysis, catalog)
+            out.folder = folder_scores(analysis, catalog)
     return out
 
 
 def fuse_files(evidence: FileEvidence, options: RankOptions) -> list[tuple[FileKey, float]]:
-    """Evidence -> files ranked by weighted reciprocal-rank fusion of its lists.
+    """Evidence -> files ranked by weighted reciprocal-rank fusion of its lists, plus bonuses.
 
     Chunk lists become file lists first (a file scores its best chunk plus a share of its next
-    few), then each list adds weight / (k + rank) to its files; test files are weighed down
-    unless the query asks for tests.
+    few); each list adds weight / (k + rank) to its files. Name and path evidence is sparse and
+    uneven, so it adds a saturating bonus instead of a rank. Test files are weighed down unless
+    the query asks for tests.
     """
     def files(rows: list[dict[str, Any]]) -> dict[FileKey, float]:
         return file_scores(rows, options.file_sum_weight, options.file_sum_chunks)
 
     lists = [(files(evidence.keyword), options.keyword_weight),
              (files(evidence.semantic), options.semantic_weight)]
+    if options.title_list:
+        lists.append((files(evidence.title), options.title_weight))
+    if options.identifier_list:
+        lists.append((files(evidence.identifiers), options.identifier_weight))
+    k = options.rrf_k
+    fused = rrf(lists, k)
     if options.symbol_evidence:
-        lists.append((evidence.symbol, options.symbol_weight))
+        add_bonus(fused, evidence.symbol, options.symbol_weight, options.symbol_scale, k)
     if options.path_evidence:
-        lists.append((evidence.path, options.path_weight))
+        add_bonus(fused, evidence.path, options.path_weight, options.path_scale, k)
     if options.stem_evidence:
-        lists.append((evidence.stem, options.stem_weight))
-    fused = rrf(lists, options.rrf_k)
+        names = dict(evidence.stem)
+        for key, score in evidence.folder.items():
+            names[key] = names.get(key, 0.0) + options.folder_share * score
+        add_bonus(fused, names, options.stem_weight, options.stem_scale, k)
     if options.test_weight != 1.0 and not evidence.asks_for_tests:
         fused = down_weight_tests(fused, options.test_weight)
     return ordered(fused)
@@ -109,7 +143,7 @@ def fuse_files(evidence: FileEvidence, options: RankOptions) -> list[tuple[FileK
 def best_chunks(evidence: FileEvidence) -> dict[FileKey, dict[str, Any]]:
     """Each file's best-scoring chunk across the chunk lists (what a file hit points at)."""
     best: dict[FileKey, dict[str, Any]] = {}
-    for rows in (evidence.keyword, evidence.semantic):
+    for rows in (evidence.keyword, evidence.title, evidence.identifiers, evidence.semantic):
         for rank, row in enumerate(rows):
             key = (row["source"], row["path"])
             if key not in best or rank < best[key]["_rank"]:

@@ -17,10 +17,7 @@ from ctxlake.errors import InputError, ModelMismatchError, NotIndexedError
 from ctxlake.schemas.config import Settings
 from ctxlake.schemas.tables import PROJECT_SOURCE
 from ctxlake.serve.models import Hit, SearchMode, SearchResult, Status
-from ctxlake.serve.ranking import (
-    TEST_PATH,
-    LakeCatalog,
-)
+from ctxlake.serve.ranking import TEST_PATH, LakeCatalog, assigned_names
 from ctxlake.tasks import freshness
 from ctxlake.tasks.lake import (
     CHUNKS_TABLE,
@@ -106,9 +103,15 @@ class Lake:
             if where:
                 search = search.where(where)
             table = search.select(["source", "path", "symbol"]).to_arrow()
+            # Module-level code (constants, settings) has no symbol: read its names from the text.
+            module = self.chunks.search().where(f"kind = 'module'{f' AND {where}' if where else ''}")
+            mod = module.select(["source", "path", "text"]).to_arrow()
+            assigned = [(src, path, name) for src, path, text in zip(
+                mod.column("source").to_pylist(), mod.column("path").to_pylist(),
+                mod.column("text").to_pylist(), strict=True) for name in assigned_names(text)]
             catalog = LakeCatalog.build(zip(
                 table.column("source").to_pylist(), table.column("path").to_pylist(),
-                table.column("symbol").to_pylist(), strict=True))
+                table.column("symbol").to_pylist(), strict=True), assigned)
             cached = self._catalogs[where] = (version, catalog)
         return cached[1]
 
@@ -210,6 +213,37 @@ def keyword_rows(
     for row in rows:
         row["_rank_score"] = float(row.get("_score", 0.0))
     return rows
+
+
+def identifier_rows(
+    lake: Lake, identifiers: Sequence[str], limit: int, where: str | None
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Chunks containing the query's code names exactly: `ordering_parts` as the phrase
+    "ordering parts", `SQLCompiler` as the token `sqlcompiler` (the tokenizer splits on
+    punctuation only). Returns (rows, warning); an index built without positions gets a warning."""
+    from lancedb.query import BooleanQuery, FullTextQuery, MatchQuery, Occur, PhraseQuery
+
+    clauses: list[tuple[Occur, FullTextQuery]] = []
+    for name in identifiers:
+        words = [w.lower() for w in re.split(r"[^A-Za-z0-9]+", name) if w]
+        if len(words) == 1:
+            clauses.append((Occur.SHOULD, MatchQuery(words[0], "text")))  # type: ignore[call-arg]
+        elif words:
+            clauses.append((Occur.SHOULD, PhraseQuery(" ".join(words), "text")))  # type: ignore[call-arg]
+    if not clauses:
+        return [], None
+    search = lake.chunks.search(BooleanQuery(clauses), query_type="fts")
+    if where:
+        search = search.where(where, prefilter=True)
+    try:
+        rows: list[dict[str, Any]] = search.select(HIT_COLUMNS).limit(limit).to_list()
+    except ValueError as exc:
+        if "position" not in str(exc):
+            raise
+        return [], "exact identifier matching is off: this index predates it (`ctx run index` rebuilds it)"
+    for row in rows:
+        row["_rank_score"] = float(row.get("_score", 0.0))
+    return rows, None
 
 
 def semantic_rows(lake: Lake, query: str, limit: int, where: str | None) -> list[dict[str, Any]]:

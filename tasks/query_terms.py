@@ -108,8 +108,7 @@ def analyse(query: str) -> QueryAnalysis:
         name = m.group(1)
         if all(len(part) < 3 for part in name.split(".")):
             continue  # e.g, i.e, a.b: abbreviations and throwaway names
-        if not re.search(r"\.(?:py|pyi|js|ts|txt|md|rst|cfg|toml|ini|json|yaml|yml|html|com|org)$", name):
-            out.dotted.append(name)
+        out.dotted.append(name)
     out.dotted = list(dict.fromkeys(out.dotted))
 
     for span in code_spans:

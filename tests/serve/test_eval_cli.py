@@ -136,7 +136,7 @@ def test_eval_end_to_end(
     second_report = json.loads(again.stdout)
     assert all(r["reused"] for r in second_report["index"])
     variants = {r["variant"] for r in second_report["runs"]}
-    assert {"full", "plain-bm25", "-symbol_evidence", "-path_evidence", "-test_weight"} <= variants
+    assert {"full", "plain-bm25", "-symbol_evidence", "-path_evidence", "-test_weight", "+file_sum"} <= variants
     human = cli("eval", str(tasks), "--modes", "keyword", "--mirrors", str(mirrors), "--corpus", "all",
                 "--ablate", "-q", cwd=tmp_path)
     assert human.exit_code == 0 and "Ablation" in human.stdout and "plain-bm25" in human.stdout
@@ -176,3 +176,27 @@ def test_eval_errors_are_clear(shop: tuple[Path, str, str], tmp_path: Path, cli:
         {"repo": str(repo), "base_commit": first, "gold_files": ["billing/invoice.py"], "problem_statement": "q"}])
     bad_mode = cli("eval", str(good), "--modes", "keyword,magic", cwd=tmp_path)
     assert bad_mode.exit_code == 2 and "unknown mode(s) magic" in bad_mode.stderr
+
+
+def test_files_ranks_the_file_an_issue_is_about(
+    make_repo: Callable[..., Path], cli: Callable[..., Any], fake_embedder: Any
+) -> None:
+    repo = make_repo({**FIRST, **SECOND})
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    issue = ("Express parcels are overcharged\n"
+             "shipping_rate_for('express', 0.2) returns 12.0 because max(weight_kg, 1) rounds up.")
+    result = cli("files", issue, "--json", "-n", "3", cwd=repo)
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["files"][0]["path"] == "shipping/rates.py" and data["files"][0]["symbol"] == "shipping_rate_for"
+    assert len(data["files"]) <= 3 and data["mode"] == "hybrid"
+    # A test file that calls the function ranks below its definition, and --no-tests drops it.
+    tests = cli("files", "compute_invoice_total with tax", "--json", cwd=repo)
+    paths = [f["path"] for f in json.loads(tests.stdout)["files"]]
+    assert paths.index("billing/invoice.py") < paths.index("tests/test_invoice.py")
+    no_tests = cli("files", "compute_invoice_total with tax", "--json", "--no-tests", cwd=repo)
+    assert "tests/test_invoice.py" not in [f["path"] for f in json.loads(no_tests.stdout)["files"]]
+    human = cli("files", issue, "--mode", "keyword", cwd=repo)
+    assert human.exit_code == 0 and human.stdout.startswith(" 1. shipping/rates.py")
+    bad = cli("files", "x", "--mode", "fuzzy", cwd=repo)
+    assert bad.exit_code == 2 and "unknown --mode" in bad.stderr

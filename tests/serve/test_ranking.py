@@ -7,11 +7,12 @@ import math
 import pytest
 
 from ctxlake.serve.ranking import (
-    TECHNIQUES,
+    VARIANTS,
     LakeCatalog,
     RankOptions,
     down_weight_tests,
     file_scores,
+    folder_scores,
     is_test_path,
     ordered,
     path_scores,
@@ -69,9 +70,13 @@ def test_path_evidence_from_traceback_and_dotted_modules() -> None:
     assert path_scores(analyse('File "<stdin>", line 1, in <module>'), CATALOG) == {}
 
 
-def test_file_name_evidence() -> None:
+def test_file_and_folder_name_evidence() -> None:
     scores = stem_scores(analyse("the LaTeX printer: latex(exp(-x)) differs from pretty"), CATALOG)
     assert ordered(scores)[0][0] == (P, "sympy/printing/latex.py")
+    # A package's __init__ is named by its folder; other files by their folders only in folder_scores.
+    assert set(stem_scores(analyse("the widgets package"), CATALOG)) == {(P, "pkg/widgets/__init__.py")}
+    printing = folder_scores(analyse("every printing function"), CATALOG)
+    assert set(printing) == {(P, "sympy/printing/latex.py")}
 
 
 def test_file_scores_add_a_share_of_further_chunks() -> None:
@@ -101,10 +106,14 @@ def test_test_paths_and_queries_about_tests() -> None:
     assert ordered(scores)[0][0] == (P, "a.py")
 
 
-def test_options_switch_off_one_technique() -> None:
+def test_variants_turn_one_technique_over() -> None:
     full = RankOptions()
-    for technique in TECHNIQUES:
-        assert full.without(technique) != full
-    assert full.without("test_weight").test_weight == 1.0
+    for name in VARIANTS:
+        assert full.variant(name) != full, name
+    assert full.variant("-test_weight").test_weight == 1.0
+    assert full.variant("+file_sum").file_sum_weight > 0 and full.file_sum_weight == 0
+    plain = full.plain()
+    assert not (plain.title_list or plain.identifier_list or plain.symbol_evidence or plain.path_evidence)
+    assert plain.test_weight == 1.0
     with pytest.raises(ValueError):
-        full.without("magic")
+        full.variant("-magic")
