@@ -131,7 +131,9 @@ def build_fts(tables: LakeTables) -> bool:
         return False
     missing = [c for c in FTS_COLUMNS if c not in fts_current(tables.chunks)]
     for column in missing:
-        tables.chunks.create_index(column, config=FTS(**FTS_OPTIONS), replace=True)
+        config = FTS(stem=FTS_OPTIONS["stem"], remove_stop_words=FTS_OPTIONS["remove_stop_words"],
+                     with_position=FTS_OPTIONS["with_position"])
+        tables.chunks.create_index(column, config=config, replace=True)
     return bool(missing)
 
 
