@@ -200,3 +200,36 @@ def test_files_ranks_the_file_an_issue_is_about(
     assert human.exit_code == 0 and human.stdout.startswith(" 1. shipping/rates.py")
     bad = cli("files", "x", "--mode", "fuzzy", cwd=repo)
     assert bad.exit_code == 2 and "unknown --mode" in bad.stderr
+
+
+def test_index_from_before_positions_is_rebuilt_by_the_next_run(
+    make_repo: Callable[..., Path], cli: Callable[..., Any], fake_embedder: Any
+) -> None:
+    """A lake whose BM25 index has no positions (an older ctxlake) still answers, says what is
+    off, and the next `ctx run index` rebuilds it although no file changed."""
+    from lancedb.index import FTS
+
+    from ctxlake.tasks.lake import IndexState, connect
+
+    repo = make_repo({**FIRST, **SECOND})
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    lake_dir = repo / ".ctx" / "lake"
+    chunks = connect(lake_dir).open_table("chunks")
+    for column in ("text", "terms"):
+        chunks.create_index(column, config=FTS(stem=False, remove_stop_words=False, with_position=False), replace=True)
+    state = IndexState.read(lake_dir)
+    assert state is not None
+    state.fts = ""
+    state.write(lake_dir)
+
+    old = cli("files", "shipping_rate_for is wrong", "--json", cwd=repo)
+    assert old.exit_code == 0, old.stderr
+    data = json.loads(old.stdout)
+    assert data["files"][0]["path"] == "shipping/rates.py"
+    assert any("exact identifier matching is off" in w for w in data["warnings"])
+
+    rebuilt = cli("run", "index", cwd=repo)
+    assert rebuilt.exit_code == 0 and "Up to date" not in rebuilt.stdout
+    new = json.loads(cli("files", "shipping_rate_for is wrong", "--json", cwd=repo).stdout)
+    assert new["warnings"] == [] and new["files"][0]["path"] == "shipping/rates.py"
+    assert "Up to date" in cli("run", "index", cwd=repo).stdout
