@@ -40,8 +40,10 @@ class EmbedSettings(_Section):
     device: str = Field("auto", description="auto | cpu | cuda | mps")
     batch_size: int = Field(64, ge=1)
     max_tokens: int = Field(256, ge=16, description="inputs are truncated to this many tokens")
-    query_prefix: str = ""
-    document_prefix: str = ""
+    query_prefix: str = Field("", description="text put before each query; empty = the model's known default")
+    document_prefix: str = Field("", description="text put before each chunk; empty = the model's known default")
+    trust_remote_code: bool = Field(
+        False, description="let a sentence-transformers model run its own code (CodeRankEmbed, jina-code need it)")
     base_url: str | None = Field(None, description="HTTP providers: override the endpoint")
     dimensions: int | None = Field(None, description="HTTP providers that can shorten vectors")
     # Never written to config.toml: filled from OPENAI_API_KEY / GEMINI_API_KEY at load time.

@@ -39,6 +39,8 @@ DEFAULT_INCLUDE = ["*.py"]
 RANKED_FILES = 20  # files kept per task: enough for Recall@20
 FULL = "full"
 PLAIN = "plain-bm25"
+CHUNK_SEARCH = "ctx-search"  # the chunk ranking of `ctx search`, collapsed to files
+CHUNK_SEARCH_HITS = 150
 
 
 class IndexRecord(BaseModel):
@@ -68,7 +70,7 @@ class TaskResult(BaseModel):
     rank: int | None = Field(description="1-based rank of the first gold file; null when not ranked")
     ranked: list[str] = Field(description="the top files, best first")
     metrics: dict[str, float]
-    took_ms: float
+    took_ms: float = Field(description="retrieval for this corpus (shared by its modes and variants) plus this fusion")
 
 
 class RunSummary(BaseModel):
@@ -224,15 +226,18 @@ def run_eval(base: Settings, plan: EvalPlan, log: Log | None = None) -> EvalRepo
                     continue  # a task about test files has no answer in the non-test corpus
                 where = build_filter(exclude_tests=corpus == "non-test")
                 indexed = {path for _, path in lake.catalog(where).files}
-                cache: dict[bool, Any] = {}
+                cache: dict[bool, tuple[Any, float]] = {}
                 for variant, options in ranking.items():
-                    t0 = time.perf_counter()
                     if options.squeeze_logs not in cache:
+                        # One retrieval per corpus serves every mode and variant (they differ in fusion).
+                        t0 = time.perf_counter()
                         mode_all: SearchMode = "hybrid" if need_vectors else "keyword"
-                        cache[options.squeeze_logs] = file_search.file_evidence(
+                        gathered = file_search.file_evidence(
                             lake, task.query, mode_all, where, dataclasses.replace(
                                 plan.options, squeeze_logs=options.squeeze_logs))
-                    evidence = cache[options.squeeze_logs]
+                        cache[options.squeeze_logs] = (gathered, time.perf_counter() - t0)
+                    evidence, gather_s = cache[options.squeeze_logs]
+                    t0 = time.perf_counter() - gather_s
                     for mode in plan.modes:
                         fused = file_search.fuse_files(evidence.for_mode(mode), options)
                         ranked = [path for (_, path), _ in fused[:RANKED_FILES]]
@@ -246,6 +251,8 @@ def run_eval(base: Settings, plan: EvalPlan, log: Log | None = None) -> EvalRepo
                         ))
                         if variant == FULL:
                             ranks.append(f"{mode}/{corpus}={results[-1].rank or '-'}")
+                if plan.ablate:
+                    results += chunk_search_results(lake, task, plan.modes, corpus, gold, indexed, label)
             what = "reused" if record.reused else f"indexed in {record.seconds:.1f} s"
             say(f"[{label} {number}/{len(tasks)}] {task.instance_id}: {what}; gold rank {' '.join(ranks)}")
     return EvalReport(
@@ -265,6 +272,28 @@ def run_eval(base: Settings, plan: EvalPlan, log: Log | None = None) -> EvalRepo
         results=results,
         seconds=round(time.perf_counter() - started, 1),
     )
+
+
+def chunk_search_results(
+    lake: Any, task: EvalTask, modes: Sequence[SearchMode], corpus: str, gold: list[str],
+    indexed: set[str], profile: str,
+) -> list[TaskResult]:
+    """`ctx search` itself (chunks, as an agent sees them) collapsed to files in order of first hit."""
+    from ctxlake.serve.queries import search
+
+    out = []
+    for mode in modes:
+        t0 = time.perf_counter()
+        hits = search(lake, task.query, mode=mode, limit=CHUNK_SEARCH_HITS, check_stale=False,
+                      exclude_tests=corpus == "non-test").hits
+        ranked = list(dict.fromkeys(h.path for h in hits))[:RANKED_FILES]
+        out.append(TaskResult(
+            instance_id=task.instance_id, repo=task.repo, profile=profile, mode=mode, corpus=corpus,
+            variant=CHUNK_SEARCH, gold=gold, gold_indexed=all(g in indexed for g in gold),
+            rank=first_gold_rank(ranked, gold), ranked=ranked, metrics=score_ranking(ranked, gold),
+            took_ms=round((time.perf_counter() - t0) * 1000, 1),
+        ))
+    return out
 
 
 def summarise_runs(results: Sequence[TaskResult]) -> list[RunSummary]:

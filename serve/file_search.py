@@ -33,7 +33,7 @@ from ctxlake.serve.ranking import (
     symbol_scores,
     wants_tests,
 )
-from ctxlake.tasks.query_terms import analyse
+from ctxlake.tasks.query_terms import analyse, query_title
 
 
 @dataclass
@@ -59,14 +59,6 @@ class FileEvidence:
         if mode in ("keyword", "fuzzy"):
             return dataclasses.replace(self, semantic=[])
         return self
-
-
-def query_title(query: str) -> str | None:
-    """The first line of a multi-line query (an issue's title), when it has words of its own."""
-    lines = [line.strip() for line in query.splitlines() if line.strip()]
-    if len(lines) < 2 or len(lines[0].split()) < 2:
-        return None
-    return lines[0]
 
 
 def file_evidence(

@@ -17,7 +17,14 @@ from ctxlake.errors import InputError, ModelMismatchError, NotIndexedError
 from ctxlake.schemas.config import Settings
 from ctxlake.schemas.tables import PROJECT_SOURCE
 from ctxlake.serve.models import Hit, SearchMode, SearchResult, Status
-from ctxlake.serve.ranking import TEST_PATH, LakeCatalog, assigned_names
+from ctxlake.serve.ranking import (
+    TEST_PATH,
+    LakeCatalog,
+    RankOptions,
+    assigned_names,
+    is_test_path,
+    wants_tests,
+)
 from ctxlake.tasks import freshness
 from ctxlake.tasks.lake import (
     CHUNKS_TABLE,
@@ -27,7 +34,7 @@ from ctxlake.tasks.lake import (
     connect,
     open_table,
 )
-from ctxlake.tasks.query_terms import squeeze_repeats
+from ctxlake.tasks.query_terms import analyse, query_title, squeeze_repeats
 from ctxlake.tasks.terms import split_identifier
 
 if TYPE_CHECKING:
@@ -311,6 +318,33 @@ def fuzzy_rows(lake: Lake, query: str, limit: int, where: str | None) -> list[di
     return out
 
 
+def lexical_rows(lake: Lake, query: str, limit: int, where: str | None, k: int) -> tuple[list[dict[str, Any]], list[str]]:
+    """BM25 of the query; when the query names code or has a title line (an issue text), fused
+    with the chunks holding those names exactly and with the title's BM25, test files weighed
+    down. The techniques and weights are those `ctx eval` measured (serve/ranking.py)."""
+    options = RankOptions()
+    rows = keyword_rows(lake, query, limit, where)
+    lists = [(rows, options.keyword_weight)]
+    warnings: list[str] = []
+    names = [n for n, _ in analyse(query).identifiers.most_common(options.max_identifiers)]
+    if names:
+        exact, warning = identifier_rows(lake, names, limit, where)
+        lists.append((exact, options.identifier_weight))
+        warnings += [warning] if warning else []
+    title = query_title(query)
+    if title:
+        lists.append((keyword_rows(lake, title, limit, where), options.title_weight))
+    if len(lists) == 1:
+        return rows, warnings
+    fused = fuse(lists, k)
+    if not wants_tests(query):
+        for row in fused:
+            if is_test_path(row["path"]):
+                row["_rank_score"] *= options.test_weight
+        fused.sort(key=lambda r: -r["_rank_score"])
+    return fused, warnings
+
+
 def fuse(lists: Sequence[tuple[list[dict[str, Any]], float]], k: int) -> list[dict[str, Any]]:
     """Weighted reciprocal-rank fusion: each list adds weight / (k + rank) to its rows' scores."""
     scores: dict[str, float] = {}
@@ -353,6 +387,7 @@ def search(
     sources: Sequence[str] | None = None,
     bm25_weight: float | None = None,
     check_stale: bool = True,
+    exclude_tests: bool = False,
 ) -> SearchResult:
     """Search the lake's chunks; the one query behind `ctx search` and the MCP `search_code`."""
     started = time.perf_counter()
@@ -365,13 +400,14 @@ def search(
     weight = cfg.bm25_weight if bm25_weight is None else bm25_weight
     if not 0.0 <= weight <= 1.0:
         raise InputError(f"bm25_weight must be between 0 and 1, got {weight}")
-    where = build_filter(path_glob, lang, sources)
+    where = build_filter(path_glob, lang, sources, exclude_tests)
     pool = max(limit * CANDIDATES_PER_HIT, 20)
     warnings: list[str] = []
     fraction = embedded_fraction(lake)
 
     if mode == "keyword":
-        rows = keyword_rows(lake, query, limit, where)
+        rows, notes = lexical_rows(lake, query, pool, where, cfg.rrf_k)
+        warnings += notes
     elif mode == "semantic":
         if fraction == 0.0:
             raise NotIndexedError("no chunk has a vector yet", hint="wait for `ctx run index` to embed, or use --mode keyword")
@@ -379,7 +415,8 @@ def search(
     elif mode == "fuzzy":
         rows = fuzzy_rows(lake, query, limit, where)
     elif mode == "hybrid":
-        lexical = keyword_rows(lake, query, pool, where)
+        lexical, notes = lexical_rows(lake, query, pool, where, cfg.rrf_k)
+        warnings += notes
         if fraction == 0.0:
             warnings.append("semantic part skipped: no chunk is embedded yet")
             rows = lexical

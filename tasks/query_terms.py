@@ -135,6 +135,14 @@ def analyse(query: str) -> QueryAnalysis:
     return out
 
 
+def query_title(query: str) -> str | None:
+    """The first line of a multi-line query (an issue's title), when it has words of its own."""
+    lines = [line.strip() for line in query.splitlines() if line.strip()]
+    if len(lines) < 2 or len(lines[0].split()) < 2:
+        return None
+    return lines[0]
+
+
 def dotted_to_paths(name: str) -> list[str]:
     """Module paths a dotted name may live in, longest first: a.b.C.m -> a/b/C/m.py, a/b/C.py, a/b.py ...
 
