@@ -142,12 +142,22 @@ def lake_settings(base: Settings, lake_root: Path, profile: str | None, include:
 
 
 def prepare_tree(task: EvalTask, base: Settings, mirrors: Sequence[Path]) -> Materialised:
-    """The task's repository at its commit, as a folder (extracted once into the eval cache)."""
-    git_dir = git_dir_for(task, mirrors)
+    """The task's repository at its commit, as a folder (extracted once into the eval cache);
+    a local folder without a commit is indexed as it is."""
     if task.base_commit is None:
         return Materialised(Path(task.source), [], [])
+    git_dir = git_dir_for(task, mirrors)
     commit = resolve_commit(git_dir, task.base_commit)
     return materialise.fn(git_dir, commit, tree_dir(base.home / "eval" / "trees", task, commit))
+
+
+def lake_name(task: EvalTask, tree: Path) -> str:
+    """The lake folder of a task's tree: repo@commit, or repo@<hash of the path> for a local folder."""
+    if task.base_commit is not None:
+        return tree.name
+    import xxhash
+
+    return f"{slug(task.repo)}@local-{xxhash.xxh3_64_hexdigest(str(tree.resolve()).encode())[:10]}"
 
 
 def index_tree(settings: Settings, tree: Path, embed: bool, task: EvalTask, model_id: str) -> IndexRecord:
@@ -192,9 +202,8 @@ def run_eval(base: Settings, plan: EvalPlan, log: Log | None = None) -> EvalRepo
     tasks = task_file.tasks
     # Every repository and commit is checked before the first (long) index starts.
     for task in tasks:
-        git_dir = git_dir_for(task, plan.mirrors)
         if task.base_commit is not None:
-            resolve_commit(git_dir, task.base_commit)
+            resolve_commit(git_dir_for(task, plan.mirrors), task.base_commit)
     profiles: list[str | None] = list(plan.profiles) or [None]
     need_vectors = any(m in ("semantic", "hybrid") for m in plan.modes)
     ranking = variants(plan)
@@ -210,7 +219,7 @@ def run_eval(base: Settings, plan: EvalPlan, log: Log | None = None) -> EvalRepo
         for number, task in enumerate(tasks, start=1):
             materialised = prepare_tree(task, base, plan.mirrors)
             tree = materialised.tree
-            lake_root = base.home / "eval" / "lakes" / slug(embedder.model_id) / tree.name
+            lake_root = base.home / "eval" / "lakes" / slug(embedder.model_id) / lake_name(task, tree)
             settings = lake_settings(base, lake_root, profile, plan.include)
             record = index_tree(settings, tree, need_vectors, task, embedder.model_id)
             record.missing_files = materialised.missing[:100]

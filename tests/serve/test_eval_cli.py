@@ -233,3 +233,15 @@ def test_index_from_before_positions_is_rebuilt_by_the_next_run(
     new = json.loads(cli("files", "shipping_rate_for is wrong", "--json", cwd=repo).stdout)
     assert new["warnings"] == [] and new["files"][0]["path"] == "shipping/rates.py"
     assert "Up to date" in cli("run", "index", cwd=repo).stdout
+
+
+def test_eval_of_a_local_folder_without_git(tmp_path: Path, cli: Callable[..., Any], fake_embedder: Any) -> None:
+    project = tmp_path / "proj"
+    write_files(project, {"pkg/rates.py": SECOND["shipping/rates.py"], "pkg/other.py": "def unrelated():\n    pass\n"})
+    tasks = write_tasks(tmp_path / "local.jsonl", [
+        {"repo_path": "proj", "query": "shipping_rate_for rounds the weight up", "gold_files": ["pkg/rates.py"]}])
+    result = cli("eval", str(tasks), "--modes", "keyword", "--corpus", "all", "--json", cwd=tmp_path)
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["results"][0]["rank"] == 1 and report["results"][0]["instance_id"] == "proj@worktree"
+    assert not (project / ".ctx").exists()  # the lake lives in the eval cache, not in the folder
