@@ -21,6 +21,7 @@ from ctxlake.tasks.lake import IndexState
 from ctxlake.tasks.merkle import Diff, Tree, load_snapshot, save_snapshot, scan
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.store import (
+    FTS_TAG,
     LakeTables,
     append_chunks,
     build_fts,
@@ -176,6 +177,7 @@ def index_code(
     writer.apply(diff, report, force)
     if build_fts(writer.tables):
         progress.note("keyword search is ready")
+    writer.state.fts = FTS_TAG
     report.keyword_ready_s = time.perf_counter() - started
     writer.state.pending_vectors = writer.tables.chunks.count_rows("vector IS NULL")
     writer.state.write(lake)

@@ -48,8 +48,10 @@ class EmbedSettings(_Section):
     device: str = Field("auto", description="auto | cpu | cuda | mps")
     batch_size: int = Field(64, ge=1)
     max_tokens: int = Field(256, ge=16, description="inputs are truncated to this many tokens")
-    query_prefix: str = ""
-    document_prefix: str = ""
+    query_prefix: str = Field("", description="text put before each query; empty = the model's known default")
+    document_prefix: str = Field("", description="text put before each chunk; empty = the model's known default")
+    trust_remote_code: bool = Field(
+        False, description="let a sentence-transformers model run its own code (CodeRankEmbed, jina-code need it)")
     base_url: str | None = Field(None, description="HTTP providers: override the endpoint")
     dimensions: int | None = Field(None, description="HTTP providers that can shorten vectors")
     # Never written to config.toml: filled from OPENAI_API_KEY / GEMINI_API_KEY at load time.
@@ -148,6 +150,7 @@ class AgentsSettings(_Section):
         default = cls.model_fields[str(info.field_name)].get_default(call_default_factory=True)
         return {**default, **value}
 
+
 class MemorySettings(_Section):
     """Conversation memory: where each agent tool keeps its logs, and how they are compacted."""
 
@@ -170,6 +173,14 @@ class MemorySettings(_Section):
     llm_api_key: SecretStr | None = Field(None, exclude=True, repr=False)
 
 
+class EvalSettings(_Section):
+    mirrors: list[str] = Field(
+        default_factory=list,
+        description="folders holding git mirrors for `ctx eval` (owner+name/repo); never fetched",
+    )
+    include: list[str] = Field(default_factory=lambda: ["*.py"], description="the corpus `ctx eval` indexes")
+
+
 class Settings(_Section):
     """Everything a command needs, resolved once at the entry point and passed down."""
 
@@ -184,6 +195,7 @@ class Settings(_Section):
     sources: SourcesSettings = Field(default_factory=SourcesSettings)
     agents: AgentsSettings = Field(default_factory=AgentsSettings)
     memory: MemorySettings = Field(default_factory=MemorySettings)
+    eval: EvalSettings = Field(default_factory=EvalSettings)
 
     @property
     def ctx_dir(self) -> Path:
@@ -225,6 +237,7 @@ SECTIONS: dict[str, type[_Section]] = {
     "sources": SourcesSettings,
     "agents": AgentsSettings,
     "memory": MemorySettings,
+    "eval": EvalSettings,
 }
 
 

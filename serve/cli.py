@@ -19,7 +19,7 @@ from ctxlake.schemas.config import (
     load_settings,
     resolve_root,
 )
-from ctxlake.serve import cli_mcp, cli_memory
+from ctxlake.serve import cli_eval, cli_mcp, cli_memory
 from ctxlake.serve.cli_sources import register as register_sources
 
 app = typer.Typer(
@@ -121,7 +121,10 @@ def run_index(
                 settings.embed, settings.models_dir).model_id
             # With --no-embed, chunks waiting for vectors are expected, not work to do.
             only_vectors_pending = no_embed and fresh.reason.endswith("still to embed")
-            if same_model and (fresh.up_to_date or only_vectors_pending):
+            from ctxlake.tasks.store import FTS_TAG
+
+            fts_current = state is not None and state.fts == FTS_TAG  # else the BM25 index needs a rebuild
+            if same_model and fts_current and (fresh.up_to_date or only_vectors_pending):
                 took = time.perf_counter() - started
                 if as_json:
                     from ctxlake.serve.render import print_json
@@ -272,6 +275,9 @@ def clean(yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] =
         lock.release()
     shutil.rmtree(lake, ignore_errors=True)
     typer.echo(f"Removed {lake} ({size}).")
+
+
+cli_eval.register(app)
 
 
 @app.command()

@@ -55,3 +55,22 @@ class Status(BaseModel):
     stale_paths: list[str] = Field(default_factory=list)
     lake_bytes: int = 0
     writer: dict[str, Any] | None = Field(None, description="the indexer holding the lake, if one runs")
+
+
+class FileHit(BaseModel):
+    """One file in a file-level ranking, with the chunk that matched best."""
+
+    source: str = Field(description="which indexed source the file belongs to ('project' = this repository)")
+    path: str = Field(description="file path relative to the source root")
+    score: float = Field(description="fused relevance; higher is better; comparable within one result list only")
+    start_line: int | None = Field(None, description="first line of the best-matching chunk, if a chunk matched")
+    end_line: int | None = Field(None, description="last line of that chunk")
+    symbol: str | None = Field(None, description="symbol of that chunk, if any")
+
+
+class FileSearchResult(BaseModel):
+    query: str
+    mode: SearchMode
+    files: list[FileHit]
+    warnings: list[str] = Field(default_factory=list)
+    took_ms: float = 0.0

@@ -17,6 +17,14 @@ from ctxlake.errors import InputError, ModelMismatchError, NotIndexedError
 from ctxlake.schemas.config import Settings
 from ctxlake.schemas.tables import PROJECT_SOURCE
 from ctxlake.serve.models import Hit, SearchMode, SearchResult, Status
+from ctxlake.serve.ranking import (
+    TEST_PATH,
+    LakeCatalog,
+    RankOptions,
+    assigned_names,
+    is_test_path,
+    wants_tests,
+)
 from ctxlake.tasks import freshness
 from ctxlake.tasks.lake import (
     CHUNKS_TABLE,
@@ -26,6 +34,7 @@ from ctxlake.tasks.lake import (
     connect,
     open_table,
 )
+from ctxlake.tasks.query_terms import analyse, query_title, squeeze_repeats
 from ctxlake.tasks.terms import split_identifier
 
 if TYPE_CHECKING:
@@ -52,7 +61,7 @@ class Lake:
     one, and pick up newer versions as soon as they are committed.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, embedder: Embedder | None = None) -> None:
         self.settings = settings
         self.state = IndexState.read(settings.lake_dir)
         if self.state is None:
@@ -68,8 +77,12 @@ class Lake:
         self.chunks: Table = chunks
         self.files: Table = files
         self._embedder: Embedder | None = None
+        if embedder is not None:
+            self._check_model(embedder)
+            self._embedder = embedder
         self._symbols: tuple[int, list[str], list[str]] | None = None
         self._fraction: tuple[int, float] | None = None  # (table version, embedded share)
+        self._catalogs: dict[str | None, tuple[int, LakeCatalog]] = {}
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -79,13 +92,37 @@ class Lake:
             from ctxlake.tasks.embedders import make_embedder
 
             embedder = make_embedder(self.settings.embed, self.settings.models_dir)
-            if self.state is not None and self.state.model_id and self.state.model_id != embedder.model_id:
-                raise ModelMismatchError(
-                    f"index was built with {self.state.model_id}, config says {embedder.model_id}",
-                    hint="run `ctx run index --force`, or search with --mode keyword",
-                )
+            self._check_model(embedder)
             self._embedder = embedder
         return self._embedder
+
+    def _check_model(self, embedder: Embedder) -> None:
+        if self.state is not None and self.state.model_id and self.state.model_id != embedder.model_id:
+            raise ModelMismatchError(
+                f"index was built with {self.state.model_id}, config says {embedder.model_id}",
+                hint="run `ctx run index --force`, or search with --mode keyword",
+            )
+
+    def catalog(self, where: str | None = None) -> LakeCatalog:
+        """Files and the names they define (chunks matching `where`), cached per table version."""
+        version = self.chunks.version
+        cached = self._catalogs.get(where)
+        if cached is None or cached[0] != version:
+            search = self.chunks.search()
+            if where:
+                search = search.where(where)
+            table = search.select(["source", "path", "symbol"]).to_arrow()
+            # Module-level code (constants, settings) has no symbol: read its names from the text.
+            module = self.chunks.search().where(f"kind = 'module'{f' AND {where}' if where else ''}")
+            mod = module.select(["source", "path", "text"]).to_arrow()
+            assigned = [(src, path, name) for src, path, text in zip(
+                mod.column("source").to_pylist(), mod.column("path").to_pylist(),
+                mod.column("text").to_pylist(), strict=True) for name in assigned_names(text)]
+            catalog = LakeCatalog.build(zip(
+                table.column("source").to_pylist(), table.column("path").to_pylist(),
+                table.column("symbol").to_pylist(), strict=True), assigned)
+            cached = self._catalogs[where] = (version, catalog)
+        return cached[1]
 
     def refresh(self) -> None:
         self.state = IndexState.read(self.settings.lake_dir) or self.state
@@ -138,9 +175,14 @@ def _sql(value: str) -> str:
 
 
 def build_filter(
-    path_glob: str | None = None, lang: str | None = None, sources: Sequence[str] | None = None
+    path_glob: str | None = None,
+    lang: str | None = None,
+    sources: Sequence[str] | None = None,
+    exclude_tests: bool = False,
 ) -> str | None:
     parts = []
+    if exclude_tests:
+        parts.append(f"NOT regexp_like(path, {_sql(TEST_PATH.pattern)})")
     if path_glob:
         parts.append(f"regexp_like(path, {_sql(glob_to_regex(path_glob))})")
     if lang:
@@ -165,12 +207,12 @@ def keyword_query(query: str) -> str:
 
 
 def keyword_rows(
-    lake: Lake, query: str, limit: int, where: str | None, fuzziness: int = 0
+    lake: Lake, query: str, limit: int, where: str | None, fuzziness: int = 0, squeeze: bool = False
 ) -> list[dict[str, Any]]:
     """BM25 over text and terms; `fuzziness` > 0 lets each query word match within that many edits."""
     from lancedb.query import BooleanQuery, FullTextQuery, MatchQuery, MultiMatchQuery, Occur
 
-    text = keyword_query(query)
+    text = keyword_query(squeeze_repeats(query) if squeeze else query)
     if not re.search(r"[A-Za-z0-9]", text):
         return []
     fts: FullTextQuery
@@ -188,6 +230,37 @@ def keyword_rows(
     for row in rows:
         row["_rank_score"] = float(row.get("_score", 0.0))
     return rows
+
+
+def identifier_rows(
+    lake: Lake, identifiers: Sequence[str], limit: int, where: str | None
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Chunks containing the query's code names exactly: `ordering_parts` as the phrase
+    "ordering parts", `SQLCompiler` as the token `sqlcompiler` (the tokenizer splits on
+    punctuation only). Returns (rows, warning); an index built without positions gets a warning."""
+    from lancedb.query import BooleanQuery, FullTextQuery, MatchQuery, Occur, PhraseQuery
+
+    clauses: list[tuple[Occur, FullTextQuery]] = []
+    for name in identifiers:
+        words = [w.lower() for w in re.split(r"[^A-Za-z0-9]+", name) if w]
+        if len(words) == 1:
+            clauses.append((Occur.SHOULD, MatchQuery(words[0], "text")))  # type: ignore[call-arg]
+        elif words:
+            clauses.append((Occur.SHOULD, PhraseQuery(" ".join(words), "text")))  # type: ignore[call-arg]
+    if not clauses:
+        return [], None
+    search = lake.chunks.search(BooleanQuery(clauses), query_type="fts")
+    if where:
+        search = search.where(where, prefilter=True)
+    try:
+        rows: list[dict[str, Any]] = search.select(HIT_COLUMNS).limit(limit).to_list()
+    except ValueError as exc:
+        if "position" not in str(exc):
+            raise
+        return [], "exact identifier matching is off: this index predates it (`ctx run index` rebuilds it)"
+    for row in rows:
+        row["_rank_score"] = float(row.get("_score", 0.0))
+    return rows, None
 
 
 def semantic_rows(lake: Lake, query: str, limit: int, where: str | None) -> list[dict[str, Any]]:
@@ -267,6 +340,35 @@ def fuzzy_rows(
     return out
 
 
+def lexical_rows(
+    lake: Lake, query: str, limit: int, where: str | None, k: int, fuzziness: int = 0
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """BM25 of the query; when the query names code or has a title line (an issue text), fused
+    with the chunks holding those names exactly and with the title's BM25, test files weighed
+    down. The techniques and weights are those `ctx eval` measured (serve/ranking.py)."""
+    options = RankOptions()
+    rows = keyword_rows(lake, query, limit, where, fuzziness)
+    lists = [(rows, options.keyword_weight)]
+    warnings: list[str] = []
+    names = [n for n, _ in analyse(query).identifiers.most_common(options.max_identifiers)]
+    if names:
+        exact, warning = identifier_rows(lake, names, limit, where)
+        lists.append((exact, options.identifier_weight))
+        warnings += [warning] if warning else []
+    title = query_title(query)
+    if title:
+        lists.append((keyword_rows(lake, title, limit, where, fuzziness), options.title_weight))
+    if len(lists) == 1:
+        return rows, warnings
+    fused = fuse(lists, k)
+    if not wants_tests(query):
+        for row in fused:
+            if is_test_path(row["path"]):
+                row["_rank_score"] *= options.test_weight
+        fused.sort(key=lambda r: -r["_rank_score"])
+    return fused, warnings
+
+
 def fuse(lists: Sequence[tuple[list[dict[str, Any]], float]], k: int) -> list[dict[str, Any]]:
     """Weighted reciprocal-rank fusion: each list adds weight / (k + rank) to its rows' scores."""
     scores: dict[str, float] = {}
@@ -315,6 +417,7 @@ def search(
     bm25_weight: float | None = None,
     check_stale: bool = True,
     fuzziness: int | None = None,
+    exclude_tests: bool = False,
 ) -> SearchResult:
     """Search the lake's chunks; the one query behind `ctx search` and the MCP `search_code`.
 
@@ -334,13 +437,14 @@ def search(
     if fuzziness is not None and fuzziness not in (0, 1, 2):
         raise InputError(f"fuzziness must be 0, 1 or 2 (edits per word), got {fuzziness}")
     edits = fuzziness or 0
-    where = build_filter(path_glob, lang, sources)
+    where = build_filter(path_glob, lang, sources, exclude_tests)
     pool = max(limit * CANDIDATES_PER_HIT, 20)
     warnings: list[str] = []
     fraction = embedded_fraction(lake)
 
     if mode == "keyword":
-        rows = keyword_rows(lake, query, limit, where, edits)
+        rows, notes = lexical_rows(lake, query, pool, where, cfg.rrf_k, edits)
+        warnings += notes
     elif mode == "semantic":
         # Not an error: during a (re-)index vectors arrive after their chunks; say so instead.
         if fraction == 0.0:
@@ -353,7 +457,8 @@ def search(
     elif mode == "fuzzy":
         rows = fuzzy_rows(lake, query, limit, where, 2 if fuzziness is None else fuzziness)
     elif mode == "hybrid":
-        lexical = keyword_rows(lake, query, pool, where, edits)
+        lexical, notes = lexical_rows(lake, query, pool, where, cfg.rrf_k, edits)
+        warnings += notes
         if fraction == 0.0:
             warnings.append("semantic part skipped: no chunk is embedded yet")
             rows = lexical

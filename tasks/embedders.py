@@ -213,7 +213,8 @@ class SentenceTransformerEmbedder(_LocalEmbedder):
 
         try:
             with _quiet_transformers():
-                st = SentenceTransformer(source, device=device, local_files_only=True)
+                st = SentenceTransformer(source, device=device, local_files_only=True,
+                                         trust_remote_code=self._embed.trust_remote_code)
         except OSError as exc:
             if self._bundled:
                 raise EmbedderError(f"cannot load the bundled model from {source}: {exc}") from exc
@@ -223,9 +224,11 @@ class SentenceTransformerEmbedder(_LocalEmbedder):
                 hint=_offline_hint(source),
             ) from exc
         except Exception as exc:  # a bad device name, CUDA missing, a broken checkpoint
+            needs_code = "trust_remote_code" in str(exc) and not self._embed.trust_remote_code
             raise EmbedderError(
                 f"cannot load embedding model {source!r} on {device}: {exc}",
-                hint="set embed.device to auto or cpu" if device != "cpu" else None,
+                hint="the model ships its own code: set embed.trust_remote_code = true if you trust it"
+                if needs_code else "set embed.device to auto or cpu" if device != "cpu" else None,
             ) from exc
         # Never read past what the model declares: longer inputs only cost time, or crash.
         declared = st.max_seq_length
@@ -655,6 +658,9 @@ def _local(embed: EmbedSettings, models_dir: Path) -> Embedder:
         return SentenceTransformerEmbedder(embed, BUNDLED_NAME, bundled=True)
     if name == STATIC_PROFILE:
         return StaticEmbedder(embed, models_dir)
+    from ctxlake.tasks.profiles import with_profile_defaults
+
+    embed = with_profile_defaults(embed)  # the instructions the model was trained with
     folder = Path(name).expanduser()
     # A folder is keyed by its absolute path, so two checkouts of one name never share a cache.
     return SentenceTransformerEmbedder(embed, str(folder.resolve()) if folder.is_dir() else name)

@@ -106,6 +106,7 @@ class IndexState:
     last_run: dict[str, Any] | None = None
     roots: dict[str, str] | None = None  # source -> Merkle root hash at the last clean run
     pending_vectors: int = 0
+    fts: str = ""  # the BM25 index options of the last run (store.FTS_TAG); empty before they were recorded
 
     @classmethod
     def read(cls, lake_dir: Path) -> IndexState | None:

@@ -1,0 +1,119 @@
+"""Ranking internals on hand-made catalogs: name, path and file-name evidence, file scores, fusion, tests."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ctxlake.serve.ranking import (
+    VARIANTS,
+    LakeCatalog,
+    RankOptions,
+    down_weight_tests,
+    file_scores,
+    folder_scores,
+    is_test_path,
+    ordered,
+    path_scores,
+    rrf,
+    stem_scores,
+    symbol_scores,
+    wants_tests,
+)
+from ctxlake.tasks.query_terms import analyse
+
+P = "project"
+CATALOG = LakeCatalog.build([
+    (P, "requests/sessions.py", "Session.resolve_redirects"),
+    (P, "requests/sessions.py", "Session.request"),
+    (P, "requests/models.py", "Response.text"),
+    (P, "requests/models.py", "Request.prepare, Request.__init__"),
+    (P, "requests/adapters.py", "HTTPAdapter.send"),
+    (P, "requests/packages/urllib3/response.py", "HTTPResponse.read"),
+    (P, "requests/packages/urllib3/response.py", "HTTPResponse.text"),
+    (P, "sympy/printing/latex.py", "latex"),
+    (P, "sympy/printing/latex.py", "LatexPrinter._print_Pow"),
+    (P, "sympy/core/power.py", "Pow"),
+    (P, "pkg/widgets/__init__.py", None),
+    (P, "tests/test_sessions.py", "test_resolve_redirects"),
+])
+
+
+def test_catalog_indexes_definitions_stems_and_names() -> None:
+    assert CATALOG.defines["resolve_redirects"] == {(P, "requests/sessions.py")}
+    assert CATALOG.defines["Session.resolve_redirects"] == {(P, "requests/sessions.py")}
+    # Merged chunks list several names; each counts.
+    assert CATALOG.defines["prepare"] == {(P, "requests/models.py")}
+    assert CATALOG.defines["text"] == {(P, "requests/models.py"), (P, "requests/packages/urllib3/response.py")}
+    assert CATALOG.by_stem["widgets"] == {(P, "pkg/widgets/__init__.py")}  # a package is named by its folder
+    assert CATALOG.by_name["response.py"] == {(P, "requests/packages/urllib3/response.py")}
+    assert len(CATALOG.files) == 8 and CATALOG.idf(1) == pytest.approx(math.log(1 + 8 / 1))
+
+
+def test_symbol_evidence_prefers_rare_exact_definitions() -> None:
+    scores = symbol_scores(analyse("`Session.resolve_redirects` copies the request; also check `text`"), CATALOG)
+    best = ordered(scores)[0][0]
+    assert best == (P, "requests/sessions.py")
+    # `text` is defined in two files: each gets less than the one file defining resolve_redirects.
+    assert scores[(P, "requests/models.py")] < scores[(P, "requests/sessions.py")]
+    assert symbol_scores(analyse("nothing here is code"), CATALOG) == {}
+
+
+def test_path_evidence_from_traceback_and_dotted_modules() -> None:
+    tb = 'File "/venv/lib/site-packages/requests/models.py", line 3, in text\n'
+    scores = path_scores(analyse(tb), CATALOG)
+    assert ordered(scores)[0][0] == (P, "requests/models.py")
+    dotted = path_scores(analyse("see requests.adapters.HTTPAdapter for details"), CATALOG)
+    assert set(dotted) == {(P, "requests/adapters.py")}
+    # A bare name shared by no file, or a pseudo path, says nothing.
+    assert path_scores(analyse('File "<stdin>", line 1, in <module>'), CATALOG) == {}
+
+
+def test_file_and_folder_name_evidence() -> None:
+    scores = stem_scores(analyse("the LaTeX printer: latex(exp(-x)) differs from pretty"), CATALOG)
+    assert ordered(scores)[0][0] == (P, "sympy/printing/latex.py")
+    # A package's __init__ is named by its folder; other files by their folders only in folder_scores.
+    assert set(stem_scores(analyse("the widgets package"), CATALOG)) == {(P, "pkg/widgets/__init__.py")}
+    printing = folder_scores(analyse("every printing function"), CATALOG)
+    assert set(printing) == {(P, "sympy/printing/latex.py")}
+
+
+def test_file_scores_add_a_share_of_further_chunks() -> None:
+    rows = [{"source": P, "path": "a.py", "_rank_score": 10.0}, {"source": P, "path": "b.py", "_rank_score": 9.0},
+            {"source": P, "path": "b.py", "_rank_score": 8.0}, {"source": P, "path": "b.py", "_rank_score": 7.0}]
+    assert file_scores(rows, 0.0, 3) == {(P, "a.py"): 10.0, (P, "b.py"): 9.0}
+    assert file_scores(rows, 0.2, 1) == {(P, "a.py"): 10.0, (P, "b.py"): pytest.approx(9.0 + 0.2 * 8.0)}
+    assert file_scores(rows, 0.2, 3)[(P, "b.py")] == pytest.approx(9.0 + 0.2 * 15.0)
+
+
+def test_weighted_rrf_by_hand() -> None:
+    a = {(P, "x"): 3.0, (P, "y"): 2.0}
+    b = {(P, "y"): 0.9}
+    fused = rrf([(a, 1.0), (b, 0.5), ({}, 1.0), ({(P, "z"): 1.0}, 0.0)], k=10)
+    assert fused == {(P, "x"): pytest.approx(1 / 11), (P, "y"): pytest.approx(1 / 12 + 0.5 / 11)}
+
+
+def test_test_paths_and_queries_about_tests() -> None:
+    for path in ("tests/test_x.py", "pkg/tests/helpers.py", "testing/python/collect.py", "src/x_test.go",
+                 "conftest.py", "web/app.spec.ts", "a/test_b.py"):
+        assert is_test_path(path), path
+    for path in ("src/_pytest/python.py", "pkg/testament.py", "lib/contest.py", "latest/x.py"):
+        assert not is_test_path(path), path
+    assert wants_tests("where are the fixtures for sessions") and not wants_tests("resolve redirects")
+    assert not wants_tests("a long issue text " * 5 + "and a test")  # issue texts mention tests in passing
+    scores = down_weight_tests({(P, "tests/test_a.py"): 1.0, (P, "a.py"): 0.6}, 0.5)
+    assert ordered(scores)[0][0] == (P, "a.py")
+
+
+def test_variants_turn_one_technique_over() -> None:
+    full = RankOptions()
+    for name in VARIANTS:
+        assert full.variant(name) != full, name
+    assert full.variant("-test_weight").test_weight == 1.0
+    assert full.variant("+file_sum").file_sum_weight > 0 and full.file_sum_weight == 0
+    plain = full.plain()
+    assert not (plain.title_list or plain.identifier_list or plain.symbol_evidence or plain.path_evidence)
+    assert plain.test_weight == 1.0
+    with pytest.raises(ValueError):
+        full.variant("-magic")
