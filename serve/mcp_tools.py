@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import Annotated
+from typing import Annotated, Literal
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -20,6 +20,7 @@ from ctxlake.serve.tool_models import (
     DocContent,
     DocsIndex,
     FileContext,
+    FileRanking,
     IndexStarted,
     SearchType,
     Sources,
@@ -48,7 +49,7 @@ def _trim(result: CodeSearchResult, budget: int) -> CodeSearchResult:
 
 
 def register_code_tools(server: MCPServer, state: ServerState) -> None:
-    """search_code, fuzzy_find, get_file_context, get_stale_status, list_sources."""
+    """search_code, find_files, fuzzy_find, get_file_context, get_stale_status, list_sources."""
 
     @server.tool(annotations=READ_ONLY)
     @tool_errors
@@ -83,6 +84,33 @@ def register_code_tools(server: MCPServer, state: ServerState) -> None:
         if fuzziness and search_type == "vector":
             out.warnings.append("fuzziness applies to bm25, fuzzy and hybrid; vector search ignores it")
         return _trim(out, state.settings.mcp.max_response_chars)
+
+    @server.tool(annotations=READ_ONLY)
+    @tool_errors
+    def find_files(
+        query: Annotated[str, Field(description=(
+            "an issue or bug report, a traceback, identifiers, or a question; long text is fine"))],
+        top_k: Annotated[int, Field(ge=1, le=50, description="number of files to return")] = 10,
+        search_type: Annotated[Literal["hybrid", "vector", "bm25"], Field(description=(
+            "hybrid: keywords and meaning fused (default); vector: meaning only; bm25: words and identifiers"))] = "hybrid",
+        file_filter: Annotated[str | None, Field(description="only paths matching this glob")] = None,
+        exclude_tests: Annotated[bool, Field(description="leave test files out")] = False,
+        sources: Annotated[list[str] | None, Field(description="only these sources; default all")] = None,
+    ) -> FileRanking:
+        """Which files to open first for a task: files ranked by their chunks' scores plus name, path and
+        defined-symbol evidence (the ranking `ctx eval` measures on SWE-bench Lite)."""
+        from ctxlake.serve.file_search import search_files
+        from ctxlake.serve.queries import embedded_fraction
+
+        lake = state.lake()
+        if search_type != "bm25" and embedded_fraction(lake) > 0:
+            state.query_embedder(lake)
+        result = search_files(lake, query, mode=MODES[search_type], limit=top_k, path_glob=file_filter,
+                              sources=sources, exclude_tests=exclude_tests)
+        out = FileRanking(**result.model_dump(), search_type=search_type)
+        fresh = state.freshness()
+        out.stale, out.stale_paths = bool(fresh.stale_paths), fresh.stale_paths[:50]
+        return out
 
     @server.tool(annotations=READ_ONLY)
     @tool_errors

@@ -42,8 +42,8 @@ def is_test_path(path: str) -> bool:
 class RankOptions:
     """How a query becomes a ranking of files. Each switch is one retrieval technique: those on by
     default are in because the dev-set eval showed they help, the others were tried and showed no
-    gain (data/eval/ablation.md; `ctx eval --ablate` turns each one over in turn). Weights are
-    round numbers, not fitted to the dev set."""
+    gain (ablation table: data/eval/swebench_lite_dev.md; `ctx eval --ablate` turns each one over
+    in turn). Weights are round numbers, not fitted to the dev set."""
 
     title_list: bool = True  # BM25 of a multi-line query's first line (an issue's title) as its own list
     identifier_list: bool = True  # exact occurrences of the query's code names (phrase queries)

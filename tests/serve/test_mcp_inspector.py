@@ -59,7 +59,7 @@ def test_inspector_lists_and_calls_tools(
     listed = inspect(env, repo, "--method", "tools/list")
     assert listed.returncode == 0, listed.stderr[-2000:]
     names = {t["name"] for t in json.loads(listed.stdout)["tools"]}
-    assert {"search_code", "fuzzy_find", "get_file_context", "get_stale_status", "list_sources",
+    assert {"search_code", "find_files", "fuzzy_find", "get_file_context", "get_stale_status", "list_sources",
             "docs_index", "docs_content", "search_context", "recent_sessions", "session_detail",
             "project_knowledge"} == names
 

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.usefixtures("prefect_server")
 
 CONTRACT = {
     "search_code": {"query", "top_k", "search_type", "bm25_weight", "fuzziness", "file_filter", "sources"},
+    "find_files": {"query", "top_k", "search_type", "file_filter", "exclude_tests", "sources"},
     "fuzzy_find": {"symbol_name", "symbol_type"},
     "get_file_context": {"filepath", "start_line", "end_line", "include_related"},
     "get_stale_status": set(),
@@ -147,6 +148,24 @@ def test_search_code_modes_and_snapshot(shop: tuple[Path, dict[str, str]]) -> No
         assert {h["path"] for h in only_js["hits"]} == {"web/app.js"}
         none = await call_ok(client, "search_code", {"query": "invoice", "sources": ["elsewhere"]})
         assert none["hits"] == []
+
+    with_client(server, body)
+
+
+def test_find_files_ranks_files_for_an_issue_text(shop: tuple[Path, dict[str, str]]) -> None:
+    server = build_server(settings_for(*shop))
+    issue = ("Invoice totals are off by a cent\n\n"
+             "compute_invoice_total() rounds after adding tax, so a 0.5 cent subtotal comes out wrong.")
+
+    async def body(client: Client) -> None:
+        ranked = await call_ok(client, "find_files", {"query": issue, "top_k": 3})
+        assert ranked["files"][0]["path"] == "src/billing/invoice.py" and ranked["search_type"] == "hybrid"
+        assert ranked["files"][0]["start_line"] is not None and len(ranked["files"]) <= 3
+        users = await call_ok(client, "find_files", {"query": "UserRepository.getUserById returns None",
+                                                     "search_type": "bm25"})
+        assert users["files"][0]["path"] == "src/users/service.py" and users["stale"] is False
+        js = await call_ok(client, "find_files", {"query": "invoice", "file_filter": "*.js"})
+        assert {f["path"] for f in js["files"]} == {"web/app.js"}
 
     with_client(server, body)
 
