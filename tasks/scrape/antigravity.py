@@ -18,6 +18,7 @@ from ctxlake.tasks.scrape.base import (
     mtime_ts,
     parse_ts,
     read_document,
+    scrape_each,
     stat_fingerprint,
     string,
     strip_file_uri,
@@ -53,17 +54,13 @@ class AntigravityScraper:
         return stat_fingerprint(path)
 
     def scrape(self, root: Path, files: Sequence[Path], state: dict[str, FileState], out: ScrapeOutput) -> None:
-        for path in files:
-            pos = state.setdefault(str(path), FileState())
-            try:
-                if path.suffix == ".md":
-                    self._artifact(path, pos, out)
-                else:
-                    self._steps(path, pos, out)
-            except OSError as exc:
-                out.cannot_read(path, exc)
-                continue
-            out.counts.files += 1
+        scrape_each(files, state, out, self._read)
+
+    def _read(self, path: Path, pos: FileState, out: ScrapeOutput) -> None:
+        if path.suffix == ".md":
+            self._artifact(path, pos, out)
+        else:
+            self._steps(path, pos, out)
 
     def _artifact(self, path: Path, pos: FileState, out: ScrapeOutput) -> None:
         data = read_document(path, pos)

@@ -278,6 +278,20 @@ def reset_if_replaced(path: Path, pos: FileState) -> None:
     pos.inode = st.st_ino
 
 
+def scrape_each(files: Sequence[Path], state: dict[str, FileState], out: ScrapeOutput,
+                read: Callable[[Path, FileState, ScrapeOutput], None]) -> None:
+    """Read each store file from its saved position; one that cannot be read is reported and
+    skipped (the others still count)."""
+    for path in files:
+        pos = state.setdefault(str(path), FileState())
+        try:
+            read(path, pos, out)
+        except OSError as exc:
+            out.cannot_read(path, exc)
+            continue
+        out.counts.files += 1
+
+
 def read_new_lines(path: Path, pos: FileState) -> Iterator[tuple[int, bytes]]:
     """Complete lines appended since `pos` as (byte offset, line); advances `pos.offset`.
 
@@ -464,15 +478,11 @@ class JsonlScraper:
         return stat_fingerprint(path)
 
     def scrape(self, root: Path, files: Sequence[Path], state: dict[str, FileState], out: ScrapeOutput) -> None:
-        for path in files:
-            pos = state.setdefault(str(path), FileState())
-            try:
-                reset_if_replaced(path, pos)
-                self.scrape_file(path, pos, out)
-            except OSError as exc:
-                out.cannot_read(path, exc)
-                continue
-            out.counts.files += 1
+        def read(path: Path, pos: FileState, out: ScrapeOutput) -> None:
+            reset_if_replaced(path, pos)
+            self.scrape_file(path, pos, out)
+
+        scrape_each(files, state, out, read)
 
     def scrape_file(self, path: Path, pos: FileState, out: ScrapeOutput) -> None:
         raise NotImplementedError

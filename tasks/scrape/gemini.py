@@ -21,6 +21,7 @@ from ctxlake.tasks.scrape.base import (
     parse_ts,
     read_document,
     reset_if_replaced,
+    scrape_each,
     stat_fingerprint,
     text_of,
     tool_call,
@@ -51,17 +52,13 @@ class GeminiScraper:
         return stat_fingerprint(path)
 
     def scrape(self, root: Path, files: Sequence[Path], state: dict[str, FileState], out: ScrapeOutput) -> None:
-        for path in files:
-            pos = state.setdefault(str(path), FileState())
-            try:
-                if path.suffix == ".jsonl":
-                    self._jsonl(path, pos, out)
-                else:
-                    self._document(path, pos, out)
-            except OSError as exc:
-                out.cannot_read(path, exc)
-                continue
-            out.counts.files += 1
+        scrape_each(files, state, out, self._read)
+
+    def _read(self, path: Path, pos: FileState, out: ScrapeOutput) -> None:
+        if path.suffix == ".jsonl":
+            self._jsonl(path, pos, out)
+        else:
+            self._document(path, pos, out)
 
     def _document(self, path: Path, pos: FileState, out: ScrapeOutput) -> None:
         data = read_document(path, pos)
