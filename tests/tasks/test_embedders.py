@@ -72,7 +72,7 @@ import sys
 from pathlib import Path
 from ctxlake.schemas.config import EmbedSettings
 from ctxlake.tasks.embedders import make_embedder
-local = make_embedder(EmbedSettings(), Path("/nonexistent"))
+local = make_embedder(EmbedSettings(model="minilm"), Path("/nonexistent"))
 static = make_embedder(EmbedSettings(model="static"), Path("/nonexistent"))
 heavy = [m for m in ("torch", "sentence_transformers", "model2vec", "httpx", "prefect")
          if m in sys.modules]
@@ -85,13 +85,13 @@ print(local.model_id, local.dims, static.model_id, static.dims, heavy)
 
 
 def test_model_id_names_truncation_and_document_prefix() -> None:
-    short = make_embedder(EmbedSettings(max_tokens=128), Path("unused"))
+    short = make_embedder(EmbedSettings(model="minilm", max_tokens=128), Path("unused"))
     assert short.model_id == "local:all-MiniLM-L6-v2:384:t128"
     # The bundled model declares 256 tokens; asking for more changes nothing.
-    assert make_embedder(EmbedSettings(max_tokens=1024), Path("unused")).model_id.endswith(":t256")
-    prefixed = make_embedder(EmbedSettings(document_prefix="passage: "), Path("unused"))
+    assert make_embedder(EmbedSettings(model="minilm", max_tokens=1024), Path("unused")).model_id.endswith(":t256")
+    prefixed = make_embedder(EmbedSettings(model="minilm", document_prefix="passage: "), Path("unused"))
     assert prefixed.model_id.startswith("local:all-MiniLM-L6-v2:384:t256:p")
-    queried = make_embedder(EmbedSettings(query_prefix="query: "), Path("unused"))
+    queried = make_embedder(EmbedSettings(model="minilm", query_prefix="query: "), Path("unused"))
     assert queried.model_id == "local:all-MiniLM-L6-v2:384:t256"
 
 
@@ -446,7 +446,7 @@ def assert_ranks_blueprint_first(vectors: np.ndarray, query: np.ndarray) -> None
 
 @pytest.mark.model
 def test_bundled_minilm(tmp_path: Path) -> None:
-    embedder = make_embedder(EmbedSettings(), tmp_path)
+    embedder = make_embedder(EmbedSettings(model="minilm"), tmp_path)
     assert (embedder.model_id, embedder.dims) == ("local:all-MiniLM-L6-v2:384:t256", 384)
     vectors = embedder.embed_documents([BLUEPRINT_CODE, DATE_CODE])
     assert vectors.shape == (2, 384) and vectors.dtype == np.float32
