@@ -15,7 +15,7 @@ def at(minutes: float) -> str:
     return (T0 + timedelta(minutes=minutes)).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
-def claude(role: str, uuid: str, minute: float, content: Any, session: str = "sess-a", cwd: str = "/home/u/proj",
+def claude(role: str, uuid: str, minute: float, content: Any, session: str = "sess-a", cwd: str = "/srv/u/proj",
            **extra: Any) -> dict[str, Any]:
     """A Claude Code user/assistant record."""
     return {"parentUuid": None, "isSidechain": False, "type": role, "uuid": uuid, "timestamp": at(minute),
@@ -36,7 +36,7 @@ def codex(kind: str, minute: float, payload: dict[str, Any]) -> dict[str, Any]:
     return {"timestamp": at(minute), "type": kind, "payload": payload}
 
 
-def codex_meta(session: str, minute: float, cwd: str = "/home/u/proj") -> dict[str, Any]:
+def codex_meta(session: str, minute: float, cwd: str = "/srv/u/proj") -> dict[str, Any]:
     return codex("session_meta", minute, {"id": session, "timestamp": at(minute), "cwd": cwd, "originator": "codex_cli_rs"})
 
 
@@ -96,7 +96,7 @@ SECRET = "ghp_" + "Zq8Xw7Vc6Bn5Mm4Ll3Kk2Jj1Hh0Gg9Ff8Dd"
 CANARY = "canary-7f3a9c-marker"
 
 
-def build_stores(base: Path, project: Path, other: str = "/home/u/other") -> dict[str, Path]:
+def build_stores(base: Path, project: Path, other: str = "/srv/u/other") -> dict[str, Path]:
     """Small stores of three tools for one project (and one session elsewhere): a planted secret,
     a 31-minute pause, a forked Codex rollout, a Gemini chat linked to the project by its path hash."""
     import hashlib

@@ -117,7 +117,7 @@ def generate(base: Path, total_mb: float, files: int, project: Path) -> tuple[in
     rng = random.Random(42)
     per_file = int(total_mb * 1e6 / files)
     start = datetime(2026, 1, 5, 9, tzinfo=UTC)
-    projects = [str(project)] + [f"/home/dev/project-{i}" for i in range(1, 10)]
+    projects = [str(project)] + [f"/srv/dev/project-{i}" for i in range(1, 10)]
     written = 0
     for i in range(files):
         cwd = projects[i % len(projects)]

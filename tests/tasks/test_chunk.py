@@ -866,7 +866,7 @@ def test_options_from_settings() -> None:
         ("Main.scala", "scala"),
         ("init.lua", "lua"),
         ("scripts/run.sh", "bash"),
-        ("/home/u/.bashrc", "bash"),
+        ("/srv/u/.bashrc", "bash"),
         ("README.md", "markdown"),
         ("docs/index.rst", "rst"),
         ("notes.txt", "text"),

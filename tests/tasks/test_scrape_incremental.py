@@ -115,14 +115,14 @@ def test_claude_usage_is_counted_once_per_response_even_across_runs(claude_root:
     state = ScrapeState()
     first = run("claude", claude_root, state)
     # The same response's next content block arrives in a later run, repeating its usage.
-    write_jsonl(log, [claude("assistant", "a2", 0.1, [tool_use("Read", file_path="/home/u/proj/app.py")],
+    write_jsonl(log, [claude("assistant", "a2", 0.1, [tool_use("Read", file_path="/srv/u/proj/app.py")],
                              message={"id": "msg_1", "usage": usage}),
                       claude("assistant", "a3", 1, [{"type": "text", "text": "Done."}], message={"id": "msg_2", "usage": usage})],
                 mode="a")
     second = run("claude", claude_root, state)
     counted = [(m.tokens_in, m.tokens_out, m.tokens_cached) for m in first.messages + second.messages]
     assert counted == [(103, 40, 7), (None, None, None), (103, 40, 7)]
-    assert second.messages[0].files == ["/home/u/proj/app.py"]
+    assert second.messages[0].files == ["/srv/u/proj/app.py"]
 
 
 def test_resumed_claude_session_copies_are_stored_once(tmp_path: Path, claude_root: Path) -> None:
@@ -213,18 +213,18 @@ def test_cursor_database_in_rollback_mode_is_read_while_a_writer_holds_a_lock(tm
 def test_vscode_chat_documents_are_reread_when_their_content_changes(tmp_path: Path) -> None:
     ws = tmp_path / "workspaceStorage" / "9f1c"
     (ws / "chatSessions").mkdir(parents=True)
-    (ws / "workspace.json").write_text(json.dumps({"folder": "file:///home/u/my%20proj"}))
+    (ws / "workspace.json").write_text(json.dumps({"folder": "file:///srv/u/my%20proj"}))
     chat = {"version": 3, "sessionId": "chat-1", "customTitle": "Date parsing", "requests": [
         {"requestId": "r1", "timestamp": ms(0), "message": {"text": "Why does parse_date fail on 2024-02-30?"},
-         "variableData": {"variables": [{"value": {"uri": {"fsPath": "/home/u/my proj/dates.py"}}}]},
+         "variableData": {"variables": [{"value": {"uri": {"fsPath": "/srv/u/my proj/dates.py"}}}]},
          "response": [{"value": "Because February has no 30th; validate first."}], "modelId": "copilot/gpt-4o"},
     ]}
     doc = ws / "chatSessions" / "chat-1.json"
     doc.write_text(json.dumps(chat))
     state = ScrapeState()
     out = run("copilot-vscode", tmp_path / "workspaceStorage", state)
-    assert [(m.role, m.project_path) for m in out.messages] == [("user", "/home/u/my proj"), ("assistant", "/home/u/my proj")]
-    assert out.messages[0].files == ["/home/u/my proj/dates.py"]
+    assert [(m.role, m.project_path) for m in out.messages] == [("user", "/srv/u/my proj"), ("assistant", "/srv/u/my proj")]
+    assert out.messages[0].files == ["/srv/u/my proj/dates.py"]
     os.utime(doc, ns=(doc.stat().st_atime_ns, doc.stat().st_mtime_ns + 10**9))  # touched, same content
     assert run("copilot-vscode", tmp_path / "workspaceStorage", state).messages == []
     chat["requests"].append({"requestId": "r2", "timestamp": ms(3), "message": {"text": "Add a test"},
@@ -274,7 +274,7 @@ def test_sqlite_file_that_is_not_a_cursor_database_is_skipped(tmp_path: Path) ->
 def test_codex_context_survives_a_new_process(tmp_path: Path) -> None:
     root = tmp_path / "sessions"
     log = write_jsonl(root / "rollout-2026-03-02T09-00-00-abc.jsonl", [
-        codex_meta("sess-codex", 0, cwd="/home/u/api"), codex_msg("user", 0, "Bump the API version"),
+        codex_meta("sess-codex", 0, cwd="/srv/u/api"), codex_msg("user", 0, "Bump the API version"),
         codex_msg("assistant", 1, "Bumped to v2."), codex_tokens(1.1, 800, 90)])
     state = ScrapeState()
     run("codex", root, state)
@@ -283,4 +283,4 @@ def test_codex_context_survives_a_new_process(tmp_path: Path) -> None:
                       codex_tokens(5.2, 1200, 150)], mode="a")
     later = run("codex", root, ScrapeState.load(tmp_path / "memory"))
     [msg] = later.messages
-    assert (msg.session_id, msg.project_path, msg.tokens_in, msg.tokens_out) == ("sess-codex", "/home/u/api", 400, 60)
+    assert (msg.session_id, msg.project_path, msg.tokens_in, msg.tokens_out) == ("sess-codex", "/srv/u/api", 400, 60)
