@@ -108,10 +108,10 @@ def test_compaction_summarizes_files_tools_errors_tasks_decisions_and_commits(
 
 
 def test_projects_are_linked_from_hints_and_file_paths() -> None:
-    root = "/srv/u/work/my_app"
+    root = "/srv/u/code/my_app"
     assert resolve_hint("sha256:" + hashlib.sha256(root.encode()).hexdigest(), [root, "/other"]) == root
     assert resolve_hint("slug:" + slugify(root), ["/other", root]) == root
-    assert slugify(root) == "-srv-u-work-my-app"
+    assert slugify(root) == "-srv-u-code-my-app"
     assert resolve_hint("sha256:00", [root]) == ""
     when = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -119,7 +119,7 @@ def test_projects_are_linked_from_hints_and_file_paths() -> None:
         return Msg(tool="antigravity", session_id=session, timestamp=when, seq=0, role="assistant", kind="text",
                    text="x", key=session, source_file="f", **kw)
 
-    out = ScrapeOutput(messages=[msg("a", files=[f"{root}/src/main.py"]), msg("b", project_hint="slug:-srv-u-work-my-app"),
+    out = ScrapeOutput(messages=[msg("a", files=[f"{root}/src/main.py"]), msg("b", project_hint="slug:-srv-u-code-my-app"),
                                  msg("c", files=["/elsewhere/x.py"])],
                        meta={("antigravity", "d"): SessionMeta("antigravity", "d", project_path="/srv/u/notes")})
     out.messages.append(msg("d"))
