@@ -75,6 +75,19 @@ class ScanStats:
     skipped: dict[str, int] = field(default_factory=dict)  # status -> count, for non-indexed files
 
 
+def _folder_hash(folder: str, kids: dict[str, tuple[bool, str]], dirs: dict[str, str]) -> str:
+    """A folder's Merkle hash from its children's names and hashes; child folders' hashes are
+    read from `dirs` (computed first) and recorded in `kids`."""
+    h = xxhash.xxh3_128()
+    for name in sorted(kids):
+        is_dir, value = kids[name]
+        if is_dir:
+            value = dirs[f"{folder}/{name}" if folder else name]
+            kids[name] = (True, value)
+        h.update(f"{name}{'/' if is_dir else ''}\0{value}\n".encode())
+    return h.hexdigest()
+
+
 @dataclass
 class Tree:
     """A Merkle tree over file hashes: each folder's hash covers its children's names and hashes."""
@@ -106,15 +119,7 @@ class Tree:
         dirs: dict[str, str] = {}
         # Deepest folders first, so every child folder's hash exists before its parent's.
         for folder in sorted(children, key=lambda d: d.count("/") + (1 if d else 0), reverse=True):
-            kids = children[folder]
-            h = xxhash.xxh3_128()
-            for name in sorted(kids):
-                is_dir, value = kids[name]
-                if is_dir:
-                    value = dirs[f"{folder}/{name}" if folder else name]
-                    kids[name] = (True, value)
-                h.update(f"{name}{'/' if is_dir else ''}\0{value}\n".encode())
-            dirs[folder] = h.hexdigest()
+            dirs[folder] = _folder_hash(folder, children[folder], dirs)
         return cls(entries, dirs, children, scanned_at_ns)
 
 
@@ -157,14 +162,7 @@ class Tree:
                 parent, _, name = folder.rpartition("/")
                 children.get(parent, {}).pop(name, None)
                 continue
-            h = xxhash.xxh3_128()
-            for name in sorted(kids):
-                is_dir, value = kids[name]
-                if is_dir:
-                    value = dirs[f"{folder}/{name}" if folder else name]
-                    kids[name] = (True, value)
-                h.update(f"{name}{'/' if is_dir else ''}\0{value}\n".encode())
-            dirs[folder] = h.hexdigest()
+            dirs[folder] = _folder_hash(folder, kids, dirs)
         return Tree(entries, dirs, children, time.time_ns())
 
 
