@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field
 
-from ctxlake.errors import AgentError, CtxError
+from ctxlake.errors import AgentError
 from ctxlake.schemas.config import Settings
 from ctxlake.serve.models_sources import AskResult
 
@@ -30,10 +30,10 @@ def register_source_tools(server: MCPServer, settings: Settings, *, allow_agents
     """Add the sources tools to `server`; ask_codebase only when agents are allowed. The names added."""
     if not allow_agents:
         return []
-    from mcp.server.mcpserver.exceptions import ToolError
     from mcp.types import ToolAnnotations
 
     from ctxlake.serve import source_queries
+    from ctxlake.serve.mcp import tool_errors
 
     def ask_codebase(
         question: Annotated[str, Field(description="the question, in full sentences, with names you know")],
@@ -44,19 +44,15 @@ def register_source_tools(server: MCPServer, settings: Settings, *, allow_agents
             description="agent to run (claude-code, gemini, opencode, codex); omit for the configured default",
         )] = None,
     ) -> AskResult:
-        try:
-            source_queries.check_names(settings, sources)
-            result = source_queries.ask(settings, sources, question, agent)
-            if result.exit_code != 0:
-                tail = result.stderr.strip().splitlines()[-1:] or ["no stderr"]
-                raise AgentError(f"agent {result.agent!r} exited with {result.exit_code}: {tail[0]}")
-        except CtxError as exc:
-            # An anticipated failure: the client sees is_error with our message (and hint).
-            raise ToolError(str(exc)) from exc
+        source_queries.check_names(settings, sources)
+        result = source_queries.ask(settings, sources, question, agent)
+        if result.exit_code != 0:
+            tail = result.stderr.strip().splitlines()[-1:] or ["no stderr"]
+            raise AgentError(f"agent {result.agent!r} exited with {result.exit_code}: {tail[0]}")
         return result
 
     server.add_tool(
-        ask_codebase, name="ask_codebase", title="Ask an agent about sources", description=ASK_DESCRIPTION,
+        tool_errors(ask_codebase), name="ask_codebase", title="Ask an agent about sources", description=ASK_DESCRIPTION,
         # It starts a process but changes no table or file outside its own scratch folder.
         annotations=ToolAnnotations(read_only_hint=True, destructive_hint=False, open_world_hint=True),
     )
