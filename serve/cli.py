@@ -178,6 +178,11 @@ def _print_report(report: Any) -> None:
         f"{report.embedded:,} embedded, {report.vectors_from_cache:,} from cache."
     )
     typer.echo(f"Keyword search ready after {report.keyword_ready_s:.1f} s; done in {report.seconds:.1f} s.")
+    secret_files = report.skipped.get("secret", 0)
+    if secret_files or report.secrets_masked:
+        typer.echo(f"Secrets: {secret_files:,} file(s) skipped by name (.env*, keys, credentials; "
+                   f"[index] secret_files = \"mask\" indexes them masked), "
+                   f"{report.secrets_masked:,} value(s) masked in the files indexed.")
     for warning in report.warnings[:10]:
         typer.echo(f"warning: {warning}", err=True)
     if len(report.warnings) > 10:

@@ -18,6 +18,7 @@ from pathlib import Path
 from ctxlake.errors import ConfigError, InputError
 from ctxlake.schemas.config import DocsSettings
 from ctxlake.serve.tool_models import DocContent, DocEntry, DocsIndex, decode_cursor, encode_cursor
+from ctxlake.tasks.secrets import mask_text
 
 DOCS_PAGE = 200
 _DRIVE = re.compile(r"^[A-Za-z]:")
@@ -207,6 +208,7 @@ class DocsReader:
         except UnicodeDecodeError:
             text = data.decode("utf-8", errors="replace")
             warnings.append("the file is not valid UTF-8: undecodable bytes are shown as U+FFFD")
+        text = mask_text(text, clean)  # docs are read from disk: masked like the index masks them
         lines = text.splitlines(keepends=True)
         bounds = self._chunks(lines) if lines else [(0, 0)]
         if chunk < 1 or chunk > len(bounds):

@@ -55,6 +55,8 @@ class Status(BaseModel):
     stale_paths: list[str] = Field(default_factory=list)
     lake_bytes: int = 0
     writer: dict[str, Any] | None = Field(None, description="the indexer holding the lake, if one runs")
+    secret_files_skipped: int = Field(0, description="files not indexed because their name says they hold secrets")
+    masked_chunks: int = Field(0, description="chunks in which the secrets stage masked a value")
 
 
 class FileHit(BaseModel):

@@ -35,6 +35,7 @@ from ctxlake.tasks.lake import (
     open_table,
 )
 from ctxlake.tasks.query_terms import analyse, query_title, squeeze_repeats
+from ctxlake.tasks.secrets import MASK_PREFIX
 from ctxlake.tasks.terms import split_identifier
 
 if TYPE_CHECKING:
@@ -521,6 +522,9 @@ def status(settings: Settings, check_stale: bool = True) -> Status:
         out.languages = _counts(file_rows.column("lang"))
         chunk_sources = chunks.search().select(["source"]).to_arrow()
         out.sources = _counts(chunk_sources.column("source"))
+        out.masked_chunks = chunks.count_rows(f"text LIKE '%{MASK_PREFIX}%'")
+    # The scan counts every secret-named file on each run, not only the changed ones.
+    out.secret_files_skipped = int(((state.last_run or {}).get("skipped") or {}).get("secret", 0))
     if check_stale:
         fresh = freshness.check(lake_dir, PROJECT_SOURCE, settings.root, settings.index)
         out.stale = not fresh.up_to_date and bool(fresh.stale_paths)
