@@ -185,6 +185,16 @@ RULE_DETECTORS = [
         r"(?P<cred>[A-Za-z0-9._~+/-]{12,}=*)"), ("authoriz", "bearer"), rank=STRUCTURE),
     Detector("basic_auth", re.compile(r"(?:^|\s)(?:-u|--user)\s+[\"']?[^:\s\"'/]+:(?P<pw>[^\s\"']{3,})"),
              ("-u ", "--user"), rank=STRUCTURE),
+    # requests' `auth=("user", "password")`: the password is the tuple's second string.
+    Detector("basic_auth", re.compile(r"\bauth\s*=\s*\(\s*[\"'][^\"'\n]*[\"']\s*,\s*[\"'](?P<pw>[^\"'\n]{4,})[\"']"),
+             ("auth",), rank=STRUCTURE),
+    # `.netrc` lines, and registry logins and MySQL's glued `-pPASSWORD` on a command line.
+    Detector("password", re.compile(r"\bmachine\s+\S+\s+(?:login\s+\S+\s+)?password\s+(?P<pw>\S+)"),
+             ("machine",), rank=STRUCTURE),
+    Detector("password", re.compile(r"\blogin\b[^\n]*?\s(?:-p|--password)[ =](?P<pw>[^\s\"'$]\S{3,})"),
+             ("login",), rank=STRUCTURE),
+    Detector("password", re.compile(r"\bmysql(?:dump|admin)?\b[^\n]*?\s-p(?P<pw>[^\s\"'$-]\S{3,})"),
+             ("mysql",), rank=STRUCTURE),
 ]
 
 
@@ -210,7 +220,8 @@ _NOT_SECRET_WORDS = (
     "placeholder help text message error errors tokens fn func callback handler view views template "
     "widget id ids index length_min length_max column columns attr attribute rule rules regexp "
     "option options flag flags parser lookup storage loader class_name location version source sources "
-    "start end missing invalid user username login email account")
+    "start end missing invalid user username login email account startswith endswith contains icontains "
+    "exact iexact isnull")
 NOT_SECRET = frozenset(_NOT_SECRET_WORDS.split())
 # The words a secret name holds (found with the detectors' triggers, in one scan).
 KEYWORDS = ("pass", "pwd", "secret", "token", "key", "auth", "credential", "salt", "hmac", "signature", "contrase")
@@ -221,6 +232,7 @@ _ASSIGN = re.compile(
     r"""(?:\\?"(?P<dq>[^"\r\n]*?)\\?"|'(?P<sq>[^'\r\n]*)'|`(?P<bq>[^`\r\n]*)`|(?P<bare>[^\s"'`,;(){}\[\]<>&|]+))""")
 _FLAG_VALUE = re.compile(r"""[ \t]+(?:"(?P<dq>[^"\r\n]*)"|'(?P<sq>[^'\r\n]*)'|(?P<bare>[^\s"'`;&|]+))""")
 _XML_VALUE = re.compile(r">(?P<bare>[^<\r\n]{4,})</")
+_PROSE_VALUE = re.compile(r"""[ \t]+(?:is|was)[ \t]*:?[ \t]+["'`]?(?P<bare>[^\s"'`,;]+?)["'`]?(?=[\s,;.]*(?:\s|$))""")
 _IDENTIFIER = re.compile(r"[A-Za-z_$][\w$]*(?:\.[A-Za-z_$][\w$]*)*")
 _CAMEL = re.compile(r"([a-z0-9])([A-Z])")
 _SPLIT = re.compile(r"[._\-$@]+")
@@ -275,7 +287,7 @@ def plausible_value(value: str, name: str, strength: int, quoted: bool, code: bo
         return False  # `token=token`, `'X-CSRFToken': csrftoken`, `password=$password`
     if (value.isdigit() and len(value) < 6) or is_sequential_string(value):
         return False
-    if value.startswith(("http://", "https://", "/", "./", "~/")):
+    if value.startswith(("http://", "https://", "/", "./", "~/")) and not looks_random(value):
         return False  # an address or a path; a password inside a URL is the url_password rule's
     if next_char and next_char in "([" and not quoted:
         return False  # `password = form.cleaned_data[...]`, `key = f(...)`
@@ -311,11 +323,20 @@ def named_values(text: str, hits: Iterable[tuple[int, int]], code: bool) -> Iter
             continue
         head = _NAME_HEAD.search(text, max(0, hit_start - 80), hit_start)
         start = head.start() if head else hit_start
+        if start and text[start - 1] == "=":
+            continue  # `input[type=password]`: the word is a value here, not a name
         name = text[start:end]
         if m is None and after != ">" and name.startswith("-"):
             m = _FLAG_VALUE.match(text, end)  # `--password hunter2`
         if m is None and after == ">" and start > 0 and text[start - 1] == "<":
             m = _XML_VALUE.match(text, end)  # `<password>hunter2</password>`
+        prose = False
+        if m is None and after != ">" and not code:
+            # "my password is hunter2": only a value with a digit, so "the token is expired" stays.
+            m = _PROSE_VALUE.match(text, end)
+            prose = m is not None and any(c.isdigit() for c in m.group("bare")) and len(m.group("bare")) >= 6
+            if not prose:
+                continue
         if m is None:
             continue
         # `token.contents = ...` names an attribute of a token: the last dotted part decides.

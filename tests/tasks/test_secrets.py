@@ -42,6 +42,11 @@ FORMS = [
     (f"<password>{PW}</password>", "pom.xml", PW, "<password>[REDACTED:"),
     (f"stripe.api_key = '{STRIPE}'", "billing.py", STRIPE, "stripe.api_key = '[REDACTED:"),
     (f"signing_key = '{RANDOM_KEY}'", "app/keys.py", RANDOM_KEY, "signing_key = '[REDACTED:"),
+    (f"requests.get(url, auth=('admin', '{PW}'))", "api.py", PW, "auth=('admin', '[REDACTED:"),
+    (f"machine api.example.com login bot password {PW}", None, PW, "password [REDACTED:"),
+    (f"docker login -u bot -p {PW} registry.example.com", None, PW, "-p [REDACTED:"),
+    (f"mysql -u root -p{PW} shop", None, PW, "-p[REDACTED:"),
+    (f"my password is {PW} on staging", None, PW, "my password is [REDACTED:"),
     (f"cat deploy_key\n{PEM}\nthen ssh-add", None, "q0Zb3tYdN8pQ2fLkR5sT1uV7", "-----BEGIN RSA PRIVATE KEY-----\n[REDACTED:private_key]"),
 ]
 
@@ -72,6 +77,10 @@ def test_each_form_is_masked_and_its_name_kept(text: str, path: str | None, secr
     ("password: ${DB_PASSWORD}\ntoken: {{ secrets.TOKEN }}", "ci.yml"),
     ("permissions:\n  id-token: write", ".github/workflows/publish.yaml"),
     ("Never pass :data:`~flask.current_app` as sender", "signals.rst"),
+    ("input[type=password]:focus { outline: none }", "base.css"),
+    ('User.objects.filter(password__startswith="md5$$")', "releases.txt"),
+    ("The token is expired; the password is required.", None),
+    ("docker run -p 8080:80 web", None),
 ])
 def test_code_and_prose_are_left_alone(text: str, path: str | None) -> None:
     assert mask_text(text, path) == text
