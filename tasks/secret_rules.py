@@ -190,9 +190,9 @@ RULE_DETECTORS = [
              ("auth",), rank=STRUCTURE),
     # `.netrc` lines, and registry logins and MySQL's glued `-pPASSWORD` on a command line.
     Detector("password", re.compile(r"\bmachine\s+\S+\s+(?:login\s+\S+\s+)?password\s+(?P<pw>\S+)"),
-             ("machine",), rank=STRUCTURE),
+             ("pass",), rank=STRUCTURE),
     Detector("password", re.compile(r"\blogin\b[^\n]*?\s(?:-p|--password)[ =](?P<pw>[^\s\"'$]\S{3,})"),
-             ("login",), rank=STRUCTURE),
+             ("-p ", "-p=", "pass"), rank=STRUCTURE),
     Detector("password", re.compile(r"\bmysql(?:dump|admin)?\b[^\n]*?\s-p(?P<pw>[^\s\"'$-]\S{3,})"),
              ("mysql",), rank=STRUCTURE),
 ]

@@ -176,6 +176,28 @@ LOG_FORMS = [
     Form("prose 'my password is'", "password", "{m} my password is {s} on staging"),
     Form("docker login -p", "password", "{m} docker login -u bot -p {s} registry.example.com"),
 ]
+# Written after the rules were tuned on the forms above and scored once, with no tuning since:
+# an estimate of recall on forms the rules were not shaped by (they are reported apart).
+UNSEEN_CODE_FORMS = [
+    Form("unseen: mongodb+srv URL", "password", "# {m}\nMONGO = f\"mongodb+srv://admin:{s}@cluster0.example.net/db\"\n", "unseen/mongo.py"),
+    Form("unseen: redis kwarg", "password", "# {m}\nr = redis.Redis(host='cache', password='{s}')\n", "unseen/cache.py"),
+    Form("unseen: yaml smtp_pass", "password", "# {m}\nmail:\n  smtp_pass: {s}\n", "unseen/mail.yml"),
+    Form("unseen: Go struct field", "password", "// {m}\nvar cfg = Config{{User: \"app\", Password: \"{s}\"}}\n", "unseen/cfg.go"),
+    Form("unseen: Rust let api_token", "random", "// {m}\nlet api_token = \"{s}\";\n", "unseen/main.rs"),
+    Form("unseen: C# var key", "random", "// {m}\nvar key = \"{s}\";\n", "unseen/Program.cs"),
+    Form("unseen: sshpass -p", "password", "# {m}\nsshpass -p '{s}' ssh deploy@host\n", "unseen/ssh.sh"),
+    Form("unseen: PowerShell $env:", "random", "# {m}\n$env:API_KEY = \"{s}\"\n", "unseen/setup.ps1"),
+    Form("unseen: JSON token header", "random", "{{\"note\": \"{m}\", \"headers\": {{\"Authorization\": \"token {s}\"}}}}\n", "unseen/gh.json"),
+    Form("unseen: HCL provider token", "random", "# {m}\nprovider \"x\" {{\n  token = \"{s}\"\n}}\n", "unseen/provider.tf"),
+]
+UNSEEN_LOG_FORMS = [
+    Form("unseen: key after colon", "random", "{m} here's my key: {s}"),
+    Form("unseen: credentials admin / pw", "password", "{m} the credentials are admin / {s}"),
+    Form("unseen: PGPASSWORD prefix", "password", "{m} PGPASSWORD={s} psql -h db -U app"),
+    Form("unseen: git clone token URL", "github", "{m} git clone https://x-access-token:{s}@github.com/o/r.git"),
+]
+CODE_FORMS += UNSEEN_CODE_FORMS
+LOG_FORMS += UNSEEN_LOG_FORMS
 LOG_TOOLS = ["claude", "codex", "gemini", "cursor", "copilot", "opencode", "antigravity"]
 
 
@@ -427,7 +449,9 @@ def report(files: list[Planting], logs: list[Planting], default_pass: dict[int, 
         o = verdict(p, p.found)
         hits += o == "masked"
         print(f"{p.form.name:40} {p.where:42} {d:12} {o}")
-    print(f"code-file recall (opt-in pass): {hits}/{len(files)}")
+    unseen = [p for p in files if p.form in UNSEEN_CODE_FORMS]
+    print(f"code-file recall (opt-in pass): {hits}/{len(files)}; of which forms written after tuning: "
+          f"{sum(verdict(p, p.found) == 'masked' for p in unseen)}/{len(unseen)}")
     print(f"\n{'message form':32} " + " ".join(f"{t[:8]:>8}" for t in LOG_TOOLS) + "  recall")
     total = 0
     for form in LOG_FORMS:
@@ -437,7 +461,9 @@ def report(files: list[Planting], logs: list[Planting], default_pass: dict[int, 
         total += ok
         cells = ["ok" if m == "masked" else ("-" if m == "not stored" else "LEAK") for m in marks]
         print(f"{form.name:32} " + " ".join(f"{c:>8}" for c in cells) + f"  {ok}/{len(row)}")
-    print(f"message recall: {total}/{len(logs)}")
+    unseen_logs = [p for p in logs if p.form in UNSEEN_LOG_FORMS]
+    print(f"message recall: {total}/{len(logs)}; of which forms written after tuning: "
+          f"{sum(verdict(p, p.found) == 'masked' for p in unseen_logs)}/{len(unseen_logs)}")
     everything = files + logs
     print("\nverbatim occurrences of planted values (whole value or its middle 16 characters):")
     for s in stores:
