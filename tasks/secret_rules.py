@@ -107,8 +107,9 @@ def _hex_after(prefix: str) -> tuple[str, ...]:
 # PrivateKeyDetector (its patterns match only a key's header line: ours below masks the body),
 # IPPublicDetector (an address is not a secret, and masking it hurts search), KeywordDetector and
 # the entropy plugins (one line at a time, with per-file-type regexes: `named_values` below does
-# that job over whole texts, with the library's keyword list). Where a trigger narrows a plugin
-# (Discord and Telegram tokens near the service's name or "bot", IBM IAM keys near "ibm"/"iam"),
+# that job over whole texts, with the library's keyword list). Triggers are chosen among letters
+# the scan looks for anyway (each first letter costs a pass over the text). Where a trigger narrows
+# a plugin (Discord tokens on a line with "bot", Telegram's near "telegram" or "bot"),
 # `named_values` still masks `*_TOKEN = value`.
 _DS_TRIGGERS: dict[type[RegexBasedDetector], tuple[str, ...] | list[tuple[str, ...] | None] | None] = {
     AWSKeyDetector: [None, ("aws",)],
@@ -116,11 +117,11 @@ _DS_TRIGGERS: dict[type[RegexBasedDetector], tuple[str, ...] | list[tuple[str, .
     AzureStorageKeyDetector: None,
     BasicAuthDetector: ("://",),
     CloudantDetector: ("cloudant", "cl_", "cl-", "clkey", "clpass", "clpw", "clapi", "cltoken", "clou"),
-    DiscordBotTokenDetector: ("discord", "bot"),
+    DiscordBotTokenDetector: ("bot",),
     GitHubTokenDetector: ("ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
     GitLabTokenDetector: ("glpat-", "gldt-", "glft-", "glsoat-", "glrt-", "gr1348941", "glcbt-", "glimt-",
                           "glptt-", "glagent-", "gloas-"),
-    IbmCloudIamDetector: ("ibm", "iam"),
+    IbmCloudIamDetector: ("key", "pwd", "pass", "token"),  # its name part must hold one of them
     IbmCosHmacDetector: ("secret_access_key", "secret-access-key", "secretaccesskey", "secret_key",
                          "secret-key", "secretkey"),
     JwtTokenDetector: None,
@@ -129,7 +130,7 @@ _DS_TRIGGERS: dict[type[RegexBasedDetector], tuple[str, ...] | list[tuple[str, .
     OpenAIDetector: ("t3blbkfj",),
     PypiTokenDetector: ("pypi-",),
     SendGridDetector: ("sg.",),
-    SlackDetector: [("xox",), ("hooks.slack.com",)],
+    SlackDetector: [("xox",), ("://",)],
     SoftlayerDetector: ("softlayer", "sl_", "sl-", "slapi", "slkey", "slpass", "slpwd", "sltoken"),
     SquareOAuthDetector: ("sq0csp-",),
     StripeDetector: ("k_live_",),
@@ -161,10 +162,10 @@ _PREFIXES: list[tuple[str, str, tuple[str, ...] | None]] = [
     ("slack_token", r"xox[abposr]-[A-Za-z0-9-]{10,}", ("xox",)),
     ("stripe_key", r"[spr]k_(?:live|test)_[A-Za-z0-9]{16,}", ("k_live_", "k_test_")),
     ("npm_token", r"npm_[A-Za-z0-9]{36}", None),
-    ("huggingface_token", r"hf_[A-Za-z0-9]{30,}", ("hf_",)),
-    ("digitalocean_token", r"do[por]_v1_[a-f0-9]{64}", ("dop_v1_", "doo_v1_", "dor_v1_")),
+    ("huggingface_token", r"hf_[A-Za-z0-9]{30,}", None),
+    ("digitalocean_token", r"do[por]_v1_[a-f0-9]{64}", None),
     ("shopify_token", r"shp(?:at|ss|ca|pa)_[a-fA-F0-9]{32}", ("shpat_", "shpss_", "shpca_", "shppa_")),
-    ("databricks_token", r"dapi[a-f0-9]{32}(?![A-Za-z0-9])", ("dapi",)),
+    ("databricks_token", r"dapi[a-f0-9]{32}(?![A-Za-z0-9])", None),
     ("age_secret_key", r"AGE-SECRET-KEY-1[0-9A-Z]{58}", None),
     ("aws_access_key", r"(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[0-9A-Z]{16}(?![0-9A-Za-z])", None),
 ]
@@ -192,9 +193,9 @@ RULE_DETECTORS = [
     Detector("password", re.compile(r"\bmachine\s+\S+\s+(?:login\s+\S+\s+)?password\s+(?P<pw>\S+)"),
              ("pass",), rank=STRUCTURE),
     Detector("password", re.compile(r"\blogin\b[^\n]*?\s(?:-p|--password)[ =](?P<pw>[^\s\"'$]\S{3,})"),
-             ("-p ", "-p=", "pass"), rank=STRUCTURE),
+             ("-p", "pass"), rank=STRUCTURE),
     Detector("password", re.compile(r"\bmysql(?:dump|admin)?\b[^\n]*?\s-p(?P<pw>[^\s\"'$-]\S{3,})"),
-             ("mysql",), rank=STRUCTURE),
+             ("-p",), rank=STRUCTURE),
 ]
 
 
@@ -224,7 +225,7 @@ _NOT_SECRET_WORDS = (
     "exact iexact isnull")
 NOT_SECRET = frozenset(_NOT_SECRET_WORDS.split())
 # The words a secret name holds (found with the detectors' triggers, in one scan).
-KEYWORDS = ("pass", "pwd", "secret", "token", "key", "auth", "credential", "salt", "hmac", "signature", "contrase")
+KEYWORDS = ("pass", "pwd", "secret", "token", "key", "auth", "credential", "salt", "signature", "contrase")
 _NAME_TAIL = re.compile(r"[A-Za-z0-9_.\-]*")
 _NAME_HEAD = re.compile(r"[A-Za-z0-9_.\-]+\Z")
 _ASSIGN = re.compile(
