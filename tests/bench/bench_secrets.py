@@ -427,7 +427,9 @@ def report(files: list[Planting], logs: list[Planting], default_pass: dict[int, 
            index: dict[str, Any], opt_in: dict[str, Any], per_tool: dict[str, int], index_s: float, ingest_s: float) -> None:
     stores = ["lake", "cache", "cli", "mcp"]
     forms = len(CODE_FORMS) + len(LOG_FORMS)
-    print(f"\nPlanted: {len(files)} code-file forms ({sum(p.form.secret_file for p in files)} secret by name) + "
+    kinds = {Path(p.where).suffix or Path(p.where).name for p in files}
+    print(f"\nPlanted: {len(files)} code-file forms in {len(kinds)} kinds of file "
+          f"({sum(p.form.secret_file for p in files)} secret by name) + "
           f"{len(LOG_FORMS)} message forms x {len(LOG_TOOLS)} log formats = {forms} forms, "
           f"{len(files) + len(logs)} plantings")
     print(f"index: {index_s:.1f} s, skipped {index['skipped']}, masked {index['secrets_masked']}; "
