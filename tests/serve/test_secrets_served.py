@@ -131,11 +131,9 @@ def test_opting_in_indexes_secret_files_with_their_values_masked(
         cli: Callable[..., Any], make_repo: Callable[..., Path], ctx_home: Path) -> None:
     repo = make_repo(PROJECT, name="app")
     assert cli("run", "index", cwd=repo).exit_code == 0
-    config = repo / ".ctx" / "config.toml"
-    config.write_text(config.read_text(encoding="utf-8") + '\n[index]\nsecret_files = "mask"\n', encoding="utf-8") \
-        if "[index]" not in config.read_text(encoding="utf-8") else \
-        config.write_text(config.read_text(encoding="utf-8").replace("[index]", '[index]\nsecret_files = "mask"', 1),
-                          encoding="utf-8")
+    config = repo / ".ctx" / "config.toml"  # written by the first run, every setting commented out
+    config.write_text(config.read_text(encoding="utf-8").replace("[index]", '[index]\nsecret_files = "mask"', 1),
+                      encoding="utf-8")
     again = cli("run", "index", "--json", cwd=repo)
     assert again.exit_code == 0, again.stderr
     report = json.loads(again.stdout)
@@ -146,3 +144,10 @@ def test_opting_in_indexes_secret_files_with_their_values_masked(
     assert ".env" in {h["path"] for h in hits}
     assert "ENV_ONLY_TOKEN=[REDACTED:" in found.stdout and "DEBUG=true" in found.stdout
     assert leaks_in(every_file(repo / ".ctx", ctx_home)) == []
+
+    # Back to the default: the secret files' chunks leave the index.
+    config.write_text(config.read_text(encoding="utf-8").replace('secret_files = "mask"', ""), encoding="utf-8")
+    back = json.loads(cli("run", "index", "--json", cwd=repo).stdout)
+    assert back["removed"] == 2 and back["skipped"]["secret"] == 2
+    after = cli("search", "ENV_ONLY_TOKEN DATABASE_PASSWORD", "--json", cwd=repo)
+    assert ".env" not in {h["path"] for h in json.loads(after.stdout)["hits"]}
