@@ -302,13 +302,25 @@ def resolve_root(path: Path | None, *, for_write: bool) -> Path:
     )
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
+def _parse_toml(path: Path, content: bytes) -> dict[str, Any]:
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(content.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot parse {path}: {exc}") from exc
+
+
+def read_project_config(root: Path, home: Path) -> dict[str, Any]:
+    """The project's config.toml, less the command settings its content is not trusted for.
+
+    Read once as bytes: the content parsed is the content whose hash is checked.
+    """
+    from ctxlake.schemas import trust
+
+    path = root / CTX_DIR / CONFIG_FILE
+    if not path.is_file():
+        return {}
+    content = path.read_bytes()
+    return trust.filter_untrusted(_parse_toml(path, content), path, content, home)
 
 
 def _env_layer(env: dict[str, str]) -> dict[str, dict[str, Any]]:
@@ -345,8 +357,14 @@ def load_settings(
     """Settings for the project at `root`: flags > CTX_* environment > .ctx/config.toml > defaults."""
     env = dict(os.environ) if env is None else env
     config_path = root / CTX_DIR / CONFIG_FILE
-    from_file = _read_toml(config_path)
+    from_file = read_project_config(root, default_home(env))
     unknown = sorted(set(from_file) - set(SECTIONS))
+    loose = [key for key in unknown if not isinstance(from_file[key], dict)]
+    if loose:
+        raise ConfigError(
+            f"setting(s) {', '.join(loose)} outside any [section] in {config_path}",
+            hint="uncomment the setting's [section] line too",
+        )
     if unknown:
         raise ConfigError(
             f"unknown section(s) {', '.join(unknown)} in {config_path}",
@@ -375,10 +393,12 @@ def default_config_toml() -> str:
     """The commented config written on first run: every setting with its default and meaning."""
     lines = [
         "# ctxlake project settings. Precedence: CLI flags > CTX_<SECTION>_<KEY> env > this file.",
-        "# Every line below is commented out and shows the default.",
+        "# Every line below is commented out and shows the default. To change a setting, uncomment",
+        "# it with its [section] line, or append your own [section] tables at the end: headers are",
+        "# commented too, so a table added below is never declared twice.",
     ]
     for name, section in SECTIONS.items():
-        lines += ["", f"[{name}]"]
+        lines += ["", f"# [{name}]"]
         for field, info in section.model_fields.items():
             if info.exclude:
                 continue

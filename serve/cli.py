@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from ctxlake import __version__
-from ctxlake.errors import CtxError, InputError
+from ctxlake.errors import ConfigError, CtxError, InputError
 from ctxlake.schemas.config import (
     CTX_DIR,
     Settings,
@@ -307,6 +307,54 @@ def sql(
     console.print(table)
     if result["truncated"]:
         typer.echo(f"(first {result['row_count']} rows; raise --limit for more)", err=True)
+
+
+@app.command()
+def trust(
+    show: Annotated[bool, typer.Option("--show", help="say whether the config is trusted; change nothing")] = False,
+    revoke: Annotated[bool, typer.Option("--revoke", help="stop trusting it")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Trust this project's .ctx/config.toml as it is now, so its commands may run (like direnv allow)."""
+    from ctxlake.schemas import trust as trust_store
+    from ctxlake.schemas.config import default_home, read_project_config
+
+    if show and revoke:
+        raise InputError("--show and --revoke cannot be used together")
+    root = resolve_root(None, for_write=False)
+    home = default_home()
+    path = root / CTX_DIR / "config.toml"
+    if not path.is_file():
+        raise ConfigError(f"no config file at {path}", hint="`ctx run index` writes one")
+    import tomllib
+
+    try:
+        parsed = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError):
+        read_project_config(root, home)  # raises the loader's one-line parse error
+        raise
+    if revoke:
+        message = "Revoked" if trust_store.revoke(path, home) else "Was not trusted"
+        typer.echo(f"{message}: {path}; its command settings are ignored.")
+    elif not show:
+        # A file that cannot load is not left recorded as reviewed.
+        digest = trust_store.trust(path, home)
+        try:
+            load_settings(root)
+        except CtxError:
+            trust_store.revoke(path, home)
+            raise
+        typer.echo(f"Trusted {path} (sha256 {digest[:12]}); any change to the file untrusts it.")
+    st = trust_store.state(path, parsed, home)
+    if as_json:
+        from ctxlake.serve.render import print_json
+
+        print_json(st.as_dict())
+    elif show:
+        typer.echo(f"{path}: {st.summary}")
+        for key in st.gated_keys:
+            section, name = key.split(".", 1)
+            typer.echo(f"  {key} = {parsed[section][name]!r}")
 
 
 @app.command()

@@ -55,6 +55,8 @@ class Status(BaseModel):
     stale_paths: list[str] = Field(default_factory=list)
     lake_bytes: int = 0
     writer: dict[str, Any] | None = Field(None, description="the indexer holding the lake, if one runs")
+    config_trust: dict[str, Any] | None = Field(
+        None, description="whether .ctx/config.toml is trusted to run commands (`ctx trust`), and what it sets")
 
 
 class FileHit(BaseModel):

@@ -503,6 +503,7 @@ def status(settings: Settings, check_stale: bool = True) -> Status:
     """What is indexed, with which model, how fresh, and whether an indexer is running."""
     lake_dir = settings.lake_dir
     out = Status(root=str(settings.root), lake_dir=str(lake_dir), indexed=False)
+    out.config_trust = _config_trust(settings)
     out.writer = WriterLock(lake_dir).held_by_other() if lake_dir.is_dir() else None
     state = IndexState.read(lake_dir) if lake_dir.is_dir() else None
     if state is None:
@@ -528,6 +529,19 @@ def status(settings: Settings, check_stale: bool = True) -> Status:
         out.stale_paths = fresh.stale_paths[:50]
     out.lake_bytes = _folder_bytes(lake_dir)
     return out
+
+
+def _config_trust(settings: Settings) -> dict[str, Any]:
+    import tomllib
+
+    from ctxlake.schemas import trust
+
+    try:
+        parsed = tomllib.loads(settings.config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        parsed = {}  # absent (reported as such) or unparsable (load_settings already said so)
+    st = trust.state(settings.config_path, parsed, settings.home)
+    return {**st.as_dict(), "summary": st.summary}
 
 
 def _counts(column: pa.ChunkedArray) -> dict[str, int]:

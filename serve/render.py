@@ -117,6 +117,8 @@ def _writer_kind(writer: dict[str, Any]) -> str:
 def print_status(st: Status, console: Console) -> None:
     if not st.indexed:
         console.print(f"{st.root}: not indexed yet (run `ctx run index`).")
+        if st.config_trust:
+            console.print(f"config: {st.config_trust.get('summary', '')}", highlight=False)
         if st.writer:
             console.print(f"A {_writer_kind(st.writer)} is running: pid {st.writer.get('pid')} "
                           f"since {st.writer.get('since')}.")
@@ -141,6 +143,8 @@ def print_status(st: Status, console: Console) -> None:
     if st.writer:
         rows.append((_writer_kind(st.writer), f"running: pid {st.writer.get('pid')} since {st.writer.get('since')}"))
     rows.append(("fresh", "yes" if not st.stale else f"no: {st.stale_count} file(s) changed since the last run"))
+    if st.config_trust:
+        rows.append(("config", st.config_trust.get("summary", "")))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         console.print(f"[bold]{key:<{width}}[/]  {value}", highlight=False)
