@@ -18,7 +18,7 @@ from pydantic import (
     field_validator,
 )
 
-from ctxlake.errors import ConfigError, InputError
+from ctxlake.errors import ConfigError, InputError, NotIndexedError
 
 CTX_DIR = ".ctx"
 # Where each HTTP embedding provider's key comes from.
@@ -296,7 +296,8 @@ def resolve_root(path: Path | None, *, for_write: bool) -> Path:
             raise InputError(f"refusing to index {root} without an explicit path",
                              hint=f"run `ctx run index {root}` if you really mean it")
         return root
-    raise ConfigError(
+    # "Not indexed" whether .ctx/ is missing or only its lake is: one exit code for one meaning.
+    raise NotIndexedError(
         f"no ctxlake index in {cwd} or any parent folder (looked for {CTX_DIR}/)",
         hint="run `ctx run index` in the project first",
     )

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from lancedb.table import Table
 
 # Statements that read; DuckDB would happily write files or attach databases otherwise.
+_READ_TYPES = ("SELECT", "EXPLAIN", "PRAGMA")
 _READ_ONLY = re.compile(r"^\s*(WITH|SELECT|FROM|DESCRIBE|SHOW|SUMMARIZE|EXPLAIN|PRAGMA\s+table_info)\b", re.I)
 
 
@@ -57,18 +58,37 @@ def duck(lake_dir: Path, with_vectors: bool = False, memory_dir: Path | None = N
             con.register(name, _read(db.open_table(name), with_vectors))
     if not lake_tables_names(con):
         raise NotIndexedError(f"the lake at {lake_dir} has no tables", hint="run `ctx run index` first")
+    _lock_down(con)
     return con
+
+
+def _lock_down(con: duckdb.DuckDBPyConnection) -> None:
+    """Only the registered lake tables stay reachable: no file reads or writes (COPY, read_text,
+    ATTACH), no extension install or load (network), no Python variables as tables, and the
+    configuration frozen so a query cannot turn any of it back on."""
+    for setting in ("enable_external_access", "autoinstall_known_extensions", "autoload_known_extensions",
+                    "allow_community_extensions", "python_enable_replacements"):
+        con.execute(f"SET {setting} = false")
+    con.execute("SET lock_configuration = true")
 
 
 def run_sql(lake_dir: Path, sql: str, limit: int = 1000, memory_dir: Path | None = None) -> dict[str, Any]:
     """One read-only statement over the lake -> {columns, rows, row_count, truncated}."""
-    if not _READ_ONLY.match(sql):
-        raise InputError("ctx sql runs read-only statements (SELECT, WITH, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN)")
     import duckdb
 
+    if limit < 1:
+        raise InputError(f"--limit must be at least 1, not {limit}")
     con = duck(lake_dir, memory_dir=memory_dir)
     try:
-        result = con.execute(sql)
+        statements = con.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise InputError(f"SQL error: {str(exc).splitlines()[0]}") from exc
+    if len(statements) != 1:
+        raise InputError(f"ctx sql runs exactly one statement, not {len(statements)}")
+    if statements[0].type.name not in _READ_TYPES or not _READ_ONLY.match(sql):
+        raise InputError("ctx sql runs read-only statements (SELECT, WITH, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN)")
+    try:
+        result = con.execute(statements[0])
     except duckdb.Error as exc:
         raise InputError(f"SQL error: {str(exc).splitlines()[0]}",
                          hint=f"tables: {', '.join(sorted(lake_tables_names(con)))}") from exc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import time
@@ -11,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from ctxlake import __version__
-from ctxlake.errors import ConfigError, CtxError, InputError
+from ctxlake.errors import ConfigError, CtxError, InputError, LakeError
 from ctxlake.schemas.config import (
     CTX_DIR,
     Settings,
@@ -78,7 +79,7 @@ def run_index(
     path: Annotated[Path | None, typer.Argument(help="project folder (default: this project)")] = None,
     force: Annotated[bool, typer.Option("--force", help="rebuild and re-embed everything")] = False,
     watch: Annotated[bool, typer.Option("--watch", help="after indexing, keep the index fresh until Ctrl-C")] = False,
-    wait: Annotated[float, typer.Option("--wait", help="seconds to wait for another indexer")] = 0.0,
+    wait: Annotated[float, typer.Option("--wait", min=0, help="seconds to wait for another indexer")] = 0.0,
     no_embed: Annotated[bool, typer.Option("--no-embed", help="chunk and keyword-index only")] = False,
     model: Annotated[str | None, typer.Option("--model", help="embedding profile or model")] = None,
     provider: Annotated[str | None, typer.Option("--provider", help="local, openai, gemini")] = None,
@@ -187,12 +188,12 @@ def _print_report(report: Any) -> None:
 @app.command()
 def search(
     query: Annotated[str, typer.Argument(help="what to look for: words, identifiers, a question")],
-    limit: Annotated[int | None, typer.Option("-n", "--limit", help="number of results")] = None,
+    limit: Annotated[int | None, typer.Option("-n", "--limit", min=1, help="number of results")] = None,
     mode: Annotated[str | None, typer.Option("--mode", help="hybrid | keyword | semantic | fuzzy")] = None,
     path_glob: Annotated[str | None, typer.Option("--path", help="only paths matching this glob, e.g. 'src/**/*.py'")] = None,
     lang: Annotated[str | None, typer.Option("--lang", help="only this language, e.g. python")] = None,
     sources: Annotated[str | None, typer.Option("--sources", help="comma-separated source names")] = None,
-    bm25_weight: Annotated[float | None, typer.Option("--bm25-weight", help="keyword share in hybrid, 0..1")] = None,
+    bm25_weight: Annotated[float | None, typer.Option("--bm25-weight", min=0.0, max=1.0, help="keyword share in hybrid, 0..1")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Search the project's index."""
@@ -283,7 +284,7 @@ cli_eval.register(app)
 @app.command()
 def sql(
     statement: Annotated[str, typer.Argument(help="a read-only SQL statement, e.g. \"SELECT lang, count(*) FROM files GROUP BY 1\"")],
-    limit: Annotated[int, typer.Option("-n", "--limit", help="at most this many rows")] = 1000,
+    limit: Annotated[int, typer.Option("-n", "--limit", min=1, help="at most this many rows")] = 1000,
     as_json: JsonOpt = False,
 ) -> None:
     """Query the lake's tables with DuckDB (files, chunks, knowledge, ...; memory's messages, sessions)."""
@@ -381,17 +382,56 @@ def run(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         typer.echo("ctx: interrupted; the next run picks up where this one stopped.", err=True)
         return 130
-    except click.exceptions.Exit as exc:
+    except (click.exceptions.Exit, typer.Exit) as exc:
         return exc.exit_code
-    except click.exceptions.Abort:
+    except (click.exceptions.Abort, typer.Abort):
         typer.echo("ctx: aborted.", err=True)
         return 130
-    except click.exceptions.ClickException as exc:
-        exc.show()
-        return exc.exit_code
+    except (click.exceptions.ClickException, typer.TyperException) as exc:
+        # typer vendors its own click: its usage errors (unknown option or command, missing or
+        # out-of-range argument) derive from TyperException, not from click's ClickException.
+        show = getattr(exc, "show", None)
+        if callable(show):
+            show()
+        else:
+            typer.echo(f"ctx: error: {exc}", err=True)
+        return int(getattr(exc, "exit_code", 2))
+    except OSError as exc:
+        lake_error = _as_lake_error(exc)
+        if lake_error is None:
+            raise  # not a storage failure: a bug, keep its traceback
+        typer.echo(f"ctx: error: {lake_error.message}", err=True)
+        if lake_error.hint:
+            typer.echo(f"ctx: hint: {lake_error.hint}", err=True)
+        return lake_error.exit_code
     if code == 130:
         typer.echo("ctx: interrupted; the next run picks up where this one stopped.", err=True)
     return code if isinstance(code, int) else 0
+
+
+_STORAGE_ERRNOS = {
+    errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
+    errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+}
+
+
+def _as_lake_error(exc: BaseException) -> LakeError | None:
+    """A full, read-only or forbidden disk under any layer (Lance, Arrow, Prefect) -> LakeError.
+
+    Lance and Arrow wrap the errno in their own exceptions, so the chain is searched too.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _STORAGE_ERRNOS:
+            where = f": {current.filename}" if current.filename else ""
+            return LakeError(f"storage error, {_STORAGE_ERRNOS[current.errno]}{where}",
+                             hint="free space or fix permissions, then run the command again; "
+                                  "the next run repairs a half-written lake")
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def main() -> None:

@@ -34,7 +34,7 @@ def _log_to_stderr(verbose: bool) -> str:
 
 def serve(
     http: Annotated[bool, typer.Option("--http", help="streamable HTTP on 127.0.0.1 instead of stdio")] = False,
-    port: Annotated[int | None, typer.Option("--port", help="HTTP port (default: the mcp.port setting, 8765)")] = None,
+    port: Annotated[int | None, typer.Option("--port", min=1, max=65535, help="HTTP port (default: the mcp.port setting, 8765)")] = None,
     root: Annotated[Path | None, typer.Option("--root", help="project folder (default: found from here)")] = None,
     allow_index: Annotated[bool, typer.Option("--allow-index", help=(
         "expose index_codebase, which starts `ctx run index` in a separate process"))] = False,

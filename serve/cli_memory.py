@@ -54,7 +54,7 @@ def run_ingest(
     tools: ToolOpt = None,
     no_embed: Annotated[bool, typer.Option("--no-embed", help="store and keyword-index only")] = False,
     force: Annotated[bool, typer.Option("--force", help="run even when nothing changed")] = False,
-    wait: Annotated[float, typer.Option("--wait", help="seconds to wait for another writer")] = 0.0,
+    wait: Annotated[float, typer.Option("--wait", min=0, help="seconds to wait for another writer")] = 0.0,
     as_json: JsonOpt = False,
     verbose: Annotated[bool, typer.Option("-v", "--verbose", help="show Prefect's logs")] = False,
 ) -> None:
@@ -150,7 +150,7 @@ def _print_ingest(report: Any) -> None:
 
 def sessions(
     tools: ToolOpt = None,
-    limit: Annotated[int, typer.Option("-n", "--limit", help="number of sessions")] = 20,
+    limit: Annotated[int, typer.Option("-n", "--limit", min=1, help="number of sessions")] = 20,
     all_projects: AllOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -174,8 +174,8 @@ def sessions(
 @session_app.command("show")
 def session_show(
     ref: Annotated[str, typer.Argument(help="session ref (tool:id[#n]) or a unique prefix of it or of the id")],
-    offset: Annotated[int, typer.Option("--offset", help="first message to show")] = 0,
-    limit: Annotated[int, typer.Option("-n", "--limit", help="messages per page")] = 50,
+    offset: Annotated[int, typer.Option("--offset", min=0, help="first message to show")] = 0,
+    limit: Annotated[int, typer.Option("-n", "--limit", min=1, help="messages per page")] = 50,
     as_json: JsonOpt = False,
 ) -> None:
     """A session's summary and its messages."""
@@ -209,7 +209,7 @@ def context_search(
     after: Annotated[str | None, typer.Option("--after", help="only after this date/time or age (2025-12-01, 7d)")] = None,
     before: Annotated[str | None, typer.Option("--before", help="only before this date/time or age")] = None,
     depth: Annotated[str, typer.Option("--depth", help="summary | detail | raw")] = "summary",
-    limit: Annotated[int, typer.Option("-n", "--limit", help="number of results")] = 10,
+    limit: Annotated[int, typer.Option("-n", "--limit", min=1, help="number of results")] = 10,
     all_projects: AllOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -238,7 +238,7 @@ def knowledge(
     kind: Annotated[str | None, typer.Option("--type", help="decision | error | insight")] = None,
     query: Annotated[str | None, typer.Option("--query", "-q", help="best matches for this text")] = None,
     include_superseded: Annotated[bool, typer.Option("--all", help="include superseded records")] = False,
-    limit: Annotated[int, typer.Option("-n", "--limit")] = 20,
+    limit: Annotated[int, typer.Option("-n", "--limit", min=1)] = 20,
     as_json: JsonOpt = False,
 ) -> None:
     """This project's decisions, error solutions and insights (.ctx/knowledge/)."""

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from ctxlake.tasks.source_store import SyncReport
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")]
-WaitOpt = Annotated[float, typer.Option("--wait", help="seconds to wait for another indexer")]
+WaitOpt = Annotated[float, typer.Option("--wait", min=0, help="seconds to wait for another indexer")]
 VerboseOpt = Annotated[bool, typer.Option("-v", "--verbose", help="show Prefect's logs")]
 RefOpt = Annotated[str | None, typer.Option("--ref", help="git branch, tag or full commit sha (default: the default branch)")]
 PathsOpt = Annotated[list[str] | None, typer.Option("--paths", help="only these folders/files (repeat or comma-separate)")]
@@ -283,7 +283,7 @@ def register(app: typer.Typer) -> None:
     def ask(
         question: Annotated[str, typer.Option("-q", "--question", help="what to ask")],
         sources: SourcesOpt = None, agent: AgentOpt = None,
-        timeout: Annotated[float | None, typer.Option("--timeout", help="seconds before the agent is stopped")] = None,
+        timeout: Annotated[float | None, typer.Option("--timeout", min=1, help="seconds before the agent is stopped")] = None,
         as_json: JsonOpt = False,
     ) -> None:
         """Ask a coding agent about some sources, in a sandbox that holds only them."""
