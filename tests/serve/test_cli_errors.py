@@ -139,3 +139,26 @@ def test_sql_reads_the_lake_and_nothing_else(indexed: Path, tmp_path: Path, cli:
     assert cli("sql", "select 1;", cwd=indexed).exit_code == 0
     two = cli("sql", "select 1; select 2", cwd=indexed)
     assert two.exit_code == 2 and "exactly one statement" in two.stderr
+
+
+def test_index_reports_wall_time_from_process_start(make_repo: Callable[..., Path]) -> None:
+    import time
+
+    repo = make_repo({"app.py": "def total(xs):\n    return sum(xs)\n"})
+    env = {"CTX_EMBED_PROVIDER": "fake", "CTX_EMBED_MODEL": "hash"}
+    assert ctx_subprocess("run", "index", cwd=repo, env=env).returncode == 0
+    (repo / "more.py").write_text("def more():\n    return 1\n")  # a one-file re-index
+    began = time.time()
+    done = ctx_subprocess("run", "index", "--json", cwd=repo, env=env)
+    waited = time.time() - began
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    # The wall time is what the user waited (less the exit after printing), and it is made of
+    # the run's own seconds plus start-up; the run's own clock alone is far shorter.
+    assert report["wall_seconds"] <= waited
+    assert report["wall_seconds"] >= waited - max(3.0, 0.25 * waited), (report, waited)
+    assert report["wall_seconds"] == pytest.approx(
+        report["seconds"] + report["startup_seconds"] + report["model_setup_s"], abs=0.01)
+    assert report["startup_seconds"] > report["seconds"]
+    human = ctx_subprocess("run", "index", "--force", cwd=repo, env=env)
+    assert "s starting Python and Prefect" in human.stdout and human.stdout.count("Done in ") == 1
