@@ -94,9 +94,9 @@ def is_trusted(config_path: Path, content: bytes, home: Path) -> bool:
     return _load(home).get(_key(config_path)) == digest(content)
 
 
-def trust(config_path: Path, home: Path) -> str:
-    """Record the file's current content as trusted; returns its sha256."""
-    value = digest(config_path.read_bytes())
+def trust(config_path: Path, home: Path, content: bytes | None = None) -> str:
+    """Record the file's content (as read now, or the bytes given) as trusted; returns its sha256."""
+    value = digest(config_path.read_bytes() if content is None else content)
     entries = _load(home)
     entries[_key(config_path)] = value
     _save(home, entries)

@@ -348,23 +348,27 @@ def trust(
         raise ConfigError(f"no config file at {path}", hint="`ctx run index` writes one")
     import tomllib
 
+    content = path.read_bytes()  # one read: the bytes shown and hashed are the same
     try:
-        parsed = tomllib.loads(path.read_text(encoding="utf-8"))
+        parsed = tomllib.loads(content.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError):
         read_project_config(root, home)  # raises the loader's one-line parse error
         raise
+    message = ""
     if revoke:
         message = "Revoked" if trust_store.revoke(path, home) else "Was not trusted"
-        typer.echo(f"{message}: {path}; its command settings are ignored.")
+        message += f": {path}; its command settings are ignored."
     elif not show:
         # A file that cannot load is not left recorded as reviewed.
-        digest = trust_store.trust(path, home)
+        digest = trust_store.trust(path, home, content)
         try:
             load_settings(root)
         except CtxError:
             trust_store.revoke(path, home)
             raise
-        typer.echo(f"Trusted {path} (sha256 {digest[:12]}); any change to the file untrusts it.")
+        message = f"Trusted {path} (sha256 {digest[:12]}); any change to the file untrusts it."
+    if message and not as_json:
+        typer.echo(message)
     st = trust_store.state(path, parsed, home)
     if as_json:
         from ctxlake.serve.render import print_json

@@ -78,7 +78,11 @@ def test_untrusted_commands_are_ignored_until_trusted_and_an_edit_revokes(
 def test_revoke_and_the_user_environment_is_trusted(cli: Callable[..., Any], cloned: dict[str, Any],
                                                     monkeypatch: pytest.MonkeyPatch, ctx_home: Path) -> None:
     repo = cloned["repo"]
-    assert cli("trust", cwd=repo).exit_code == 0
+    assert cli("trust", "--show", "--revoke", cwd=repo).exit_code == 2
+    trusted = cli("trust", "--json", cwd=repo)
+    assert trusted.exit_code == 0
+    assert json.loads(trusted.stdout)["trusted"] is True
+    assert json.loads(trusted.stdout)["gated_keys"] == ["memory.llm_command", "embed.trust_remote_code"]
     assert load_settings(repo).embed.trust_remote_code is True
     revoked = cli("trust", "--revoke", cwd=repo)
     assert revoked.exit_code == 0 and "Revoked" in revoked.stdout
