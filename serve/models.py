@@ -55,6 +55,8 @@ class Status(BaseModel):
     stale_paths: list[str] = Field(default_factory=list)
     lake_bytes: int = 0
     writer: dict[str, Any] | None = Field(None, description="the indexer holding the lake, if one runs")
+    memory_malformed: dict[str, dict[str, int]] = Field(
+        default_factory=dict, description="conversation logs: malformed records and skipped files per scraper and reason")
 
 
 class FileHit(BaseModel):

@@ -10,13 +10,14 @@ from ctxlake.errors import InputError, LakeError
 from ctxlake.schemas.config import MemorySettings
 from ctxlake.tasks.lake import write_atomic
 from ctxlake.tasks.scrape.antigravity import AntigravityScraper
-from ctxlake.tasks.scrape.base import FileState, Fingerprint, ScrapeOutput, Scraper
+from ctxlake.tasks.scrape.base import FILE_COUNTS, FileState, Fingerprint, ScrapeOutput, Scraper
 from ctxlake.tasks.scrape.claude import ClaudeScraper
 from ctxlake.tasks.scrape.codex import CodexScraper
 from ctxlake.tasks.scrape.copilot import CopilotCliScraper, CopilotVscodeScraper
 from ctxlake.tasks.scrape.cursor import CursorIdeScraper, CursorTranscriptScraper
 from ctxlake.tasks.scrape.gemini import GeminiScraper
 from ctxlake.tasks.scrape.opencode import OpenCodeScraper
+from ctxlake.tasks.scrape.safe_read import MB, ReadLimits
 from ctxlake.tasks.stage import stage
 
 SCRAPERS: dict[str, Scraper] = {
@@ -176,9 +177,9 @@ def split(item: WorkItem, group_bytes: int = GROUP_BYTES) -> list[WorkItem]:
 
 
 @stage("scrape")
-def scrape_group(group: WorkItem, state: ScrapeState) -> ScrapeOutput:
+def scrape_group(group: WorkItem, state: ScrapeState, limits: ReadLimits | None = None) -> ScrapeOutput:
     """Changed store files of one scraper -> Msg rows, session facts and counts; advances their positions."""
-    out = ScrapeOutput()
+    out = ScrapeOutput(limits=limits)
     s = SCRAPERS[group.scraper]
     files_state = state.files.setdefault(group.scraper, {})
     s.scrape(group.root, group.files, files_state, out)
@@ -188,11 +189,29 @@ def scrape_group(group: WorkItem, state: ScrapeState) -> ScrapeOutput:
     return out
 
 
+def read_limits(memory: MemorySettings) -> ReadLimits:
+    return ReadLimits(max_file_bytes=memory.max_file_mb * MB, max_line_bytes=memory.max_line_mb * MB)
+
+
+def malformed_totals(state: ScrapeState) -> dict[str, dict[str, int]]:
+    """Malformed records (and skipped files) by scraper and reason, over the store files present
+    at the last run: what `ctx status` shows."""
+    totals: dict[str, dict[str, int]] = {}
+    for name, files in state.files.items():
+        for pos in files.values():
+            counts = pos.extra.get(FILE_COUNTS)
+            if isinstance(counts, dict):
+                mine = totals.setdefault(name, {})
+                for reason, n in counts.items():
+                    mine[str(reason)] = mine.get(str(reason), 0) + int(n)
+    return {name: dict(sorted(c.items())) for name, c in sorted(totals.items()) if c}
+
+
 def prune(state: ScrapeState, removed: dict[str, list[str]]) -> None:
     for name, paths in removed.items():
         for path in paths:
             state.files.get(name, {}).pop(path, None)
 
 
-__all__ = ["SCRAPERS", "Plan", "ScrapeOutput", "ScrapeState", "Scraper", "WorkItem", "parse_from", "plan",
-           "prune", "resolve_roots", "scrape_group", "scraper", "split"]
+__all__ = ["SCRAPERS", "Plan", "ScrapeOutput", "ScrapeState", "Scraper", "WorkItem", "malformed_totals", "parse_from", "plan",
+           "prune", "read_limits", "resolve_roots", "scrape_group", "scraper", "split"]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -13,6 +15,21 @@ from typing import Any, ClassVar, Protocol
 import orjson
 import xxhash
 
+from ctxlake.tasks.scrape.safe_read import (
+    OVERSIZE,
+    SNIFF_BYTES,
+    ReadLimits,
+    SkippedFile,
+    lines,
+    load_json,
+    open_regular,
+    parse_line,
+    read_bounded,
+    sniff_utf16,
+)
+
+log = logging.getLogger(__name__)
+
 # Tool output is mostly noise for a summary; a one-line input summary is what an agent needs.
 INPUT_SUMMARY_CHARS = 300
 # Call id -> tool name maps kept per file between runs, so a tool result appended later is named.
@@ -20,6 +37,11 @@ KEEP_CALL_NAMES = 200
 # Keys under which agent tools pass file paths to their tools.
 FILE_KEYS = ("file_path", "filePath", "path", "notebook_path", "TargetFile", "AbsolutePath", "file",
              "filename", "target_file", "relative_workspace_path")
+FILE_COUNTS = "_malformed"  # FileState.extra key: this file's malformed records by reason
+ENCODING = "_encoding"  # FileState.extra key: a JSONL file's detected UTF-16 flavour
+UTF8_BOM = b"\xef\xbb\xbf"
+# A file whose parser keeps failing is stepped over line by line at most this many times per run.
+MAX_RESUMES = 100_000
 PATCH_FILE = re.compile(r"^\*\*\* (?:Update|Add|Delete) File: (.+)$", re.M)
 EXIT_CODE = re.compile(r"Exit Code: (-?\d+)")
 
@@ -92,6 +114,9 @@ class FileState:
     offset: int = 0
     digest: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # Not saved: the end offset of the JSONL line being parsed, so a parser failure on it can
+    # step past that one line and resume.
+    reading: int = field(default=-1, compare=False)
 
     def to_json(self) -> list[Any]:
         return [self.fp, self.inode, self.offset, self.digest, self.extra]
@@ -143,6 +168,45 @@ class Counts:
         return sum(self.malformed.values())
 
 
+INT64 = 2**63 - 1
+
+
+def _opt_str(value: Any) -> str | None:
+    return value if isinstance(value, str) or value is None else str(value)
+
+
+def _opt_int(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        n = int(value)
+    except (OverflowError, ValueError):  # inf, nan
+        return None
+    return n if -INT64 <= n <= INT64 else None
+
+
+def sanitize(msg: Msg) -> None:
+    """Field types a drifted log put in a row are made to fit the MESSAGES schema (no value is
+    dropped that has a faithful text form), so one odd record cannot fail the store of a batch."""
+    for name in ("tool", "session_id", "role", "kind", "text", "key", "source_file", "scope", "project_path",
+                 "project_hint"):
+        value = getattr(msg, name)
+        if not isinstance(value, str):
+            setattr(msg, name, "" if value is None else str(value))
+    for name in ("model", "agent", "parent_id"):  # optional ids: a non-text value is no id
+        value = getattr(msg, name)
+        setattr(msg, name, value if isinstance(value, str) else None)
+    for name in ("tokens_in", "tokens_out", "tokens_cached"):
+        setattr(msg, name, _opt_int(getattr(msg, name)))
+    if not isinstance(msg.seq, int) or isinstance(msg.seq, bool) or abs(msg.seq) > INT64:
+        msg.seq = 0
+    msg.files = [f if isinstance(f, str) else str(f) for f in msg.files if f is not None]
+    msg.tool_calls = [{"id": _opt_str(c.get("id")), "name": str(c.get("name") or "unknown"),
+                       "input": str(c.get("input") or ""),
+                       "is_error": c.get("is_error") if isinstance(c.get("is_error"), bool) else None}
+                      for c in msg.tool_calls if isinstance(c, dict)]
+
+
 class ScrapeOutput:
     """Rows and session facts collected from one group of store files.
 
@@ -151,19 +215,24 @@ class ScrapeOutput:
     """
 
     def __init__(self, messages: list[Msg] | None = None,
-                 meta: dict[tuple[str, str], SessionMeta] | None = None) -> None:
+                 meta: dict[tuple[str, str], SessionMeta] | None = None, limits: ReadLimits | None = None) -> None:
         self.messages: list[Msg] = messages if messages is not None else []
         self.meta: dict[tuple[str, str], SessionMeta] = meta if meta is not None else {}
         self.counts = Counts()
         self.warnings: list[str] = []  # files that could not be read
         self.problems: list[str] = []  # where the malformed records are (first 200)
         self.failed: set[str] = set()  # files not read: their position is not advanced
+        self.limits = limits or ReadLimits()
+        # Malformed counts of the file being read, kept in its saved position so that `ctx
+        # status` can total what the logs present now hold (a re-read document replaces them).
+        self.file_counts: dict[str, int] | None = None
 
     def cannot_read(self, path: Path, exc: Exception) -> None:
         self.failed.add(str(path))
         self.warnings.append(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})")
 
     def emit(self, msg: Msg) -> Msg:
+        sanitize(msg)
         self.messages.append(msg)
         self.counts.messages += 1
         return msg
@@ -177,8 +246,26 @@ class ScrapeOutput:
 
     def malformed(self, reason: str, where: str) -> None:
         self.counts.malformed[reason] = self.counts.malformed.get(reason, 0) + 1
+        if self.file_counts is not None:
+            self.file_counts[reason] = self.file_counts.get(reason, 0) + 1
         if len(self.problems) < 200:
             self.problems.append(f"{where}: {reason}")
+
+    def skipped(self, path: Path, reason: str) -> None:
+        """A store file deliberately not read: counted like a malformed record, and warned about."""
+        self.malformed(f"file {reason}", str(path))
+        self.warnings.append(f"{path}: skipped ({reason})")
+
+    def parser_failed(self, exc: Exception, where: str) -> None:
+        """A record that broke its parser in a way nobody foresaw: counted, one line logged."""
+        reason = f"parser error ({type(exc).__name__})"
+        self.malformed(reason, where)
+        frames = traceback.extract_tb(exc.__traceback__)
+        at = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+        line = f"{where}: {reason}{at}: {str(exc)[:200]}"
+        if len(self.warnings) < 200:
+            self.warnings.append(line)
+        log.warning("%s", line)
 
     def unknown(self, record_type: str) -> None:
         self.counts.unknown[record_type] = self.counts.unknown.get(record_type, 0) + 1
@@ -262,7 +349,40 @@ def mtime_ts(path: Path) -> datetime:
 
 
 def loads(data: bytes | str) -> Any:
-    return orjson.loads(data)
+    """A JSON document in UTF-8, UTF-16 (BOM or not) or Latin-1; ValueError when not JSON."""
+    return load_json(data) if isinstance(data, bytes) else orjson.loads(data)
+
+
+def integer(value: Any) -> int | None:
+    """An int field (token counts, exit codes) or None: bools, floats of nonsense and text are not ints."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**62:
+        return int(value)
+    return None
+
+
+def items(value: Any) -> list[Any]:
+    """`value` when it is a JSON array, else an empty one (a string or object where a list should be)."""
+    return value if isinstance(value, list) else []
+
+
+def dicts(value: Any) -> list[dict[str, Any]]:
+    """The objects of a JSON array; anything else in it (or a non-array) is left out."""
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def label(value: Any) -> str:
+    """A record's type for the unknown-type counts: its text, or what JSON type stood there instead."""
+    if isinstance(value, str):
+        return value[:80]
+    return "null" if value is None else f"<{type(value).__name__}>"
+
+
+def opt_string(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def reset_if_replaced(path: Path, pos: FileState) -> None:
@@ -274,56 +394,102 @@ def reset_if_replaced(path: Path, pos: FileState) -> None:
     st = os.stat(path)
     if st.st_ino != pos.inode or st.st_size < pos.offset:
         pos.offset = 0
+        counts = pos.extra.get(FILE_COUNTS)
         pos.extra.clear()
+        if isinstance(counts, dict):  # the same dict: a reader may be counting into it
+            counts.clear()
+            pos.extra[FILE_COUNTS] = counts
     pos.inode = st.st_ino
+
+
+def counts_of(pos: FileState) -> dict[str, int]:
+    counts: dict[str, int] = pos.extra.setdefault(FILE_COUNTS, {})
+    return counts
 
 
 def scrape_each(files: Sequence[Path], state: dict[str, FileState], out: ScrapeOutput,
                 read: Callable[[Path, FileState, ScrapeOutput], None]) -> None:
-    """Read each store file from its saved position; one that cannot be read is reported and
-    skipped (the others still count)."""
+    """Read each store file from its saved position. Nothing in one file stops the others: a
+    file that cannot be read is reported and skipped, a FIFO or oversize file is counted and
+    skipped, and a record that breaks its parser is counted, stepped over, and reading resumes."""
     for path in files:
         pos = state.setdefault(str(path), FileState())
-        try:
-            read(path, pos, out)
-        except OSError as exc:
-            out.cannot_read(path, exc)
-            continue
+        guarded_read(path, pos, out, read)
+
+
+def guarded_read(path: Path, pos: FileState, out: ScrapeOutput,
+                 read: Callable[[Path, FileState, ScrapeOutput], None]) -> None:
+    out.file_counts = counts_of(pos)
+    try:
+        for _ in range(MAX_RESUMES):
+            pos.reading = -1
+            try:
+                read(path, pos, out)
+            except SkippedFile as exc:
+                out.skipped(path, exc.reason)
+            except OSError as exc:
+                out.cannot_read(path, exc)
+                return
+            except Exception as exc:  # a parser bug must not take ingestion down
+                out.file_counts = counts_of(pos)  # a reset may have replaced them
+                resume = pos.reading > pos.offset
+                out.parser_failed(exc, f"{path}:{pos.offset}" if resume else str(path))
+                if resume:
+                    pos.offset = pos.reading  # step over the one line that broke, read on
+                    continue
+            break
         out.counts.files += 1
+    finally:
+        out.file_counts = None
+        if not pos.extra.get(FILE_COUNTS):
+            pos.extra.pop(FILE_COUNTS, None)
 
 
-def read_new_lines(path: Path, pos: FileState) -> Iterator[tuple[int, bytes]]:
+def read_new_lines(path: Path, pos: FileState, limits: ReadLimits | None = None,
+                   out: ScrapeOutput | None = None) -> Iterator[tuple[int, bytes]]:
     """Complete lines appended since `pos` as (byte offset, line); advances `pos.offset`.
 
     A file that shrank or was replaced (another inode) is read again from the start: record ids
     make re-reading harmless. A last line without its newline is left for the next run unless it
-    already parses (the tool may simply not end its file with one).
+    already parses (the tool may simply not end its file with one). A line over the line bound
+    is skipped and counted (with `out`); a UTF-8 BOM is skipped, UTF-16 is decoded.
     """
+    limits = limits or ReadLimits()
     reset_if_replaced(path, pos)
-    with open(path, "rb") as fh:
-        fh.seek(pos.offset)
-        offset = pos.offset
-        for line in fh:
-            if not line.endswith(b"\n"):
-                try:
-                    orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    break
-            yield offset, line
-            offset += len(line)
-            pos.offset = offset
+    if pos.offset == 0:
+        with open_regular(path, limits) as head_fh:
+            head = head_fh.read(SNIFF_BYTES)
+        if head.startswith(UTF8_BOM):
+            pos.offset = 3
+        encoding = sniff_utf16(head)
+        if encoding is not None:
+            pos.extra[ENCODING] = encoding
+    encoding = pos.extra.get(ENCODING)
+    for offset, end, line in lines(path, pos.offset, limits, encoding if isinstance(encoding, str) else None):
+        if line is OVERSIZE:
+            if out is not None:
+                out.counts.records += 1
+                out.malformed(f"line over {limits.max_line_bytes // (1024 * 1024)} MB", f"{path}:{offset}")
+            pos.offset = end
+            continue
+        if not line.endswith(b"\n"):
+            value, _ = parse_line(line)
+            if value is None:
+                break
+        pos.reading = end
+        yield offset, line
+        pos.offset = end
 
 
 def json_lines(path: Path, pos: FileState, out: ScrapeOutput) -> Iterator[tuple[int, dict[str, Any]]]:
     """New JSON objects of a JSONL file with their byte offsets; bad lines are counted and skipped."""
-    for offset, line in read_new_lines(path, pos):
+    for offset, line in read_new_lines(path, pos, out.limits, out):
         if not line.strip():
             continue
         out.counts.records += 1
-        try:
-            record = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            out.malformed("not JSON", f"{path}:{offset}")
+        record, reason = parse_line(line)
+        if reason:
+            out.malformed(reason, f"{path}:{offset}")
             continue
         if not isinstance(record, dict):
             out.malformed("not a JSON object", f"{path}:{offset}")
@@ -331,14 +497,26 @@ def json_lines(path: Path, pos: FileState, out: ScrapeOutput) -> Iterator[tuple[
         yield offset, record
 
 
-def read_document(path: Path, pos: FileState) -> bytes | None:
-    """A whole JSON document's bytes, or None when its content hash equals the saved one."""
-    data = path.read_bytes()
+def read_document(path: Path, pos: FileState, limits: ReadLimits | None = None) -> bytes | None:
+    """A whole JSON document's bytes, or None when its content hash equals the saved one.
+    New content replaces the file's malformed counts (they are counted again as it is parsed)."""
+    data = read_bounded(path, limits or ReadLimits())
     digest = xxhash.xxh3_64_hexdigest(data)
     if digest == pos.digest:
         return None
     pos.digest = digest
+    counts_of(pos).clear()
     return data
+
+
+def guard(out: ScrapeOutput, where: str, fn: Callable[..., None], *args: Any) -> None:
+    """fn(*args) for one record of a document; a failure is counted against that record only."""
+    try:
+        fn(*args)
+    except SkippedFile:
+        raise
+    except Exception as exc:
+        out.parser_failed(exc, where)
 
 
 # -- content helpers -----------------------------------------------------------------------------
@@ -437,8 +615,8 @@ def exit_code_error(text: str) -> bool | None:
     return None if match is None else int(match.group(1)) != 0
 
 
-def remember_call(extra: dict[str, Any], call_id: str | None, name: str) -> None:
-    if not call_id:
+def remember_call(extra: dict[str, Any], call_id: Any, name: str) -> None:
+    if not call_id or not isinstance(call_id, str):
         return
     names: dict[str, str] = extra.setdefault("calls", {})
     names[call_id] = name

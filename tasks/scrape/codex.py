@@ -15,7 +15,9 @@ from ctxlake.tasks.scrape.base import (
     call_name,
     files_in,
     first_existing,
+    integer,
     json_lines,
+    label,
     maybe_json,
     parse_ts,
     record_hash,
@@ -60,25 +62,26 @@ class CodexScraper(JsonlScraper):
             extra["session"] = match.group(1) if match else path.stem
         self.last_assistant = None
         for offset, rec in json_lines(path, pos, out):
-            kind = rec.get("type")
+            kind = string(rec.get("type"))
             payload = rec.get("payload")
             where = f"{path}:{offset}"
             if kind in IGNORED_TOP:
                 out.ignored()
                 continue
             if kind not in ("session_meta", "turn_context", "response_item", "event_msg", "compacted"):
-                out.unknown(str(kind))
+                out.unknown(label(rec.get("type")))
                 continue
             if not isinstance(payload, dict):
                 out.malformed("no payload", where)
                 continue
-            if kind == "event_msg" and payload.get("type") not in ("token_count", "error"):
+            ptype = string(payload.get("type"))
+            if kind == "event_msg" and ptype not in ("token_count", "error"):
                 out.ignored()
                 continue
-            if kind == "response_item" and payload.get("type") in IGNORED_ITEMS:
+            if kind == "response_item" and ptype in IGNORED_ITEMS:
                 out.ignored()
                 continue
-            if kind == "response_item" and payload.get("type") == "message" and payload.get("role") not in ("user", "assistant"):
+            if kind == "response_item" and ptype == "message" and payload.get("role") not in ("user", "assistant"):
                 out.ignored()  # developer/system instructions
                 continue
             ts = parse_ts(rec.get("timestamp"))
@@ -109,7 +112,7 @@ class CodexScraper(JsonlScraper):
             return
         base: dict[str, Any] = dict(tool=self.tool, session_id=extra["session"], timestamp=ts, seq=offset,
                     source_file=str(path), project_path=extra.get("cwd", ""))
-        ptype = payload.get("type")
+        ptype = string(payload.get("type"))
         if kind == "event_msg" and ptype == "token_count":
             self._tokens(payload, extra)
             out.ignored()
@@ -149,7 +152,7 @@ class CodexScraper(JsonlScraper):
             out.emit(Msg(role="tool", kind="tool_result", text=text, key=key,
                          tool_calls=[{"id": call_id, "name": name, "input": "", "is_error": is_error}], **base))
         else:
-            out.unknown(f"response_item:{ptype}")
+            out.unknown(f"response_item:{label(payload.get('type'))}")
 
     def _assistant(self, msg: Msg, extra: dict[str, Any]) -> None:
         self.last_assistant = msg
@@ -163,7 +166,7 @@ class CodexScraper(JsonlScraper):
         total = info.get("total_token_usage") if isinstance(info, dict) else None
         if not isinstance(total, dict):
             return
-        now = [int(total.get(k) or 0) for k in ("input_tokens", "output_tokens", "cached_input_tokens")]
+        now = [integer(total.get(k)) or 0 for k in ("input_tokens", "output_tokens", "cached_input_tokens")]
         before = extra.get("total", [0, 0, 0])
         if sum(now[:2]) <= sum(before[:2]):
             return  # the same totals reported again
