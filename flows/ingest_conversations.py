@@ -42,7 +42,16 @@ from ctxlake.tasks.memory_store import (
 )
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.redact import redact_scraped
-from ctxlake.tasks.scrape import SCRAPERS, ScrapeState, malformed_totals, plan, prune, read_limits, scrape_group, split
+from ctxlake.tasks.scrape import (
+    SCRAPERS,
+    ScrapeState,
+    malformed_totals,
+    plan,
+    prune,
+    read_limits,
+    scrape_group,
+    split,
+)
 from ctxlake.tasks.scrape.base import Counts, ScrapeOutput, SessionMeta
 from ctxlake.tasks.sessionize import (
     batches,

@@ -25,6 +25,7 @@ from ctxlake.tasks.scrape.safe_read import (
     open_regular,
     parse_line,
     read_bounded,
+    size_text,
     sniff_utf16,
 )
 
@@ -469,7 +470,7 @@ def read_new_lines(path: Path, pos: FileState, limits: ReadLimits | None = None,
         if line is OVERSIZE:
             if out is not None:
                 out.counts.records += 1
-                out.malformed(f"line over {limits.max_line_bytes // (1024 * 1024)} MB", f"{path}:{offset}")
+                out.malformed(f"line over {size_text(limits.max_line_bytes)}", f"{path}:{offset}")
             pos.offset = end
             continue
         if not line.endswith(b"\n"):

@@ -140,9 +140,12 @@ class CursorIdeScraper:
         return ide_roots(user_home)
 
     def store_files(self, root: Path) -> list[Path]:
-        if root.is_file():
+        # Anything named state.vscdb is listed (a FIFO too), so that one which is not a regular
+        # file is counted when read rather than passed over unseen.
+        if root.exists() and not root.is_dir():
             return [root]
-        return sorted(p for p in (root / "state.vscdb", first_existing(root, "globalStorage") / "state.vscdb") if p.is_file())[:1]
+        return sorted(p for p in (root / "state.vscdb", first_existing(root, "globalStorage") / "state.vscdb")
+                      if p.exists() and not p.is_dir())[:1]
 
     def fingerprint(self, path: Path) -> Fingerprint | None:
         # Committed pages may sit in the -wal file while the main file is untouched.

@@ -57,13 +57,17 @@ def open_regular(path: Path, limits: ReadLimits) -> BinaryIO:
         if not stat.S_ISREG(st.st_mode):
             raise SkippedFile("not a regular file")
         if st.st_size > limits.max_file_bytes:
-            raise SkippedFile(f"file over {limits.max_file_bytes // MB} MB")
+            raise SkippedFile(f"over {size_text(limits.max_file_bytes)}")
         # Regular files never block; clear the flag so reads behave as usual.
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
         raise
+
+
+def size_text(n: int) -> str:
+    return f"{n // MB} MB" if n >= MB and n % MB == 0 else f"{n:,} bytes"
 
 
 def is_regular(path: Path) -> bool:
@@ -214,5 +218,19 @@ def parse_line(line: bytes) -> tuple[Any, str]:
     return None, "not JSON"
 
 
-__all__ = ["MAX_FILE_BYTES", "MAX_LINE_BYTES", "OVERSIZE", "ReadLimits", "SkippedFile", "decode_text",
-           "is_regular", "lines", "load_json", "open_regular", "parse_line", "read_bounded", "sniff_utf16"]
+__all__ = [
+    "MAX_FILE_BYTES",
+    "MAX_LINE_BYTES",
+    "OVERSIZE",
+    "ReadLimits",
+    "SkippedFile",
+    "decode_text",
+    "is_regular",
+    "lines",
+    "load_json",
+    "open_regular",
+    "parse_line",
+    "read_bounded",
+    "size_text",
+    "sniff_utf16",
+]
