@@ -12,20 +12,22 @@ from ctxlake.tasks.scrape.base import (
     Fingerprint,
     Msg,
     ScrapeOutput,
-    dicts,
-    files_in,
     json_lines,
-    label,
-    maybe_json,
     mtime_ts,
-    parse_ts,
     read_document,
     scrape_each,
     stat_fingerprint,
+    walk_files,
+)
+from ctxlake.tasks.scrape.fields import (
+    dicts,
+    files_in,
+    label,
+    maybe_json,
+    parse_ts,
     string,
     strip_file_uri,
     tool_call,
-    walk_files,
 )
 from ctxlake.tasks.scrape.safe_read import decode_text
 

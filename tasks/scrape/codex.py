@@ -12,11 +12,13 @@ from ctxlake.tasks.scrape.base import (
     Msg,
     ScrapeOutput,
     SessionMeta,
+    first_existing,
+    json_lines,
+)
+from ctxlake.tasks.scrape.fields import (
     call_name,
     files_in,
-    first_existing,
     integer,
-    json_lines,
     label,
     maybe_json,
     parse_ts,

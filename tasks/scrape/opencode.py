@@ -14,21 +14,23 @@ from ctxlake.tasks.scrape.base import (
     ScrapeOutput,
     SessionMeta,
     counts_of,
+    guard,
+    loads,
+    stat_fingerprint,
+    walk_files,
+)
+from ctxlake.tasks.scrape.fields import (
     dicts,
     files_in,
-    guard,
     items,
     label,
-    loads,
     obj,
     opt_string,
     parse_ts,
-    stat_fingerprint,
     string,
     strip_file_uri,
     text_of,
     tool_call,
-    walk_files,
 )
 from ctxlake.tasks.scrape.safe_read import ReadLimits, SkippedFile, read_bounded
 
