@@ -15,8 +15,11 @@ ignored / unknown / malformed by reason, and crashes: exceptions that escaped th
 row conversion (must be 0). "parser error (...)" reasons are records that broke a parser and were
 caught by the per-record guard: counted, not lost, but each one is a crash site to fix.
 
-`--drift DIR` (repeatable) also runs every scraper over another project's fixture files (e.g. a
-fetched mirror) and reports what they parsed and counted.
+`--drift-git GITDIR:FOLDER` (repeatable) also scrapes another project's agent-log fixtures, read
+from a git mirror of it (e.g. ../.mirror/lanegrid+agtrace/repo:crates/agtrace-providers/tests/samples)
+into a temporary folder, never into this repository. Files are routed to a scraper by name
+(claude*, codex* / rollout-*, gemini*, cursor*, copilot*, opencode*, antigravity*) and each
+scraper's counts are printed: records counted, messages, ignored, unknown and malformed by reason.
 """
 
 from __future__ import annotations
@@ -242,7 +245,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     ap.add_argument("--records", type=int, default=56_000, help="mutated records in all (split over 7 tools)")
     ap.add_argument("--seed", type=int, default=11)
-    ap.add_argument("--drift", action="append", default=[], help="another project's fixture folder to scrape")
+    ap.add_argument("--drift-git", action="append", default=[], metavar="GITDIR:FOLDER",
+                    help="another project's fixture folder in a git mirror, to scrape")
     args = ap.parse_args()
     if not FIXTURES.is_dir():
         print(f"skipped: {FIXTURES} (seed records) is absent")
@@ -264,15 +268,44 @@ def main() -> int:
             out, error = scrape_tree(tool, folder)
             crashes += report(tool, per_tool, out, error, time.perf_counter() - t0)
     print(f"total {time.perf_counter() - started:.1f} s; crashes {crashes}")
-    for folder in args.drift:
-        print(f"\nschema drift: {folder}")
-        for name in SCRAPERS:
-            t0 = time.perf_counter()
-            out, error = scrape_tree(name, Path(folder))
-            if out is not None and out.counts.files == 0:
-                continue
-            crashes += report(name, "-", out, error, time.perf_counter() - t0)
+    for spec in args.drift_git:
+        crashes += drift(spec)
     return 1 if crashes else 0
+
+
+ROUTES = (("claude", "claude"), ("codex", "codex"), ("rollout-", "codex"), ("gemini", "gemini"), ("cursor", "cursor"),
+          ("copilot", "copilot"), ("opencode", "opencode"), ("antigravity", "antigravity"))
+
+
+def drift(spec: str) -> int:
+    """Scrape another project's fixture files (from its git mirror) with the scraper their name points to."""
+    import subprocess
+    import tarfile
+
+    git_dir, _, folder = spec.partition(":")
+    print(f"\nschema drift: {spec}")
+    crashes = 0
+    with tempfile.TemporaryDirectory(prefix="ctx-drift-") as tmp:
+        archive = subprocess.run(["git", f"--git-dir={git_dir}", "archive", "HEAD", folder], check=True,
+                                 capture_output=True).stdout
+        src = Path(tmp) / "src"
+        with tarfile.open(fileobj=__import__("io").BytesIO(archive)) as tar:
+            tar.extractall(src, filter="data")
+        roots: dict[str, Path] = {}
+        for path in sorted(p for p in src.rglob("*") if p.is_file()):
+            tool = next((t for prefix, t in ROUTES if path.name.startswith(prefix)), None)
+            if tool is None or path.suffix not in (".json", ".jsonl"):
+                continue
+            root = roots.setdefault(tool, Path(tmp) / "by-tool" / tool)
+            # Gemini's chats are JSON documents named session-*.json under <hash>/chats/.
+            target = root / "h" / "chats" / f"session-{path.stem}{path.suffix}" if tool == "gemini" else root / path.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(path.read_bytes())
+        for tool, root in roots.items():
+            t0 = time.perf_counter()
+            out, error = scrape_tree(tool, root)
+            crashes += report(tool, f"{len(SCRAPERS[tool].store_files(root))} files", out, error, time.perf_counter() - t0)
+    return crashes
 
 
 if __name__ == "__main__":

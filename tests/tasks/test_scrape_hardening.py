@@ -212,3 +212,23 @@ def test_schema_drift_loses_nothing_silently(tmp_path: Path) -> None:
     assert old[0].files == ["/a.py"] and old[0].model == "m-1" and old[0].tokens_in == 3
     assert "drifted block" in [m.text for m in msgs["cursor"]]
     assert all(c.n_malformed == 0 for c in counts.values())
+
+
+def test_codex_event_only_messages_are_kept_and_copies_are_not(tmp_path: Path) -> None:
+    """Review-mode and subagent rollouts carry their text only in user_message / agent_message events."""
+    root = tmp_path / "codex"
+    day = root / "2026" / "03" / "02"
+    write_jsonl(day / "rollout-2026-03-02T09-00-00-sub.jsonl", [
+        {"timestamp": at(1), "type": "event_msg", "payload": {"type": "user_message", "message": "review this"}},
+        {"timestamp": at(2), "type": "event_msg", "payload": {"type": "agent_message", "message": "review done"}}])
+    write_jsonl(day / "rollout-2026-03-02T10-00-00-full.jsonl", [
+        {"timestamp": at(3), "type": "response_item",
+         "payload": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]}},
+        {"timestamp": at(3), "type": "event_msg", "payload": {"type": "user_message", "message": "hello"}},
+        {"timestamp": at(4), "type": "event_msg", "payload": {"type": "agent_message", "message": "hi there"}},
+        {"timestamp": at(4), "type": "response_item",
+         "payload": {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hi there"}]}}])
+    msgs, counts = scrape_all({"codex": root})
+    assert sorted((m.role, m.text) for m in msgs["codex"]) == [
+        ("assistant", "hi there"), ("assistant", "review done"), ("user", "hello"), ("user", "review this")]
+    assert counts["codex"].ignored == 2  # the two event copies of the full rollout
