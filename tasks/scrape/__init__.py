@@ -182,7 +182,11 @@ def scrape_group(group: WorkItem, state: ScrapeState, limits: ReadLimits | None 
     out = ScrapeOutput(limits=limits)
     s = SCRAPERS[group.scraper]
     files_state = state.files.setdefault(group.scraper, {})
-    s.scrape(group.root, group.files, files_state, out)
+    try:
+        s.scrape(group.root, group.files, files_state, out)
+    except Exception as exc:  # the last net under the per-file and per-record guards: never stop ingest
+        out.parser_failed(exc, str(group.root))
+        out.failed.update(str(p) for p in group.files)  # their positions stay; the next run tries again
     for key, fp in group.fingerprints.items():
         if key not in out.failed:
             files_state.setdefault(key, FileState()).fp = list(fp)

@@ -167,6 +167,8 @@ class CursorIdeScraper:
             except sqlite3.Error as exc:
                 out.cannot_read(path, exc)
                 continue
+            except Exception as exc:  # a record that broke the parser outside the per-chat guard
+                out.parser_failed(exc, str(path))
             finally:
                 out.file_counts = None
             out.counts.files += 1
@@ -183,6 +185,9 @@ class CursorIdeScraper:
             headers = con.execute("SELECT key, value FROM cursorDiskKV WHERE key LIKE 'composerData:%'").fetchall()
             for key, value in headers:
                 out.counts.records += 1
+                if not isinstance(key, str):
+                    out.malformed("key not text", f"{path}: composerData")
+                    continue
                 cid = key.split(":", 1)[1]
                 try:
                     data = loads(value) if value is not None else None
