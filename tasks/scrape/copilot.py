@@ -15,12 +15,12 @@ from ctxlake.tasks.scrape.base import (
     Msg,
     ScrapeOutput,
     SessionMeta,
-    counts_of,
     first_existing,
     guard,
     json_lines,
     loads,
     read_document,
+    scrape_each,
     stat_fingerprint,
     walk_files,
 )
@@ -37,7 +37,7 @@ from ctxlake.tasks.scrape.fields import (
     text_of,
     tool_call,
 )
-from ctxlake.tasks.scrape.safe_read import ReadLimits, SkippedFile, read_bounded
+from ctxlake.tasks.scrape.safe_read import ReadLimits, read_bounded
 
 IGNORED = frozenset({
     "session.info", "session.model_change", "hook.start", "hook.end", "assistant.turn_start",
@@ -173,21 +173,12 @@ class CopilotVscodeScraper:
         return stat_fingerprint(path)
 
     def scrape(self, root: Path, files: Sequence[Path], state: dict[str, FileState], out: ScrapeOutput) -> None:
-        for path in files:
-            pos = state.setdefault(str(path), FileState())
-            try:
-                data = read_document(path, pos, out.limits)
-            except SkippedFile as exc:
-                out.skipped(path, exc.reason)
-                continue
-            except OSError as exc:
-                out.cannot_read(path, exc)
-                continue
-            out.counts.files += 1
-            if data is not None:
-                out.file_counts = counts_of(pos)
-                guard(out, str(path), self._chat, path, data, out)
-                out.file_counts = None
+        scrape_each(files, state, out, self._read)
+
+    def _read(self, path: Path, pos: FileState, out: ScrapeOutput) -> None:
+        data = read_document(path, pos, out.limits)
+        if data is not None:
+            self._chat(path, data, out)
 
     def _chat(self, path: Path, data: bytes, out: ScrapeOutput) -> None:
         try:
@@ -205,6 +196,9 @@ class CopilotVscodeScraper:
         title = doc.get("customTitle")
         out.session(SessionMeta(self.tool, session, project_path=project,
                                 title=title if isinstance(title, str) else "", title_rank=3))
+        if not isinstance(doc.get("requests", []), list):
+            out.counts.records += 1
+            out.malformed("requests not a list", str(path))
         for i, req in enumerate(items(doc.get("requests"))):
             out.counts.records += 1
             where = f"{path}: requests[{i}]"

@@ -158,10 +158,14 @@ class CursorIdeScraper:
     def scrape(self, root: Path, files: Sequence[Path], state: dict[str, FileState], out: ScrapeOutput) -> None:
         for path in files:
             pos = state.setdefault(str(path), FileState())
+            # Only changed chats are re-read, but bad headers are met on every read: the counts
+            # are this read's, not a running total.
+            out.file_counts = counts_of(pos)
+            out.file_counts.clear()
             if not is_regular(path):  # SQLite would open a FIFO and block, or read a device
                 out.skipped(path, "not a regular file")
+                out.file_counts = None
                 continue
-            out.file_counts = counts_of(pos)
             try:
                 self._database(path, pos, out)
             except sqlite3.Error as exc:

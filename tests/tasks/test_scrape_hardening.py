@@ -232,3 +232,29 @@ def test_codex_event_only_messages_are_kept_and_copies_are_not(tmp_path: Path) -
     assert sorted((m.role, m.text) for m in msgs["codex"]) == [
         ("assistant", "hi there"), ("assistant", "review done"), ("user", "hello"), ("user", "review this")]
     assert counts["codex"].ignored == 2  # the two event copies of the full rollout
+
+
+def test_cursor_ide_and_copilot_vscode_crash_forms(tmp_path: Path) -> None:
+    from memlogs import cursor_db
+
+    con = cursor_db(tmp_path / "cursor" / "state.vscdb", {
+        "c1": {"createdAt": ms(1), "lastUpdatedAt": ms(2), "name": ["t"],
+               "fullConversationHeadersOnly": 5, "conversation": {"x": 1}}},
+        {"c1": {"b1": {"type": 1, "text": "good cursor-ide prompt", "createdAt": ms(1), "relevantFiles": 4},
+                "b2": {"type": [2], "text": "odd type"},
+                "b3": {"type": 2, "text": "fine", "tokenCount": {"inputTokens": "many"}, "toolFormerData": {"name": []}}}})
+    con.close()
+    vscode = tmp_path / "vscode"
+    put_json(vscode / "ws1" / "chatSessions" / "chat1.json", {"sessionId": ["s"], "requests": [
+        {"requestId": "r1", "timestamp": ms(3), "message": {"text": "good copilot-vscode prompt"},
+         "variableData": [1, 2], "response": {"value": "x"}},
+        {"requestId": ["r2"], "timestamp": ms(3)}, 7]})
+    put_json(vscode / "ws1" / "chatSessions" / "chat2.json", {"requests": 12})
+    os.mkfifo(vscode / "ws1" / "chatSessions" / "pipe.json")
+    msgs, counts = scrape_all({"cursor-ide": tmp_path / "cursor", "copilot-vscode": vscode})
+    assert "good cursor-ide prompt" in [m.text for m in msgs["cursor-ide"]]
+    assert "good copilot-vscode prompt" in [m.text for m in msgs["copilot-vscode"]]
+    assert counts["cursor-ide"].unknown == {"bubble type <list>": 1}
+    assert counts["copilot-vscode"].malformed == {"no requestId": 1, "not a JSON object": 1,
+                                                  "requests not a list": 1, "file not a regular file": 1}
+    assert not any("parser error" in r for c in counts.values() for r in c.malformed)
