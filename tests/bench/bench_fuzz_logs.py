@@ -10,8 +10,9 @@ one level deeper, a huge value, a truncated line, the line in Latin-1 or UTF-16,
 The mutated records are written into a temporary store per tool and read by the real scraper
 (`scrape_group`, as `ctx run ingest` does), then turned into MESSAGES rows (`messages_table`).
 
-Per tool it prints records written, records the scraper counted, messages emitted, records
-ignored / unknown / malformed by reason, and crashes: exceptions that escaped the scrape or the
+Per tool it prints records written, records the scraper counted, records parsed (counted minus
+malformed: they became messages, or were ignored as content-free or counted as an unknown type),
+malformed records by reason, and crashes: exceptions that escaped the scrape or the
 row conversion (must be 0). "parser error (...)" reasons are records that broke a parser and were
 caught by the per-record guard: counted, not lost, but each one is a crash site to fix.
 
@@ -230,8 +231,9 @@ def report(label: str, written: int | str, out: ScrapeOutput | None, error: str,
         return 1
     c = out.counts
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(c.malformed.items(), key=lambda kv: -kv[1]))
-    print(f"{label:<12} written {written!s:>6}  counted {c.records:>6}  messages {c.messages:>6}  ignored {c.ignored:>5}"
-          f"  unknown {c.n_unknown:>5}  malformed {c.n_malformed:>5}  crashes 0  {seconds:6.2f} s")
+    parsed = c.records - c.n_malformed
+    print(f"{label:<12} records {written!s:>7}  counted {c.records:>6}  parsed {parsed:>6} (messages {c.messages:>5},"
+          f" ignored {c.ignored:>5}, unknown {c.n_unknown:>4})  malformed {c.n_malformed:>5}  crashes 0  {seconds:5.2f} s")
     if reasons:
         print(f"{'':<12} malformed by reason: {reasons}")
     sites = sorted({w.split(" at ", 1)[1].split(":", 2)[0] + ":" + w.split(" at ", 1)[1].split(":", 2)[1]
