@@ -177,6 +177,24 @@ def _opt_int(value: Any) -> int | None:
     return n if -INT64 <= n <= INT64 else None
 
 
+def utf8_text(value: str) -> str:
+    """`value` when it encodes as UTF-8; else with its lone surrogates replaced. A file name that is
+    not UTF-8 reaches Python as surrogate escapes, which Arrow (and the row id's hash) cannot encode."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        try:
+            return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "replace").decode("utf-8")
+    return value
+
+
+# Fields that come from file and folder names (the rest comes from decoded JSON, which cannot
+# hold lone surrogates).
+PATH_FIELDS = ("source_file", "session_id", "scope", "key", "project_hint", "project_path")
+
+
 def sanitize(msg: Msg) -> None:
     """Field types a drifted log put in a row are made to fit the MESSAGES schema (no value is
     dropped that has a faithful text form), so one odd record cannot fail the store of a batch."""
@@ -185,9 +203,11 @@ def sanitize(msg: Msg) -> None:
         value = getattr(msg, name)
         if not isinstance(value, str):
             setattr(msg, name, "" if value is None else str(value))
+    for name in PATH_FIELDS:
+        setattr(msg, name, utf8_text(getattr(msg, name)))
     for name in ("model", "agent", "parent_id"):  # optional ids: a non-text value is no id
         value = getattr(msg, name)
-        setattr(msg, name, value if isinstance(value, str) else None)
+        setattr(msg, name, utf8_text(value) if isinstance(value, str) else None)
     for name in ("tokens_in", "tokens_out", "tokens_cached"):
         setattr(msg, name, _opt_int(getattr(msg, name)))
     if not isinstance(msg.seq, int) or isinstance(msg.seq, bool) or abs(msg.seq) > INT64:
@@ -230,6 +250,8 @@ class ScrapeOutput:
         return msg
 
     def session(self, meta: SessionMeta) -> None:
+        meta.session_id = utf8_text(meta.session_id)
+        meta.project_path, meta.project_hint = utf8_text(meta.project_path), utf8_text(meta.project_hint)
         key = (meta.tool, meta.session_id)
         if key in self.meta:
             self.meta[key].merge(meta)

@@ -1,5 +1,5 @@
 """`ctx run ingest` over all seven tools' logs with the reported bad record, a FIFO, a /dev/zero
-symlink and a truncated line: exit 0, every tool's good prompt stored, the malformed counts in the
+symlink, a file name that is not UTF-8 and a truncated line: exit 0, every tool's good prompt stored, the malformed counts in the
 report and in `ctx status` / `ctx status --json`."""
 
 from __future__ import annotations
@@ -29,13 +29,15 @@ def test_bad_logs_do_not_stop_ingestion_and_are_counted(
                 mode="a")
     write_jsonl(log_file("claude", roots["claude"]), [claude("user", "u8", 8, "after the bad lines")], mode="a")
     os.mkfifo(roots["claude"] / "p" / "pipe.jsonl")
+    with open(os.path.join(os.fsencode(roots["claude"] / "p"), b"s\xff.jsonl"), "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(claude("user", "n1", 9, "a log whose name is not UTF-8")) + "\n")
     os.symlink("/dev/zero", roots["codex"] / "2026" / "zero.jsonl")
 
     result = cli("run", "ingest", *[f"--from={name}={path}" for name, path in roots.items()], "--json",
                  "--no-embed", cwd=repo)
     assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
-    assert {t: report["tools"][t]["messages"] for t in TOOLS} == {t: 2 if t == "claude" else 1 for t in TOOLS}
+    assert {t: report["tools"][t]["messages"] for t in TOOLS} == {t: 3 if t == "claude" else 1 for t in TOOLS}
     expected = {"claude": {"file not a regular file": 1, "truncated JSON": 1}, "codex": {"file not a regular file": 1}}
     assert report["malformed_in_logs"] == expected
     assert report["tools"]["claude"]["unknown"] == {"<list>": 1}

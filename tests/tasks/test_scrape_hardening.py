@@ -258,3 +258,19 @@ def test_cursor_ide_and_copilot_vscode_crash_forms(tmp_path: Path) -> None:
     assert counts["copilot-vscode"].malformed == {"no requestId": 1, "not a JSON object": 1,
                                                   "requests not a list": 1, "file not a regular file": 1}
     assert not any("parser error" in r for c in counts.values() for r in c.malformed)
+
+
+def test_log_file_names_that_are_not_utf8(tmp_path: Path) -> None:
+    """A non-UTF-8 file name reaches Python as surrogate escapes; its rows must still be storable."""
+    roots = build_seven(tmp_path)
+    claude_dir = os.fsencode(roots["claude"] / "p")
+    with open(os.path.join(claude_dir, b"s\xff.jsonl"), "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(claude("user", "n1", 1, "odd file name")) + "\n")
+    codex_day = os.fsencode(log_file("codex", roots["codex"]).parent)
+    with open(os.path.join(codex_day, b"rollout-\xfe.jsonl"), "w", encoding="utf-8") as fh:
+        fh.write(json.dumps({"timestamp": at(1), "type": "response_item", "payload": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "odd rollout"}]}}) + "\n")
+    msgs, _ = scrape_all(roots)  # scrape_all converts the rows to the MESSAGES table
+    assert_all_good(msgs)
+    odd = [m for m in msgs["claude"] + msgs["codex"] if m.text in ("odd file name", "odd rollout")]
+    assert len(odd) == 2 and all("\ufffd" in m.source_file for m in odd)
