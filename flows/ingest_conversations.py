@@ -146,6 +146,7 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
     work = plan(roots, scrape_state)
     prune(scrape_state, work.removed)
     report.files_seen, report.files_changed = work.store_files, work.changed_files
+    report.warnings.extend(work.warnings)
     known = {str(settings.root)} | known_projects(tables.sessions)
     # Sessions a crashed run stored messages for but never summarized are redone now.
     touched: set[tuple[str, str]] = read_touched(settings.memory_dir)

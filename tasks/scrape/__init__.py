@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ctxlake.errors import InputError, LakeError
@@ -118,6 +118,7 @@ class Plan:
     items: list[WorkItem]
     store_files: int  # files looked at
     removed: dict[str, list[str]]  # saved positions whose file is gone (our rows stay)
+    warnings: list[str] = field(default_factory=list)  # store folders that could not be listed
 
     @property
     def changed_files(self) -> int:
@@ -129,6 +130,7 @@ def plan(roots: dict[str, list[Path]], state: ScrapeState) -> Plan:
     items: list[WorkItem] = []
     seen_total = 0
     removed: dict[str, list[str]] = {}
+    warnings: list[str] = []
     for name, folders in roots.items():
         s = SCRAPERS[name]
         saved = state.files.get(name, {})
@@ -139,7 +141,12 @@ def plan(roots: dict[str, list[Path]], state: ScrapeState) -> Plan:
             changed: list[Path] = []
             fps: dict[str, Fingerprint] = {}
             new_bytes = 0
-            for path in s.store_files(root):
+            try:
+                listed = s.store_files(root)
+            except OSError as exc:  # an unreadable store folder costs that folder, not the run
+                warnings.append(f"{root}: cannot list ({exc.strerror or exc})")
+                continue
+            for path in listed:
                 fp = s.fingerprint(path)
                 if fp is None:
                     continue
@@ -157,7 +164,7 @@ def plan(roots: dict[str, list[Path]], state: ScrapeState) -> Plan:
         gone = sorted(set(saved) - present)
         if gone:
             removed[name] = gone
-    return Plan(items, seen_total, removed)
+    return Plan(items, seen_total, removed, warnings)
 
 
 def split(item: WorkItem, group_bytes: int = GROUP_BYTES) -> list[WorkItem]:

@@ -274,3 +274,17 @@ def test_log_file_names_that_are_not_utf8(tmp_path: Path) -> None:
     assert_all_good(msgs)
     odd = [m for m in msgs["claude"] + msgs["codex"] if m.text in ("odd file name", "odd rollout")]
     assert len(odd) == 2 and all("\ufffd" in m.source_file for m in odd)
+
+
+def test_a_store_folder_that_cannot_be_listed_costs_only_that_folder(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fault injection (tests run as root here, so permissions cannot make listing fail)."""
+    roots = build_seven(tmp_path)
+
+    def denied(self: Any, root: Path) -> list[Path]:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(type(SCRAPERS["claude"]), "store_files", denied)
+    found = plan({name: [root] for name, root in roots.items()}, ScrapeState())
+    assert found.warnings == [f"{roots['claude']}: cannot list (Permission denied)"]
+    assert sorted(i.scraper for i in found.items) == sorted(t for t in TOOLS if t != "claude")
