@@ -506,7 +506,7 @@ def memory_malformed(memory_dir: Path) -> dict[str, dict[str, int]]:
 
     try:
         return malformed_totals(ScrapeState.load(memory_dir))
-    except LakeError:
+    except (LakeError, TypeError, ValueError):  # a damaged state file: status still answers
         return {}
 
 
