@@ -162,6 +162,8 @@ class MemorySettings(_Section):
     gap_minutes: int = Field(30, ge=1, description="a pause longer than this starts a new session")
     compact_messages: int = Field(3, ge=1, le=20, description="first/last N messages kept in a session summary")
     max_text_chars: int = Field(20_000, ge=200, description="longer message texts are cut (tool output mostly)")
+    max_file_mb: int = Field(1024, ge=1, description="log files larger than this are skipped and counted")
+    max_line_mb: int = Field(64, ge=1, description="JSONL lines longer than this are skipped and counted")
     embed_messages: bool = Field(True, description="embed user/assistant messages (summaries and knowledge always are)")
     extract: bool = Field(True, description="propose knowledge candidates into .ctx/knowledge/inbox/")
     duplicate_threshold: float = Field(0.95, ge=0.0, le=1.0, description="similarity above which a knowledge write is a duplicate")

@@ -57,6 +57,8 @@ class Status(BaseModel):
     writer: dict[str, Any] | None = Field(None, description="the indexer holding the lake, if one runs")
     config_trust: dict[str, Any] | None = Field(
         None, description="whether .ctx/config.toml is trusted to run commands (`ctx trust`), and what it sets")
+    memory_malformed: dict[str, dict[str, int]] = Field(
+        default_factory=dict, description="conversation logs: malformed records and skipped files per scraper and reason")
 
 
 class FileHit(BaseModel):

@@ -499,12 +499,24 @@ def _folder_bytes(folder: Path) -> int:
     return total
 
 
+def memory_malformed(memory_dir: Path) -> dict[str, dict[str, int]]:
+    """Malformed records in the conversation logs as of the last `ctx run ingest` (read from its saved positions)."""
+    from ctxlake.errors import LakeError
+    from ctxlake.tasks.scrape import ScrapeState, malformed_totals
+
+    try:
+        return malformed_totals(ScrapeState.load(memory_dir))
+    except (LakeError, TypeError, ValueError):  # a damaged state file: status still answers
+        return {}
+
+
 def status(settings: Settings, check_stale: bool = True) -> Status:
     """What is indexed, with which model, how fresh, and whether an indexer is running."""
     lake_dir = settings.lake_dir
     out = Status(root=str(settings.root), lake_dir=str(lake_dir), indexed=False)
     out.config_trust = _config_trust(settings)
     out.writer = WriterLock(lake_dir).held_by_other() if lake_dir.is_dir() else None
+    out.memory_malformed = memory_malformed(settings.memory_dir)
     state = IndexState.read(lake_dir) if lake_dir.is_dir() else None
     if state is None:
         return out

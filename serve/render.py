@@ -114,6 +114,13 @@ def _writer_kind(writer: dict[str, Any]) -> str:
     return "watcher" if "--watch" in str(writer.get("purpose", "")) else "indexer"
 
 
+def _print_malformed(st: Status, console: Console) -> None:
+    for tool, reasons in st.memory_malformed.items():
+        shown = ", ".join(f"{reason} {n:,}" for reason, n in list(reasons.items())[:6])
+        console.print(f"memory: {tool} logs: {sum(reasons.values()):,} malformed record(s) skipped ({shown})",
+                      highlight=False)
+
+
 def print_status(st: Status, console: Console) -> None:
     if not st.indexed:
         console.print(f"{st.root}: not indexed yet (run `ctx run index`).")
@@ -122,6 +129,7 @@ def print_status(st: Status, console: Console) -> None:
         if st.writer:
             console.print(f"A {_writer_kind(st.writer)} is running: pid {st.writer.get('pid')} "
                           f"since {st.writer.get('since')}.")
+        _print_malformed(st, console)
         return
     pct = (st.embedded / st.chunks * 100) if st.chunks else 100.0
     rows: list[tuple[str, Any]] = [
@@ -150,6 +158,7 @@ def print_status(st: Status, console: Console) -> None:
         console.print(f"[bold]{key:<{width}}[/]  {value}", highlight=False)
     for path in st.stale_paths[:10]:
         console.print(f"{'':<{width}}    {path}", style="yellow", highlight=False)
+    _print_malformed(st, console)
 
 
 def print_json(data: Any) -> None:
