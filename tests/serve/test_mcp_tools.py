@@ -17,8 +17,8 @@ from mcp import Client, MCPError
 from mcp_helpers import PROJECT, call_error, call_ok, check_snapshot, scrub
 
 from ctxlake.schemas.config import Settings, load_settings
-from ctxlake.serve.mcp import ServeOptions, build_server
-from ctxlake.serve.tool_models import decode_cursor
+from ctxlake.serve.api.tool_models import decode_cursor
+from ctxlake.serve.mcp.server import ServeOptions, build_server
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -41,7 +41,7 @@ SAVE_TOOLS = {"save_decision", "save_error_solution", "save_insight"}
 
 def index_project(root: Path, env: dict[str, str]) -> None:
     """`ctx run index` in this process (the session's Prefect server) with the given environment."""
-    from ctxlake.serve.cli import run
+    from ctxlake.serve.cli.app import run
 
     with pytest.MonkeyPatch.context() as mp:
         for key, value in env.items():
@@ -287,8 +287,8 @@ def test_resources(shop: tuple[Path, dict[str, str]]) -> None:
 
 
 def test_file_listing_pages(shop: tuple[Path, dict[str, str]]) -> None:
-    from ctxlake.serve.explore import list_files
-    from ctxlake.serve.queries import Lake
+    from ctxlake.serve.api.explore import list_files
+    from ctxlake.serve.api.queries import Lake
 
     lake = Lake(settings_for(*shop))
     pages, cursor = [], None

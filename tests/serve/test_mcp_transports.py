@@ -109,9 +109,9 @@ import json, sys
 from pathlib import Path
 import anyio
 from mcp import Client
-from ctxlake.serve.cli import app  # the entry point `ctx serve` runs through
+from ctxlake.serve.cli.app import app  # the entry point `ctx serve` runs through
 from ctxlake.schemas.config import load_settings
-from ctxlake.serve.mcp import build_server
+from ctxlake.serve.mcp.server import build_server
 
 root = Path(sys.argv[1])
 server = build_server(load_settings(root))

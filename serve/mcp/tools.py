@@ -13,9 +13,8 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
-from ctxlake.serve.mcp import READ_ONLY, ServerState, response_size, tool_errors
-from ctxlake.serve.models import SearchMode
-from ctxlake.serve.tool_models import (
+from ctxlake.serve.api.models import SearchMode
+from ctxlake.serve.api.tool_models import (
     CodeSearchResult,
     DocContent,
     DocsIndex,
@@ -27,6 +26,7 @@ from ctxlake.serve.tool_models import (
     StaleStatus,
     SymbolMatches,
 )
+from ctxlake.serve.mcp.server import READ_ONLY, ServerState, response_size, tool_errors
 
 # The MCP contract's search types, in the words of serve.queries.search.
 MODES: dict[str, SearchMode] = {"hybrid": "hybrid", "vector": "semantic", "bm25": "keyword", "fuzzy": "fuzzy"}
@@ -69,7 +69,7 @@ def register_code_tools(server: MCPServer, state: ServerState) -> None:
             "only these sources (see list_sources); default all"))] = None,
     ) -> CodeSearchResult:
         """Search the indexed code and docs; returns ranked chunks with file, lines, symbol and a snippet."""
-        from ctxlake.serve.queries import embedded_fraction, search
+        from ctxlake.serve.api.queries import embedded_fraction, search
 
         lake = state.lake()
         if search_type in ("hybrid", "vector") and embedded_fraction(lake) > 0:
@@ -99,8 +99,8 @@ def register_code_tools(server: MCPServer, state: ServerState) -> None:
     ) -> FileRanking:
         """Which files to open first for a task: files ranked by their chunks' scores plus name, path and
         defined-symbol evidence (the ranking `ctx eval` measures on SWE-bench Lite)."""
-        from ctxlake.serve.file_search import search_files
-        from ctxlake.serve.queries import embedded_fraction
+        from ctxlake.serve.api.file_search import search_files
+        from ctxlake.serve.api.queries import embedded_fraction
 
         lake = state.lake()
         if search_type != "bm25" and embedded_fraction(lake) > 0:
@@ -120,7 +120,7 @@ def register_code_tools(server: MCPServer, state: ServerState) -> None:
             "only this kind: function, method, class, section ... (as the index names them)"))] = None,
     ) -> SymbolMatches:
         """Find where a symbol is defined when you only roughly know its name (typo-tolerant)."""
-        from ctxlake.serve.explore import find_symbols
+        from ctxlake.serve.api.explore import find_symbols
 
         result = find_symbols(state.lake(), symbol_name, symbol_type)
         result.stale = bool(state.freshness().stale_paths)
@@ -136,7 +136,7 @@ def register_code_tools(server: MCPServer, state: ServerState) -> None:
             "also return the chunks most similar to these lines in other files"))] = False,
     ) -> FileContext:
         """Read lines of a file (current content on disk) with the symbols they contain."""
-        from ctxlake.serve.explore import file_context
+        from ctxlake.serve.api.explore import file_context
 
         budget = state.settings.mcp.max_response_chars // 3
         return file_context(state.lake(), filepath, start_line, end_line, include_related, budget)
@@ -146,7 +146,7 @@ def register_code_tools(server: MCPServer, state: ServerState) -> None:
     def get_stale_status() -> StaleStatus:
         """Is the index up to date? Merkle root now vs. at the last run, changed files, embedding progress."""
         from ctxlake.errors import NotIndexedError
-        from ctxlake.serve.explore import stale_status
+        from ctxlake.serve.api.explore import stale_status
 
         try:
             lake = state.lake()
@@ -158,7 +158,7 @@ def register_code_tools(server: MCPServer, state: ServerState) -> None:
     @tool_errors
     def list_sources() -> Sources:
         """What is indexed: each source with its files, chunks, embedded chunks, languages and last update."""
-        from ctxlake.serve.explore import list_sources as sources_of
+        from ctxlake.serve.api.explore import list_sources as sources_of
 
         return sources_of(state.lake())
 

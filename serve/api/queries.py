@@ -16,8 +16,9 @@ import pyarrow as pa
 from ctxlake.errors import InputError, ModelMismatchError, NotIndexedError
 from ctxlake.schemas.config import Settings
 from ctxlake.schemas.tables import PROJECT_SOURCE
-from ctxlake.serve.models import Hit, SearchMode, SearchResult, Status
-from ctxlake.serve.ranking import (
+from ctxlake.serve.api.models import Hit, SearchMode, SearchResult, Status
+from ctxlake.serve.api.query_terms import analyse, query_title, squeeze_repeats
+from ctxlake.serve.api.ranking import (
     TEST_PATH,
     LakeCatalog,
     RankOptions,
@@ -34,7 +35,6 @@ from ctxlake.tasks.lake import (
     connect,
     open_table,
 )
-from ctxlake.tasks.query_terms import analyse, query_title, squeeze_repeats
 from ctxlake.tasks.terms import split_identifier
 
 if TYPE_CHECKING:
@@ -345,7 +345,7 @@ def lexical_rows(
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """BM25 of the query; when the query names code or has a title line (an issue text), fused
     with the chunks holding those names exactly and with the title's BM25, test files weighed
-    down. The techniques and weights are those `ctx eval` measured (serve/ranking.py)."""
+    down. The techniques and weights are those `ctx eval` measured (serve/api/ranking.py)."""
     options = RankOptions()
     rows = keyword_rows(lake, query, limit, where, fuzziness)
     lists = [(rows, options.keyword_weight)]

@@ -18,10 +18,10 @@ import pyarrow.compute as pc
 from ctxlake.errors import InputError
 from ctxlake.schemas.config import Settings
 from ctxlake.schemas.tables import PROJECT_SOURCE
-from ctxlake.serve.docs import clean_relative, resolve_inside
-from ctxlake.serve.models import Hit
-from ctxlake.serve.queries import HIT_COLUMNS, Lake, _sql, keyword_rows, snippet
-from ctxlake.serve.tool_models import (
+from ctxlake.serve.api.docs import clean_relative, resolve_inside
+from ctxlake.serve.api.models import Hit
+from ctxlake.serve.api.queries import HIT_COLUMNS, Lake, _sql, keyword_rows, snippet
+from ctxlake.serve.api.tool_models import (
     EmbeddingProgress,
     FileContext,
     FileEntry,
@@ -323,7 +323,7 @@ def list_sources(lake: Lake) -> Sources:
         ))
     # Sources added with `ctx add` carry where they come from; declared but not yet synced ones
     # are listed too, with zero counts, so an agent sees what is coming.
-    from ctxlake.serve.source_queries import list_sources as declared_sources
+    from ctxlake.serve.api.source_queries import list_sources as declared_sources
 
     seen = {info.name: info for info in out}
     for spec in declared_sources(lake.settings).sources:

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from ctxlake.errors import InputError
-from ctxlake.serve.models import FileSearchResult, Hit, SearchResult
+from ctxlake.serve.api.models import FileSearchResult, Hit, SearchResult
 
 SearchType = Literal["hybrid", "vector", "bm25", "fuzzy"]
 

@@ -13,7 +13,7 @@ How it is put together
           @tool_errors
           def my_tool(arg: str) -> MyModel:
               \"\"\"What it does, for an agent reader.\"\"\"
-              from ctxlake.serve.my_queries import my_query
+              from ctxlake.serve.api.my_queries import my_query
 
               return my_query(state.lake(), arg)
 
@@ -49,10 +49,10 @@ from mcp.types import ToolAnnotations
 from ctxlake import __version__
 from ctxlake.errors import CtxError, LakeError, NotIndexedError
 from ctxlake.schemas.config import Settings
-from ctxlake.serve.docs import DocsReader
+from ctxlake.serve.api.docs import DocsReader
 
 if TYPE_CHECKING:
-    from ctxlake.serve.queries import Lake
+    from ctxlake.serve.api.queries import Lake
     from ctxlake.tasks.freshness import Freshness
 
 P = ParamSpec("P")
@@ -189,7 +189,7 @@ class ServerState:
             threading.Thread(target=self.fresh.rescan, name="ctx-first-scan", daemon=True).start()
         self._open()
         if self._lake.exception() is None:
-            from ctxlake.serve.queries import embedded_fraction, keyword_rows
+            from ctxlake.serve.api.queries import embedded_fraction, keyword_rows
 
             # Loads the FTS index and counts vectors now rather than in the first search.
             lake = self._lake.result()
@@ -198,7 +198,7 @@ class ServerState:
 
     def _open(self) -> None:
         try:
-            from ctxlake.serve.queries import Lake
+            from ctxlake.serve.api.queries import Lake
 
             lake = Lake(self.settings)
         except BaseException as exc:  # handed to the first tool that asks, in its own thread
@@ -264,10 +264,10 @@ ToolGroup = Callable[[MCPServer, ServerState], None]
 def tool_groups() -> list[ToolGroup]:
     """Every group of tools, resources and prompts the server offers; imported here so that
     building a server is the only thing that pulls them in."""
-    from ctxlake.serve.mcp_memory import register_memory_tools
-    from ctxlake.serve.mcp_resources import register_prompts, register_resources
-    from ctxlake.serve.mcp_sources import register_source_tools
-    from ctxlake.serve.mcp_tools import (
+    from ctxlake.serve.mcp.memory import register_memory_tools
+    from ctxlake.serve.mcp.resources import register_prompts, register_resources
+    from ctxlake.serve.mcp.sources import register_source_tools
+    from ctxlake.serve.mcp.tools import (
         register_code_tools,
         register_docs_tools,
         register_index_tool,

@@ -11,13 +11,13 @@ from ctxlake.errors import EmbedderError, InputError, ModelMismatchError, NotInd
 from ctxlake.schemas.config import Settings
 from ctxlake.schemas.sources import SourceSpec, load_registry
 from ctxlake.schemas.tables import PROJECT_SOURCE
-from ctxlake.serve.models_sources import AskResult, SourceInfo, SourceList
+from ctxlake.serve.api.models_sources import AskResult, SourceInfo, SourceList
 from ctxlake.tasks.agents import PromptHit, SourceLink, ask_agent
 from ctxlake.tasks.source_store import read_sources, source_counts
 from ctxlake.tasks.sources import source_root
 
 if TYPE_CHECKING:
-    from ctxlake.serve.queries import Lake
+    from ctxlake.serve.api.queries import Lake
 
 # A hit's text is read from the file itself (the index keeps a snippet); longer chunks are cut.
 MAX_HIT_LINES = 200
@@ -115,7 +115,7 @@ def prompt_hits(settings: Settings, question: str, links: Sequence[SourceLink],
     """The index's top hits for the question within the linked sources (none when not indexed)."""
     if settings.agents.hits == 0 or not links:
         return []
-    from ctxlake.serve import queries
+    from ctxlake.serve.api import queries
 
     try:
         lake = lake or queries.Lake(settings)

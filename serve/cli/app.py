@@ -1,4 +1,4 @@
-"""The `ctx` command: parses arguments, calls serve/queries.py or starts a flow, renders the answer."""
+"""The `ctx` command: parses arguments, calls serve/api/queries.py or starts a flow, renders the answer."""
 
 from __future__ import annotations
 
@@ -19,8 +19,10 @@ from ctxlake.schemas.config import (
     load_settings,
     resolve_root,
 )
-from ctxlake.serve import cli_eval, cli_mcp, cli_memory
-from ctxlake.serve.cli_sources import register as register_sources
+from ctxlake.serve.cli import eval as cli_eval
+from ctxlake.serve.cli import mcp as cli_mcp
+from ctxlake.serve.cli import memory as cli_memory
+from ctxlake.serve.cli.sources import register as register_sources
 
 app = typer.Typer(
     name="ctx",
@@ -127,7 +129,7 @@ def run_index(
             if same_model and fts_current and (fresh.up_to_date or only_vectors_pending):
                 took = time.perf_counter() - started
                 if as_json:
-                    from ctxlake.serve.render import print_json
+                    from ctxlake.serve.cli.render import print_json
 
                     print_json({"up_to_date": True, "root": str(root), "seconds": round(took, 3)})
                 else:
@@ -139,7 +141,7 @@ def run_index(
     finally:
         lock.release()
     if as_json:
-        from ctxlake.serve.render import print_json
+        from ctxlake.serve.cli.render import print_json
 
         print_json(report.as_dict())
         return
@@ -152,7 +154,7 @@ def run_index(
 
 def _run_flow(settings: Settings, *, force: bool, embed: bool, verbose: bool, watch: bool = False) -> Any:
     _prefect_quietly(verbose)
-    from ctxlake.serve.render import RichReporter
+    from ctxlake.serve.cli.render import RichReporter
     from ctxlake.tasks.progress import use_reporter
 
     with RichReporter() as rich, use_reporter(rich):
@@ -199,11 +201,11 @@ def search(
     if mode is not None and mode not in ("hybrid", "keyword", "semantic", "fuzzy"):
         raise InputError(f"unknown --mode {mode!r}", hint="hybrid, keyword, semantic or fuzzy")
     settings = load_settings(resolve_root(None, for_write=False))
-    from ctxlake.serve import queries
+    from ctxlake.serve.api import queries
 
     lake = queries.Lake(settings)
     if sources:
-        from ctxlake.serve.source_queries import check_names, parse_names
+        from ctxlake.serve.api.source_queries import check_names, parse_names
 
         check_names(settings, parse_names(sources))
     result = queries.search(
@@ -212,11 +214,11 @@ def search(
         bm25_weight=bm25_weight,
     )
     if as_json:
-        from ctxlake.serve.render import print_json
+        from ctxlake.serve.cli.render import print_json
 
         print_json(result.model_dump())
         return
-    from ctxlake.serve.render import print_search, stdout_console
+    from ctxlake.serve.cli.render import print_search, stdout_console
 
     print_search(result, stdout_console())
     for warning in result.warnings:
@@ -231,15 +233,15 @@ def search(
 def status(as_json: JsonOpt = False) -> None:
     """Files, chunks, languages, model, last run, stale files, lake size."""
     settings = load_settings(resolve_root(None, for_write=False))
-    from ctxlake.serve import queries
+    from ctxlake.serve.api import queries
 
     st = queries.status(settings)
     if as_json:
-        from ctxlake.serve.render import print_json
+        from ctxlake.serve.cli.render import print_json
 
         print_json(st.model_dump())
         return
-    from ctxlake.serve.render import print_status, stdout_console
+    from ctxlake.serve.cli.render import print_status, stdout_console
 
     print_status(st, stdout_console())
 
@@ -249,14 +251,14 @@ def clean(yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] =
     """Remove this project's lake (.ctx/lake); config.toml and knowledge/ stay."""
     import shutil
 
-    from ctxlake.serve.render import human_bytes
+    from ctxlake.serve.cli.render import human_bytes
 
     settings = load_settings(resolve_root(None, for_write=False))
     lake = settings.lake_dir
     if not lake.exists():
         typer.echo(f"Nothing to remove: {lake} does not exist.")
         return
-    from ctxlake.serve.queries import _folder_bytes
+    from ctxlake.serve.api.queries import _folder_bytes
     from ctxlake.tasks.lake import WriterLock
 
     size = human_bytes(_folder_bytes(lake))
@@ -288,17 +290,17 @@ def sql(
 ) -> None:
     """Query the lake's tables with DuckDB (files, chunks, knowledge, ...; memory's messages, sessions)."""
     settings = load_settings(resolve_root(None, for_write=False))
-    from ctxlake.serve.analytics import run_sql
+    from ctxlake.serve.api.analytics import run_sql
 
     result = run_sql(settings.lake_dir, statement, limit, memory_dir=settings.memory_dir)
     if as_json:
-        from ctxlake.serve.render import print_json
+        from ctxlake.serve.cli.render import print_json
 
         print_json(result)
         return
     from rich.table import Table
 
-    from ctxlake.serve.render import stdout_console
+    from ctxlake.serve.cli.render import stdout_console
 
     table = Table(*result["columns"], show_lines=False)
     for row in result["rows"]:
