@@ -41,7 +41,7 @@ def eval_command(
 ) -> None:
     """Score file localisation on a task file: Acc@1/3/5/10, Recall@20 and MRR with 95% CIs."""
     from ctxlake.serve.api.evaluate import CORPORA, MODES, EvalPlan, run_eval
-    from ctxlake.serve.cli.app import _prefect_quietly
+    from ctxlake.serve.cli.base import _prefect_quietly
 
     if not tasks.is_file():
         raise InputError(f"no task file at {tasks}")

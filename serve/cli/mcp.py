@@ -76,7 +76,7 @@ def init(
 ) -> None:
     """Register `ctx serve` with MCP clients for this project, and keep the lake out of git."""
     from ctxlake.serve.cli import clients
-    from ctxlake.serve.cli.app import ensure_project
+    from ctxlake.serve.cli.base import ensure_project
 
     root = resolve_root(path, for_write=True)
     created = ensure_project(root)

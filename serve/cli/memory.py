@@ -61,7 +61,7 @@ def run_ingest(
     """Ingest every agent tool's conversation logs (incremental) and this project's knowledge files."""
     started = time.perf_counter()
     from ctxlake.schemas.config import CTX_DIR, resolve_root
-    from ctxlake.serve.cli.app import ensure_project
+    from ctxlake.serve.cli.base import ensure_project
 
     root = resolve_root(None, for_write=True)
     if ensure_project(root):
@@ -107,7 +107,7 @@ def _pending(settings: Settings) -> bool:
 
 
 def _run_flow(settings: Settings, roots: dict[str, list[Path]], *, embed: bool, verbose: bool) -> Any:
-    from ctxlake.serve.cli.app import _prefect_quietly
+    from ctxlake.serve.cli.base import _prefect_quietly
     from ctxlake.serve.cli.render import RichReporter
     from ctxlake.tasks.progress import use_reporter
 

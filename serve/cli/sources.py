@@ -39,7 +39,7 @@ def _split(values: list[str] | None) -> list[str]:
 
 def _sync(settings: Settings, specs: list[SourceSpec], wait: float, verbose: bool) -> list[SyncReport]:
     """Run the sync-sources flow under the lake's writer lock."""
-    from ctxlake.serve.cli.app import _prefect_quietly
+    from ctxlake.serve.cli.base import _prefect_quietly
     from ctxlake.serve.cli.render import RichReporter
     from ctxlake.tasks.lake import WriterLock
     from ctxlake.tasks.progress import use_reporter
@@ -153,7 +153,7 @@ def _print_sources(result: SourceList) -> None:
 
 def _add(name: str, origin: str, ref: str | None, paths: list[str] | None, exclude: list[str] | None,
          type_: str | None, docs: bool, wait: float, as_json: bool, verbose: bool) -> None:
-    from ctxlake.serve.cli.app import ensure_project
+    from ctxlake.serve.cli.base import ensure_project
     from ctxlake.tasks.sources import classify_origin
 
     root = resolve_root(None, for_write=True)

@@ -18,7 +18,7 @@ from ctxlake.serve.api.memory_models import (
     SessionDetail,
     SessionSummary,
 )
-from ctxlake.serve.mcp.server import READ_ONLY, tool_errors
+from ctxlake.serve.mcp.base import READ_ONLY, tool_errors
 
 if TYPE_CHECKING:
     from mcp.server import MCPServer

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from ctxlake.errors import CtxError
 from ctxlake.serve.api.models import SearchMode
-from ctxlake.serve.mcp.server import ServerState
+from ctxlake.serve.mcp.base import ServerState
 
 JSON = "application/json"
 # The prompts quote code; this keeps a prompt well inside a model's context.

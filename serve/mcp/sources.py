@@ -33,7 +33,7 @@ def register_source_tools(server: MCPServer, settings: Settings, *, allow_agents
     from mcp.types import ToolAnnotations
 
     from ctxlake.serve.api import source_queries
-    from ctxlake.serve.mcp.server import tool_errors
+    from ctxlake.serve.mcp.base import tool_errors
 
     def ask_codebase(
         question: Annotated[str, Field(description="the question, in full sentences, with names you know")],

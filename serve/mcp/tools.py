@@ -26,7 +26,7 @@ from ctxlake.serve.api.tool_models import (
     StaleStatus,
     SymbolMatches,
 )
-from ctxlake.serve.mcp.server import READ_ONLY, ServerState, response_size, tool_errors
+from ctxlake.serve.mcp.base import READ_ONLY, ServerState, response_size, tool_errors
 
 # The MCP contract's search types, in the words of serve.queries.search.
 MODES: dict[str, SearchMode] = {"hybrid": "hybrid", "vector": "semantic", "bm25": "keyword", "fuzzy": "fuzzy"}
