@@ -11,19 +11,14 @@ from pydantic import BaseModel, Field
 from ctxlake.errors import InputError
 from ctxlake.serve.api.models import FileSearchResult, Hit, SearchResult
 
-SearchType = Literal["hybrid", "vector", "bm25", "fuzzy"]
-
 
 class CodeSearchResult(SearchResult):
     """search_code's answer: the ranked chunks, plus what was searched and how fresh it is."""
-
-    search_type: SearchType = Field(description="the search_type that ran (mode is the same in ctx's CLI words)")
 
 
 class FileRanking(FileSearchResult):
     """find_files' answer: files ranked for the query, each with its best-matching chunk."""
 
-    search_type: SearchType = Field(description="the search_type that ran")
     stale: bool = Field(False, description="files changed since the last index run")
     stale_paths: list[str] = Field(default_factory=list, description="the changed files (at most 50)")
 

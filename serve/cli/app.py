@@ -168,8 +168,10 @@ def search(
     as_json: JsonOpt = False,
 ) -> None:
     """Search the project's index."""
-    if mode is not None and mode not in ("hybrid", "keyword", "semantic", "fuzzy"):
-        raise InputError(f"unknown --mode {mode!r}", hint="hybrid, keyword, semantic or fuzzy")
+    from ctxlake.serve.api.models import SEARCH_MODES
+
+    if mode is not None and mode not in SEARCH_MODES:
+        raise InputError(f"unknown --mode {mode!r}", hint=", ".join(SEARCH_MODES))
     settings = load_settings(resolve_root(None, for_write=False))
     from ctxlake.serve.api import queries
 

@@ -44,7 +44,7 @@ from ctxlake.serve.mcp.base import ServerState, ToolGroup
 SERVER_NAME = "ctxlake"
 INSTRUCTIONS = (
     "ctxlake serves a local index of this project's code and docs. Start with search_code "
-    "(hybrid by default; bm25 for exact identifiers, fuzzy for half-remembered names), use "
+    "(hybrid by default; keyword for exact identifiers, fuzzy for half-remembered names), use "
     "fuzzy_find for a symbol's definition, get_file_context to read lines of a file, docs_index and "
     "docs_content for the project's documentation. Results carry `stale` when files changed since "
     "the last index run; get_stale_status says what changed. Everything here is read-only."

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import Annotated, Literal
+from typing import Annotated
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -21,7 +21,6 @@ from ctxlake.serve.api.tool_models import (
     FileContext,
     FileRanking,
     IndexStarted,
-    SearchType,
     Sources,
     StaleStatus,
     SymbolMatches,
@@ -29,7 +28,6 @@ from ctxlake.serve.api.tool_models import (
 from ctxlake.serve.mcp.base import READ_ONLY, ServerState, response_size, tool_errors
 
 # The MCP contract's search types, in the words of serve.queries.search.
-MODES: dict[str, SearchMode] = {"hybrid": "hybrid", "vector": "semantic", "bm25": "keyword", "fuzzy": "fuzzy"}
 # Snippet sizes tried in turn when an answer would exceed [mcp] max_response_chars.
 TRIM_STEPS = ((8, 480), (4, 240), (2, 120))
 
@@ -56,13 +54,13 @@ def register_code_tools(server: MCPServer, state: ServerState) -> None:
     def search_code(
         query: Annotated[str, Field(description="words, identifiers, a question, or a code fragment")],
         top_k: Annotated[int, Field(ge=1, le=50, description="number of chunks to return")] = 10,
-        search_type: Annotated[SearchType, Field(description=(
-            "hybrid: keywords and meaning fused (default); vector: meaning only; bm25: exact words "
-            "and identifiers; fuzzy: typo-tolerant symbol names and words"))] = "hybrid",
+        search_type: Annotated[SearchMode, Field(description=(
+            "hybrid: keywords and meaning fused (default); semantic: meaning only; keyword: exact words "
+            "and identifiers (BM25); fuzzy: typo-tolerant symbol names and words"))] = "hybrid",
         bm25_weight: Annotated[float | None, Field(ge=0.0, le=1.0, description=(
             "keyword share of the hybrid fusion, 0..1 (default from the project's settings)"))] = None,
         fuzziness: Annotated[int | None, Field(ge=0, le=2, description=(
-            "edits allowed per word in keyword matching: 0 exact (bm25/hybrid default), 2 (fuzzy default)"))] = None,
+            "edits allowed per word in keyword matching: 0 exact (keyword/hybrid default), 2 (fuzzy default)"))] = None,
         file_filter: Annotated[str | None, Field(description=(
             "only paths matching this glob, e.g. 'src/**/*.py' or '*.md'"))] = None,
         sources: Annotated[list[str] | None, Field(description=(
@@ -72,17 +70,17 @@ def register_code_tools(server: MCPServer, state: ServerState) -> None:
         from ctxlake.serve.api.queries import embedded_fraction, search
 
         lake = state.lake()
-        if search_type in ("hybrid", "vector") and embedded_fraction(lake) > 0:
+        if search_type in ("hybrid", "semantic") and embedded_fraction(lake) > 0:
             state.query_embedder(lake)
-        result = search(lake, query, mode=MODES[search_type], limit=top_k, path_glob=file_filter,
+        result = search(lake, query, mode=search_type, limit=top_k, path_glob=file_filter,
                         sources=sources, bm25_weight=bm25_weight, check_stale=False, fuzziness=fuzziness)
-        out = CodeSearchResult(**result.model_dump(), search_type=search_type)
+        out = CodeSearchResult(**result.model_dump())
         fresh = state.freshness()
         out.stale, out.stale_paths = bool(fresh.stale_paths), fresh.stale_paths[:50]
         if not fresh.up_to_date and not fresh.stale_paths and fresh.reason != "up to date":
             out.warnings.append(f"index may be behind: {fresh.reason}")
-        if fuzziness and search_type == "vector":
-            out.warnings.append("fuzziness applies to bm25, fuzzy and hybrid; vector search ignores it")
+        if fuzziness and search_type == "semantic":
+            out.warnings.append("fuzziness applies to keyword, fuzzy and hybrid; semantic search ignores it")
         return _trim(out, state.settings.mcp.max_response_chars)
 
     @server.tool(annotations=READ_ONLY)
@@ -91,8 +89,9 @@ def register_code_tools(server: MCPServer, state: ServerState) -> None:
         query: Annotated[str, Field(description=(
             "an issue or bug report, a traceback, identifiers, or a question; long text is fine"))],
         top_k: Annotated[int, Field(ge=1, le=50, description="number of files to return")] = 10,
-        search_type: Annotated[Literal["hybrid", "vector", "bm25"], Field(description=(
-            "hybrid: keywords and meaning fused (default); vector: meaning only; bm25: words and identifiers"))] = "hybrid",
+        search_type: Annotated[SearchMode, Field(description=(
+            "hybrid: keywords and meaning fused (default); semantic: meaning only; keyword: words and "
+            "identifiers; fuzzy: typo-tolerant words"))] = "hybrid",
         file_filter: Annotated[str | None, Field(description="only paths matching this glob")] = None,
         exclude_tests: Annotated[bool, Field(description="leave test files out")] = False,
         sources: Annotated[list[str] | None, Field(description="only these sources; default all")] = None,
@@ -103,11 +102,11 @@ def register_code_tools(server: MCPServer, state: ServerState) -> None:
         from ctxlake.serve.api.queries import embedded_fraction
 
         lake = state.lake()
-        if search_type != "bm25" and embedded_fraction(lake) > 0:
+        if search_type != "keyword" and embedded_fraction(lake) > 0:
             state.query_embedder(lake)
-        result = search_files(lake, query, mode=MODES[search_type], limit=top_k, path_glob=file_filter,
+        result = search_files(lake, query, mode=search_type, limit=top_k, path_glob=file_filter,
                               sources=sources, exclude_tests=exclude_tests)
-        out = FileRanking(**result.model_dump(), search_type=search_type)
+        out = FileRanking(**result.model_dump())
         fresh = state.freshness()
         out.stale, out.stale_paths = bool(fresh.stale_paths), fresh.stale_paths[:50]
         return out

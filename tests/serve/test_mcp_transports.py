@@ -76,7 +76,7 @@ def test_stdio_starts_fast_and_stdout_carries_only_protocol(indexed: Path) -> No
         assert cpu_s < 2.0, f"start-up took {cpu_s:.2f} s of CPU"
         assert wall < 20
         _send(proc, {"jsonrpc": "2.0", "method": "notifications/initialized"})
-        for i, (mode, query) in enumerate([("hybrid", "invoice"), ("fuzzy", "getUsrByld"), ("vector", "tax")], 2):
+        for i, (mode, query) in enumerate([("hybrid", "invoice"), ("fuzzy", "getUsrByld"), ("semantic", "tax")], 2):
             _send(proc, {"jsonrpc": "2.0", "id": i, "method": "tools/call",
                          "params": {"name": "search_code", "arguments": {"query": query, "search_type": mode}}})
         _send(proc, {"jsonrpc": "2.0", "id": 9, "method": "tools/call",
