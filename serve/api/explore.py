@@ -20,7 +20,14 @@ from ctxlake.schemas.config import Settings
 from ctxlake.schemas.tables import PROJECT_SOURCE
 from ctxlake.serve.api.docs import clean_relative, resolve_inside
 from ctxlake.serve.api.models import Hit
-from ctxlake.serve.api.queries import HIT_COLUMNS, Lake, _sql, keyword_rows, snippet
+from ctxlake.serve.api.queries import (
+    HIT_COLUMNS,
+    Lake,
+    _sql,
+    keyword_rows,
+    project_freshness,
+    snippet,
+)
 from ctxlake.serve.api.tool_models import (
     EmbeddingProgress,
     FileContext,
@@ -269,7 +276,7 @@ def stale_status(settings: Settings, lake: Lake | None, fresh: freshness.Freshne
         return StaleStatus(indexed=False, up_to_date=False, reason="not indexed yet: run `ctx run index`",
                            root_hash_match=False, stale_count=0, indexer_running=writer)
     if fresh is None:
-        fresh = freshness.check(lake_dir, PROJECT_SOURCE, settings.root, settings.index)
+        fresh = project_freshness(settings)
     indexed_root = (state.roots or {}).get(PROJECT_SOURCE)
     if indexed_root is None:
         snapshot = load_snapshot(lake_dir, PROJECT_SOURCE)

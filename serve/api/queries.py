@@ -26,6 +26,7 @@ from ctxlake.serve.api.ranking import (
     is_test_path,
     wants_tests,
 )
+from ctxlake.serve.api.tool_models import FileRanking
 from ctxlake.tasks import freshness
 from ctxlake.tasks.lake import (
     CHUNKS_TABLE,
@@ -477,17 +478,34 @@ def search(
         )
         for r in rows[:limit]
     ]
-    stale_paths: list[str] = []
-    if check_stale:
-        fresh = freshness.check(lake.settings.lake_dir, PROJECT_SOURCE, lake.settings.root, lake.settings.index)
-        stale_paths = fresh.stale_paths
-        if not fresh.up_to_date and not stale_paths and fresh.reason != "up to date":
-            warnings.append(f"index may be behind: {fresh.reason}")
-    return SearchResult(
-        query=query, mode=mode, hits=hits, stale=bool(stale_paths), stale_paths=stale_paths[:50],
-        embedded_fraction=round(fraction, 4), warnings=warnings,
-        took_ms=round((time.perf_counter() - started) * 1000, 1),
+    result = SearchResult(
+        query=query, mode=mode, hits=hits, stale=False, embedded_fraction=round(fraction, 4),
+        warnings=warnings, took_ms=round((time.perf_counter() - started) * 1000, 1),
     )
+    if check_stale:
+        mark_stale(result, project_freshness(lake.settings))
+    return result
+
+
+STALE_SHOWN = 50  # changed files an answer lists
+
+
+def project_freshness(settings: Settings) -> freshness.Freshness:
+    """The one freshness check of the read side: the project's files now against the last index
+    run (the MCP server caches its result; the CLI calls it per command)."""
+    return freshness.check(settings.lake_dir, PROJECT_SOURCE, settings.root, settings.index)
+
+
+def mark_stale(result: SearchResult | FileRanking | Status, fresh: freshness.Freshness) -> None:
+    """The one staleness rule every face shows: the changed files, and a warning when the index
+    is behind for another reason (an unfinished run, another model) with no file changed."""
+    result.stale = bool(fresh.stale_paths)
+    result.stale_paths = fresh.stale_paths[:STALE_SHOWN]
+    if isinstance(result, Status):
+        result.stale_count = len(fresh.stale_paths)
+    elif isinstance(result, SearchResult) and not fresh.up_to_date and not fresh.stale_paths \
+            and fresh.reason != "up to date":
+        result.warnings.append(f"index may be behind: {fresh.reason}")
 
 
 def _folder_bytes(folder: Path) -> int:
@@ -522,10 +540,7 @@ def status(settings: Settings, check_stale: bool = True) -> Status:
         chunk_sources = chunks.search().select(["source"]).to_arrow()
         out.sources = _counts(chunk_sources.column("source"))
     if check_stale:
-        fresh = freshness.check(lake_dir, PROJECT_SOURCE, settings.root, settings.index)
-        out.stale = not fresh.up_to_date and bool(fresh.stale_paths)
-        out.stale_count = len(fresh.stale_paths)
-        out.stale_paths = fresh.stale_paths[:50]
+        mark_stale(out, project_freshness(settings))
     out.lake_bytes = _folder_bytes(lake_dir)
     return out
 

@@ -176,13 +176,13 @@ def search(
     from ctxlake.serve.api import queries
 
     lake = queries.Lake(settings)
-    if sources:
-        from ctxlake.serve.api.source_queries import check_names, parse_names
+    from ctxlake.serve.api.source_queries import check_names, parse_names
 
-        check_names(settings, parse_names(sources))
+    names = parse_names(sources)
+    check_names(settings, names)
     result = queries.search(
-        lake, query, mode=mode, limit=limit, path_glob=path_glob, lang=lang,  # type: ignore[arg-type]
-        sources=[s.strip() for s in sources.split(",") if s.strip()] if sources else None,
+        lake, query, mode=mode, limit=limit, path_glob=path_glob, lang=lang,
+        sources=names,
         bm25_weight=bm25_weight,
     )
     if as_json:

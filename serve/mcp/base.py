@@ -82,15 +82,13 @@ class FreshnessCache:
 
     def rescan(self) -> Freshness:
         """A new scan, remembered for the next callers."""
-        from ctxlake.schemas.tables import PROJECT_SOURCE
-        from ctxlake.tasks import freshness
+        from ctxlake.serve.api.queries import project_freshness
 
         with self._lock:
             self._dirty = False  # changes from here on mark the new scan dirty again
             self._scanning += 1
         try:
-            fresh = freshness.check(self.settings.lake_dir, PROJECT_SOURCE, self.settings.root,
-                                    self.settings.index)
+            fresh = project_freshness(self.settings)
             with self._lock:
                 self._last = (time.monotonic(), fresh)
             self._scanned.set()

@@ -67,18 +67,17 @@ def register_code_tools(server: MCPServer, state: ServerState) -> None:
             "only these sources (see list_sources); default all"))] = None,
     ) -> CodeSearchResult:
         """Search the indexed code and docs; returns ranked chunks with file, lines, symbol and a snippet."""
-        from ctxlake.serve.api.queries import embedded_fraction, search
+        from ctxlake.serve.api.queries import embedded_fraction, mark_stale, search
+        from ctxlake.serve.api.source_queries import check_names
 
+        check_names(state.settings, sources)
         lake = state.lake()
         if search_type in ("hybrid", "semantic") and embedded_fraction(lake) > 0:
             state.query_embedder(lake)
         result = search(lake, query, mode=search_type, limit=top_k, path_glob=file_filter,
                         sources=sources, bm25_weight=bm25_weight, check_stale=False, fuzziness=fuzziness)
         out = CodeSearchResult(**result.model_dump())
-        fresh = state.freshness()
-        out.stale, out.stale_paths = bool(fresh.stale_paths), fresh.stale_paths[:50]
-        if not fresh.up_to_date and not fresh.stale_paths and fresh.reason != "up to date":
-            out.warnings.append(f"index may be behind: {fresh.reason}")
+        mark_stale(out, state.freshness())
         if fuzziness and search_type == "semantic":
             out.warnings.append("fuzziness applies to keyword, fuzzy and hybrid; semantic search ignores it")
         return _trim(out, state.settings.mcp.max_response_chars)
@@ -99,16 +98,17 @@ def register_code_tools(server: MCPServer, state: ServerState) -> None:
         """Which files to open first for a task: files ranked by their chunks' scores plus name, path and
         defined-symbol evidence (the ranking `ctx eval` measures on SWE-bench Lite)."""
         from ctxlake.serve.api.file_search import search_files
-        from ctxlake.serve.api.queries import embedded_fraction
+        from ctxlake.serve.api.queries import embedded_fraction, mark_stale
+        from ctxlake.serve.api.source_queries import check_names
 
+        check_names(state.settings, sources)
         lake = state.lake()
         if search_type != "keyword" and embedded_fraction(lake) > 0:
             state.query_embedder(lake)
         result = search_files(lake, query, mode=search_type, limit=top_k, path_glob=file_filter,
                               sources=sources, exclude_tests=exclude_tests)
         out = FileRanking(**result.model_dump())
-        fresh = state.freshness()
-        out.stale, out.stale_paths = bool(fresh.stale_paths), fresh.stale_paths[:50]
+        mark_stale(out, state.freshness())
         return out
 
     @server.tool(annotations=READ_ONLY)

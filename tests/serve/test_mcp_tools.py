@@ -146,8 +146,10 @@ def test_search_code_modes_and_snapshot(shop: tuple[Path, dict[str, str]]) -> No
         assert any(h["path"] == "src/billing/invoice.py" for h in typo["hits"])
         only_js = await call_ok(client, "search_code", {"query": "invoice", "file_filter": "*.js", "search_type": "keyword"})
         assert {h["path"] for h in only_js["hits"]} == {"web/app.js"}
-        none = await call_ok(client, "search_code", {"query": "invoice", "sources": ["elsewhere"]})
-        assert none["hits"] == []
+        # The CLI's check (`ctx search --sources`): a typo is an error, not an empty answer.
+        for tool in ("search_code", "find_files"):
+            assert "unknown source(s): elsewhere" in await call_error(client, tool, {"query": "invoice",
+                                                                                     "sources": ["elsewhere"]})
 
     with_client(server, body)
 
