@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import difflib
-import re
-import threading
 import time
-import weakref
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -28,6 +24,8 @@ from ctxlake.serve.api.queries import (
     project_freshness,
     snippet,
 )
+from ctxlake.serve.api.symbols import SYMBOL_COLUMNS, symbol_index
+from ctxlake.serve.api.symbols import normalise as _normalise
 from ctxlake.serve.api.tool_models import (
     EmbeddingProgress,
     FileContext,
@@ -50,7 +48,6 @@ from ctxlake.tasks.merkle import load_snapshot
 if TYPE_CHECKING:
     from lancedb.query import LanceVectorQueryBuilder
 
-SYMBOL_COLUMNS = ["symbol", "kind", "source", "path", "start_line", "end_line", "lang"]
 SYMBOL_MIN_SCORE = 60.0
 FILE_LINES = 400  # lines get_file_context returns when no end_line is given
 MAX_FILE_LINES = 1000
@@ -68,50 +65,7 @@ def _all_rows(table: Any, columns: list[str], where: str | None = None) -> pa.Ta
     return result
 
 
-def _normalise(name: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", name.lower())
-
-
 # -- fuzzy_find ----------------------------------------------------------------------------------
-
-
-@dataclass
-class _SymbolIndex:
-    version: int
-    rows: pa.Table  # SYMBOL_COLUMNS, one row per chunk with a symbol
-    names: list[str]  # one entry per symbol name (merged chunks list several)
-    row_of: list[int]  # names[i] belongs to rows[row_of[i]]
-    short: list[str]  # normalised last part (the method name)
-    full: list[str]  # normalised qualified name
-    kinds: list[str]  # the kinds present, for symbol_type checks
-
-
-# Per open Lake (weakly, so a closed server's index goes with it); rebuilt per table version.
-_symbol_cache: weakref.WeakKeyDictionary[Lake, _SymbolIndex] = weakref.WeakKeyDictionary()
-_symbol_lock = threading.Lock()
-
-
-def symbol_index(lake: Lake) -> _SymbolIndex:
-    """Every symbol of the lake, normalised for typo-tolerant matching; rebuilt per table version."""
-    version = lake.chunks.version
-    with _symbol_lock:
-        cached = _symbol_cache.get(lake)
-        if cached is not None and cached.version == version:
-            return cached
-    rows = _all_rows(lake.chunks, SYMBOL_COLUMNS, "symbol IS NOT NULL")
-    names: list[str] = []
-    row_of: list[int] = []
-    for i, value in enumerate(rows.column("symbol").to_pylist()):
-        for name in value.split(","):
-            if name.strip():
-                names.append(name.strip())
-                row_of.append(i)
-    index = _SymbolIndex(version, rows, names, row_of,
-                         [_normalise(n.rsplit(".", 1)[-1]) for n in names], [_normalise(n) for n in names],
-                         sorted(set(rows.column("kind").to_pylist())))
-    with _symbol_lock:
-        _symbol_cache[lake] = index
-    return index
 
 
 def find_symbols(lake: Lake, symbol_name: str, symbol_type: str | None = None, limit: int = 20) -> SymbolMatches:

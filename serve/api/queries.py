@@ -26,6 +26,7 @@ from ctxlake.serve.api.ranking import (
     is_test_path,
     wants_tests,
 )
+from ctxlake.serve.api.symbols import normalise, symbol_index
 from ctxlake.serve.api.tool_models import FileRanking
 from ctxlake.tasks import freshness
 from ctxlake.tasks.lake import (
@@ -81,7 +82,6 @@ class Lake:
         if embedder is not None:
             self._check_model(embedder)
             self._embedder = embedder
-        self._symbols: tuple[int, list[str], list[str]] | None = None
         self._fraction: tuple[int, float] | None = None  # (table version, embedded share)
         self._catalogs: dict[str | None, tuple[int, LakeCatalog]] = {}
 
@@ -288,10 +288,6 @@ def _nearest(lake: Lake, vector: list[float], limit: int, conditions: list[str])
     return rows
 
 
-def _normalise(name: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", name.lower())
-
-
 def fuzzy_rows(
     lake: Lake, query: str, limit: int, where: str | None, fuzziness: int = 2
 ) -> list[dict[str, Any]]:
@@ -299,15 +295,9 @@ def fuzzy_rows(
     from lancedb.query import MatchQuery
     from rapidfuzz import fuzz, process
 
-    version = lake.chunks.version
-    if lake._symbols is None or lake._symbols[0] != version:
-        table = lake.chunks.search().where("symbol IS NOT NULL").select(["symbol"]).to_arrow()
-        names = sorted({n.strip() for s in table.column("symbol").to_pylist() for n in s.split(",")})
-        # Each name is matched by its last part (the method) and as a whole (Class.method).
-        keys = [_normalise(n.rsplit(".", 1)[-1]) for n in names] + [_normalise(n) for n in names]
-        lake._symbols = (version, names, keys)
-    _, names, keys = lake._symbols
-    needle = _normalise(query)
+    index = symbol_index(lake)
+    names, keys = index.distinct, index.distinct_keys
+    needle = normalise(query)
     # One pass of the C scorer over both key lists (a Python scorer took ~0.2 s on django's 60k
     # names); a name scores the better of its two keys.
     best: dict[int, float] = {}
