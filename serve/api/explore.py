@@ -1,4 +1,4 @@
-"""Read-side queries behind the MCP tools beyond search: symbols, file context, freshness, sources, file listing (CHUNKS, FILES)."""
+"""Read-side queries behind the MCP tools beyond search: symbols, file context, freshness, file listing (CHUNKS, FILES); sources are in source_queries."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ctxlake.errors import InputError
 from ctxlake.schemas.config import Settings
@@ -32,8 +31,6 @@ from ctxlake.serve.api.tool_models import (
     FileEntry,
     FilePage,
     Outline,
-    SourceInfo,
-    Sources,
     StaleFile,
     StaleStatus,
     Symbol,
@@ -257,47 +254,7 @@ def stale_status(settings: Settings, lake: Lake | None, fresh: freshness.Freshne
     )
 
 
-# -- list_sources and the file listing -----------------------------------------------------------
-
-
-def _iso(value: Any) -> str | None:
-    return value.isoformat(timespec="seconds") if value is not None else None
-
-
-def list_sources(lake: Lake) -> Sources:
-    """Each indexed source with its files, chunks, embedded chunks, languages and last update."""
-    files = _all_rows(lake.files, ["source", "lang", "indexed_at"])
-    chunks = _all_rows(lake.chunks, ["source", "vector"])
-    embedded = pc.invert(pc.is_null(chunks.column("vector")))
-    out: list[SourceInfo] = []
-    for name in sorted(set(files.column("source").to_pylist()) | set(chunks.column("source").to_pylist())):
-        in_files = files.filter(pc.equal(files.column("source"), name))
-        in_chunks = pc.equal(chunks.column("source"), name)
-        langs = pc.value_counts(in_files.column("lang").fill_null("(unknown)")).to_pylist()
-        newest = pc.max(in_files.column("indexed_at")).as_py() if in_files.num_rows else None
-        out.append(SourceInfo(
-            name=name, root=str(lake.settings.root) if name == PROJECT_SOURCE else None,
-            files=in_files.num_rows, chunks=int(pc.sum(in_chunks).as_py() or 0),
-            embedded=int(pc.sum(pc.and_(in_chunks, embedded)).as_py() or 0),
-            languages=dict(sorted(((d["values"], d["counts"]) for d in langs), key=lambda kv: (-kv[1], kv[0]))),
-            last_indexed=_iso(newest),
-        ))
-    # Sources added with `ctx add` carry where they come from; declared but not yet synced ones
-    # are listed too, with zero counts, so an agent sees what is coming.
-    from ctxlake.serve.api.source_queries import list_sources as declared_sources
-
-    seen = {info.name: info for info in out}
-    for spec in declared_sources(lake.settings).sources:
-        info = seen.get(spec.name)
-        if info is None:
-            info = SourceInfo(name=spec.name, files=0, chunks=0, embedded=0)
-            out.append(info)
-        info.root = info.root or spec.root
-        info.type, info.origin, info.resolved, info.status = spec.type, spec.origin, spec.resolved, spec.status
-    state = lake.state
-    finished = (state.last_run or {}).get("finished_at") if state is not None else None
-    return Sources(sources=out, model_id=state.model_id if state is not None else "",
-                   last_run=str(finished) if finished else None)
+# -- the file listing ------------------------------------------------------------------------------------
 
 
 def list_files(lake: Lake, cursor: str | None = None, page: int = FILES_PAGE) -> FilePage:

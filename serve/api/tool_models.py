@@ -100,26 +100,6 @@ class StaleStatus(BaseModel):
     checked_in_ms: float = 0.0
 
 
-class SourceInfo(BaseModel):
-    name: str = Field(description="'project' is this repository; others come from `ctx add`")
-    root: str | None = Field(None, description="folder the paths are relative to, when known")
-    files: int
-    chunks: int
-    embedded: int
-    languages: dict[str, int] = Field(default_factory=dict, description="files per language")
-    last_indexed: str | None = Field(None, description="newest indexed_at of its files (UTC, ISO 8601)")
-    type: str | None = Field(None, description="for added sources: git, local or web")
-    origin: str | None = Field(None, description="for added sources: git URL, folder or web URL")
-    resolved: str | None = Field(None, description="for git sources: the commit indexed now")
-    status: str | None = Field(None, description="for added sources: ok, partial, failed, not synced ...")
-
-
-class Sources(BaseModel):
-    sources: list[SourceInfo]
-    model_id: str = ""
-    last_run: str | None = Field(None, description="when the last index run finished")
-
-
 class DocEntry(BaseModel):
     """One readable document. Field names follow the docs-reader contract (camelCase)."""
 
@@ -192,3 +172,4 @@ def decode_cursor(cursor: str, kind: str, key: str = "") -> int:
         raise InputError("this cursor belongs to another listing",
                          hint="start again without a cursor, with the same arguments")
     return offset
+

@@ -231,7 +231,7 @@ def clean(yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] =
         typer.echo(f"Nothing to remove: {lake} does not exist.")
         return
     from ctxlake.serve.api.queries import _folder_bytes
-    from ctxlake.tasks.lake import WriterLock
+    from ctxlake.tasks.lake import WriterLock, reset_lake
 
     size = human_bytes(_folder_bytes(lake))
     if not yes:
@@ -242,9 +242,7 @@ def clean(yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] =
             return
     lock = WriterLock(lake, purpose="ctx clean").acquire()
     try:
-        for child in lake.iterdir():
-            if child.name != "writer.lock":
-                shutil.rmtree(child) if child.is_dir() else child.unlink()
+        reset_lake(lake)
     finally:
         lock.release()
     shutil.rmtree(lake, ignore_errors=True)

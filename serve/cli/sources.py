@@ -141,8 +141,8 @@ def _print_sources(result: SourceList) -> None:
     for s in result.sources:
         ref = s.ref or ("default" if s.type == "git" else "-")
         resolved = f"{ref} -> {s.resolved[:12]}" if s.resolved else ref
-        rows.append((s.name, s.type + (" docs" if s.docs else ""), s.origin, resolved, f"{s.files:,}",
-                     f"{s.chunks:,}", (s.updated_at or "never")[:19].replace("T", " "), s.status))
+        rows.append((s.name, (s.type or "-") + (" docs" if s.docs else ""), s.origin or "-", resolved, f"{s.files:,}",
+                     f"{s.chunks:,}", (s.updated_at or "never")[:19].replace("T", " "), s.status or "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         typer.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())

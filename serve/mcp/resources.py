@@ -120,10 +120,11 @@ def register_prompts(server: MCPServer, state: ServerState) -> None:
     @server.prompt(description="Explain how this codebase is organised, from the index's overview")
     @_domain_errors
     def explain_codebase() -> str:
-        from ctxlake.serve.api.explore import list_files, list_sources
+        from ctxlake.serve.api.explore import list_files
+        from ctxlake.serve.api.source_queries import list_sources
 
         lake = state.lake()
-        sources = list_sources(lake)
+        sources = list_sources(state.settings, lake)
         folders: Counter[str] = Counter()
         cursor: str | None = None
         while True:

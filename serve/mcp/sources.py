@@ -1,7 +1,7 @@
 """MCP tools of sources: ask_codebase (a subagent over chosen sources), registered only with `ctx serve --allow-agents`.
 
 `list_sources` belongs to the main server (serve/mcp/server.py) and reads the same data through
-`serve.source_queries.list_sources`. Nothing here imports Prefect or writes a table.
+`serve.api.source_queries.list_sources`. Nothing here imports Prefect or writes a table.
 """
 
 from __future__ import annotations

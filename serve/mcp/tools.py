@@ -14,6 +14,7 @@ from mcp.types import ToolAnnotations
 from pydantic import Field
 
 from ctxlake.serve.api.models import SearchMode
+from ctxlake.serve.api.models_sources import SourceList
 from ctxlake.serve.api.tool_models import (
     CodeSearchResult,
     DocContent,
@@ -21,7 +22,6 @@ from ctxlake.serve.api.tool_models import (
     FileContext,
     FileRanking,
     IndexStarted,
-    Sources,
     StaleStatus,
     SymbolMatches,
 )
@@ -155,11 +155,11 @@ def register_code_tools(server: MCPServer, state: ServerState) -> None:
 
     @server.tool(annotations=READ_ONLY)
     @tool_errors
-    def list_sources() -> Sources:
+    def list_sources() -> SourceList:
         """What is indexed: each source with its files, chunks, embedded chunks, languages and last update."""
-        from ctxlake.serve.api.explore import list_sources as sources_of
+        from ctxlake.serve.api.source_queries import list_sources as sources_of
 
-        return sources_of(state.lake())
+        return sources_of(state.settings, state.lake())
 
 
 def register_docs_tools(server: MCPServer, state: ServerState) -> None:
