@@ -118,7 +118,7 @@ server = build_server(load_settings(root))
 
 async def main():
     async with Client(server) as c:
-        for mode in ("hybrid", "vector", "bm25", "fuzzy"):
+        for mode in ("hybrid", "semantic", "keyword", "fuzzy"):
             r = await c.call_tool("search_code", {"query": "invoice", "search_type": mode})
             assert not r.is_error, r
         calls = [("fuzzy_find", {"symbol_name": "render"}), ("get_stale_status", {}), ("list_sources", {}),
@@ -172,7 +172,7 @@ def test_streamable_http_on_localhost_only(indexed: Path) -> None:
 
         async def main() -> None:
             async with Client(f"http://127.0.0.1:{port}/mcp") as client:
-                found = await call_ok(client, "search_code", {"query": "getUserById", "search_type": "bm25"})
+                found = await call_ok(client, "search_code", {"query": "getUserById", "search_type": "keyword"})
                 assert found["hits"][0]["path"] == "src/users/service.py"
 
         anyio.run(main)
