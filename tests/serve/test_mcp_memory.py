@@ -19,7 +19,7 @@ from mcp.server import MCPServer
 from memlogs import build_stores
 
 from ctxlake.schemas.config import Settings, load_settings
-from ctxlake.serve.mcp_memory import register_memory_tools
+from ctxlake.serve.mcp.memory import register_memory_tools
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 
@@ -27,7 +27,7 @@ SNAPSHOTS = Path(__file__).parent / "snapshots"
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory: pytest.TempPathFactory, prefect_server: None) -> Iterator[dict[str, Any]]:
     """One ingest for the module: a project repo and three tools' stores, under a private HOME."""
-    from ctxlake.serve.cli import run
+    from ctxlake.serve.cli.app import run
 
     base = tmp_path_factory.mktemp("mcp")
     repo = base / "app"
@@ -161,7 +161,7 @@ from pathlib import Path
 from mcp import Client
 from mcp.server import MCPServer
 from ctxlake.schemas.config import load_settings
-from ctxlake.serve.mcp_memory import register_memory_tools
+from ctxlake.serve.mcp.memory import register_memory_tools
 server = MCPServer("t")
 register_memory_tools(server, load_settings(Path({str(lake['repo'])!r})))
 async def go():

@@ -17,7 +17,7 @@ from stub_agent import install_stub, read_record
 from ctxlake.schemas import trust
 from ctxlake.schemas.config import Settings, default_home, load_settings
 from ctxlake.schemas.sources import SourceSpec, save_source
-from ctxlake.serve.mcp_sources import register_source_tools
+from ctxlake.serve.mcp.sources import register_source_tools
 
 CONFIG = """[agents]
 default_agent = "stub"
@@ -101,7 +101,7 @@ def test_mcp_ask_path_never_imports_prefect(project: Settings, tmp_path: Path) -
         from mcp import Client
         from mcp.server import MCPServer
         from ctxlake.schemas.config import load_settings
-        from ctxlake.serve.mcp_sources import register_source_tools
+        from ctxlake.serve.mcp.sources import register_source_tools
 
         async def main():
             server = MCPServer("t")

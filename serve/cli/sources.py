@@ -1,4 +1,4 @@
-"""`ctx add / add-docs / update / list / remove / ask / chat`: parse, call the sources flow or serve/source_queries.py, render."""
+"""`ctx add / add-docs / update / list / remove / ask / chat`: parse, call the sources flow or serve/api/source_queries.py, render."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from ctxlake.schemas.sources import (
 )
 
 if TYPE_CHECKING:
-    from ctxlake.serve.models_sources import SourceList
+    from ctxlake.serve.api.models_sources import SourceList
     from ctxlake.tasks.source_store import SyncReport
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")]
@@ -39,8 +39,8 @@ def _split(values: list[str] | None) -> list[str]:
 
 def _sync(settings: Settings, specs: list[SourceSpec], wait: float, verbose: bool) -> list[SyncReport]:
     """Run the sync-sources flow under the lake's writer lock."""
-    from ctxlake.serve.cli import _prefect_quietly
-    from ctxlake.serve.render import RichReporter
+    from ctxlake.serve.cli.base import _prefect_quietly
+    from ctxlake.serve.cli.render import RichReporter
     from ctxlake.tasks.lake import WriterLock
     from ctxlake.tasks.progress import use_reporter
 
@@ -122,7 +122,7 @@ def _print_reports(reports: list[SyncReport]) -> None:
 def _outcome(reports: list[SyncReport], as_json: bool) -> None:
     """Render the reports; any failed or partial source makes the command fail (exit 9)."""
     if as_json:
-        from ctxlake.serve.render import print_json
+        from ctxlake.serve.cli.render import print_json
 
         print_json({"sources": [r.as_dict() for r in reports]})
     else:
@@ -141,8 +141,8 @@ def _print_sources(result: SourceList) -> None:
     for s in result.sources:
         ref = s.ref or ("default" if s.type == "git" else "-")
         resolved = f"{ref} -> {s.resolved[:12]}" if s.resolved else ref
-        rows.append((s.name, s.type + (" docs" if s.docs else ""), s.origin, resolved, f"{s.files:,}",
-                     f"{s.chunks:,}", (s.updated_at or "never")[:19].replace("T", " "), s.status))
+        rows.append((s.name, (s.type or "-") + (" docs" if s.docs else ""), s.origin or "-", resolved, f"{s.files:,}",
+                     f"{s.chunks:,}", (s.updated_at or "never")[:19].replace("T", " "), s.status or "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         typer.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
@@ -153,7 +153,7 @@ def _print_sources(result: SourceList) -> None:
 
 def _add(name: str, origin: str, ref: str | None, paths: list[str] | None, exclude: list[str] | None,
          type_: str | None, docs: bool, wait: float, as_json: bool, verbose: bool) -> None:
-    from ctxlake.serve.cli import ensure_project
+    from ctxlake.serve.cli.base import ensure_project
     from ctxlake.tasks.sources import classify_origin
 
     root = resolve_root(None, for_write=True)
@@ -234,7 +234,7 @@ def register(app: typer.Typer) -> None:
         if not specs:
             typer.echo("No sources to update (add one with `ctx add NAME ORIGIN`).", err=True)
             if as_json:
-                from ctxlake.serve.render import print_json
+                from ctxlake.serve.cli.render import print_json
 
                 print_json({"sources": []})
             return
@@ -243,12 +243,12 @@ def register(app: typer.Typer) -> None:
     @app.command("list")
     def list_(as_json: JsonOpt = False) -> None:
         """Sources: type, origin, ref -> resolved version, files, chunks, last update, status."""
-        from ctxlake.serve.source_queries import list_sources
+        from ctxlake.serve.api.source_queries import list_sources
 
         settings = load_settings(resolve_root(None, for_write=False))
         result = list_sources(settings)
         if as_json:
-            from ctxlake.serve.render import print_json
+            from ctxlake.serve.cli.render import print_json
 
             print_json(result.model_dump())
             return
@@ -272,7 +272,7 @@ def register(app: typer.Typer) -> None:
                               paths=list(row.get("paths") or []), exclude=list(row.get("excludes") or []))
         done = _forget(settings, name, spec, wait)
         if as_json:
-            from ctxlake.serve.render import print_json
+            from ctxlake.serve.cli.render import print_json
 
             print_json(done)
             return
@@ -287,7 +287,7 @@ def register(app: typer.Typer) -> None:
         as_json: JsonOpt = False,
     ) -> None:
         """Ask a coding agent about some sources, in a sandbox that holds only them."""
-        from ctxlake.serve import source_queries
+        from ctxlake.serve.api import source_queries
 
         settings = load_settings(resolve_root(None, for_write=False))
         names = source_queries.parse_names(sources)
@@ -296,7 +296,7 @@ def register(app: typer.Typer) -> None:
                    f"{timeout or settings.agents.timeout_s:.0f} s) …", err=True)
         result = source_queries.ask(settings, names, question, agent, timeout)
         if as_json:
-            from ctxlake.serve.render import print_json
+            from ctxlake.serve.cli.render import print_json
 
             print_json(result.model_dump())
         else:
@@ -312,7 +312,7 @@ def register(app: typer.Typer) -> None:
     @app.command("chat")
     def chat(sources: SourcesOpt = None, agent: AgentOpt = None) -> None:
         """Open an interactive agent session in a sandbox holding the given sources."""
-        from ctxlake.serve import source_queries
+        from ctxlake.serve.api import source_queries
         from ctxlake.tasks.agents import chat_agent
 
         settings = load_settings(resolve_root(None, for_write=False))

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctxlake.errors import InputError, NotIndexedError
-from ctxlake.serve.models import FileHit, FileSearchResult, SearchMode
-from ctxlake.serve.queries import (
+from ctxlake.serve.api.models import FileHit, FileSearchResult, SearchMode
+from ctxlake.serve.api.queries import (
     Lake,
     build_filter,
     embedded_fraction,
@@ -19,7 +19,8 @@ from ctxlake.serve.queries import (
     keyword_rows,
     semantic_rows,
 )
-from ctxlake.serve.ranking import (
+from ctxlake.serve.api.query_terms import analyse, query_title
+from ctxlake.serve.api.ranking import (
     FileKey,
     RankOptions,
     add_bonus,
@@ -33,7 +34,6 @@ from ctxlake.serve.ranking import (
     symbol_scores,
     wants_tests,
 )
-from ctxlake.tasks.query_terms import analyse, query_title
 
 
 @dataclass

@@ -14,7 +14,7 @@ from ctxlake.errors import InputError
 from ctxlake.schemas.config import find_root, load_settings
 
 if TYPE_CHECKING:
-    from ctxlake.serve.evaluate import EvalReport, RunSummary
+    from ctxlake.serve.api.evaluate import EvalReport, RunSummary
 
 ACC_COLUMNS = ("acc@1", "acc@3", "acc@5", "acc@10", "recall@20")
 
@@ -40,8 +40,8 @@ def eval_command(
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="no per-task lines on stderr")] = False,
 ) -> None:
     """Score file localisation on a task file: Acc@1/3/5/10, Recall@20 and MRR with 95% CIs."""
-    from ctxlake.serve.cli import _prefect_quietly
-    from ctxlake.serve.evaluate import CORPORA, MODES, EvalPlan, run_eval
+    from ctxlake.serve.api.evaluate import CORPORA, MODES, EvalPlan, run_eval
+    from ctxlake.serve.cli.base import _prefect_quietly
 
     if not tasks.is_file():
         raise InputError(f"no task file at {tasks}")
@@ -64,7 +64,7 @@ def eval_command(
     # An eval runs for many minutes; on a loaded machine Prefect's temporary server can take
     # longer than its default 20 s to answer, which would fail the whole run at its first index.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    from ctxlake.serve.ranking import RankOptions
+    from ctxlake.serve.api.ranking import RankOptions
 
     plan = EvalPlan(
         tasks_file=tasks, modes=chosen_modes,  # type: ignore[arg-type]
@@ -105,15 +105,15 @@ def files_command(
     if mode is not None and mode not in ("hybrid", "keyword", "semantic"):
         raise InputError(f"unknown --mode {mode!r}", hint="hybrid, keyword or semantic")
     settings = load_settings(resolve_root(None, for_write=False))
-    from ctxlake.serve.file_search import search_files
-    from ctxlake.serve.queries import Lake
+    from ctxlake.serve.api.file_search import search_files
+    from ctxlake.serve.api.queries import Lake
 
     result = search_files(Lake(settings), query, mode=mode, limit=limit, path_glob=path_glob,  # type: ignore[arg-type]
                           lang=lang, exclude_tests=no_tests)
     if as_json:
         sys.stdout.write(_json(result.model_dump()))
         return
-    from ctxlake.serve.render import stdout_console
+    from ctxlake.serve.cli.render import stdout_console
 
     console = stdout_console()
     if not result.files:
@@ -226,7 +226,7 @@ ABLATION_HEADER = ["profile", "mode", "corpus", "variant", "n", "ΔAcc@1 (95% CI
 def print_report(report: EvalReport) -> None:
     from rich.table import Table
 
-    from ctxlake.serve.render import stdout_console
+    from ctxlake.serve.cli.render import stdout_console
 
     console = stdout_console()
     if not console.is_terminal:

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeAlias
 
-from ctxlake.tasks.query_terms import QueryAnalysis, dotted_to_paths
+from ctxlake.serve.api.query_terms import QueryAnalysis, dotted_to_paths
 from ctxlake.tasks.terms import split_identifier
 
 # A path is a test file when a folder is named like a test folder or the file like a test module.

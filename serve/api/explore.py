@@ -1,34 +1,36 @@
-"""Read-side queries behind the MCP tools beyond search: symbols, file context, freshness, sources, file listing (CHUNKS, FILES)."""
+"""Read-side queries behind the MCP tools beyond search: symbols, file context, freshness, file listing (CHUNKS, FILES); sources are in source_queries."""
 
 from __future__ import annotations
 
 import difflib
-import re
-import threading
 import time
-import weakref
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ctxlake.errors import InputError
 from ctxlake.schemas.config import Settings
 from ctxlake.schemas.tables import PROJECT_SOURCE
-from ctxlake.serve.docs import clean_relative, resolve_inside
-from ctxlake.serve.models import Hit
-from ctxlake.serve.queries import HIT_COLUMNS, Lake, _sql, keyword_rows, snippet
-from ctxlake.serve.tool_models import (
+from ctxlake.serve.api.docs import clean_relative, resolve_inside
+from ctxlake.serve.api.models import Hit
+from ctxlake.serve.api.queries import (
+    HIT_COLUMNS,
+    Lake,
+    _sql,
+    keyword_rows,
+    project_freshness,
+    snippet,
+)
+from ctxlake.serve.api.symbols import SYMBOL_COLUMNS, symbol_index
+from ctxlake.serve.api.symbols import normalise as _normalise
+from ctxlake.serve.api.tool_models import (
     EmbeddingProgress,
     FileContext,
     FileEntry,
     FilePage,
     Outline,
-    SourceInfo,
-    Sources,
     StaleFile,
     StaleStatus,
     Symbol,
@@ -43,7 +45,6 @@ from ctxlake.tasks.merkle import load_snapshot
 if TYPE_CHECKING:
     from lancedb.query import LanceVectorQueryBuilder
 
-SYMBOL_COLUMNS = ["symbol", "kind", "source", "path", "start_line", "end_line", "lang"]
 SYMBOL_MIN_SCORE = 60.0
 FILE_LINES = 400  # lines get_file_context returns when no end_line is given
 MAX_FILE_LINES = 1000
@@ -61,50 +62,7 @@ def _all_rows(table: Any, columns: list[str], where: str | None = None) -> pa.Ta
     return result
 
 
-def _normalise(name: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", name.lower())
-
-
 # -- fuzzy_find ----------------------------------------------------------------------------------
-
-
-@dataclass
-class _SymbolIndex:
-    version: int
-    rows: pa.Table  # SYMBOL_COLUMNS, one row per chunk with a symbol
-    names: list[str]  # one entry per symbol name (merged chunks list several)
-    row_of: list[int]  # names[i] belongs to rows[row_of[i]]
-    short: list[str]  # normalised last part (the method name)
-    full: list[str]  # normalised qualified name
-    kinds: list[str]  # the kinds present, for symbol_type checks
-
-
-# Per open Lake (weakly, so a closed server's index goes with it); rebuilt per table version.
-_symbol_cache: weakref.WeakKeyDictionary[Lake, _SymbolIndex] = weakref.WeakKeyDictionary()
-_symbol_lock = threading.Lock()
-
-
-def symbol_index(lake: Lake) -> _SymbolIndex:
-    """Every symbol of the lake, normalised for typo-tolerant matching; rebuilt per table version."""
-    version = lake.chunks.version
-    with _symbol_lock:
-        cached = _symbol_cache.get(lake)
-        if cached is not None and cached.version == version:
-            return cached
-    rows = _all_rows(lake.chunks, SYMBOL_COLUMNS, "symbol IS NOT NULL")
-    names: list[str] = []
-    row_of: list[int] = []
-    for i, value in enumerate(rows.column("symbol").to_pylist()):
-        for name in value.split(","):
-            if name.strip():
-                names.append(name.strip())
-                row_of.append(i)
-    index = _SymbolIndex(version, rows, names, row_of,
-                         [_normalise(n.rsplit(".", 1)[-1]) for n in names], [_normalise(n) for n in names],
-                         sorted(set(rows.column("kind").to_pylist())))
-    with _symbol_lock:
-        _symbol_cache[lake] = index
-    return index
 
 
 def find_symbols(lake: Lake, symbol_name: str, symbol_type: str | None = None, limit: int = 20) -> SymbolMatches:
@@ -269,7 +227,7 @@ def stale_status(settings: Settings, lake: Lake | None, fresh: freshness.Freshne
         return StaleStatus(indexed=False, up_to_date=False, reason="not indexed yet: run `ctx run index`",
                            root_hash_match=False, stale_count=0, indexer_running=writer)
     if fresh is None:
-        fresh = freshness.check(lake_dir, PROJECT_SOURCE, settings.root, settings.index)
+        fresh = project_freshness(settings)
     indexed_root = (state.roots or {}).get(PROJECT_SOURCE)
     if indexed_root is None:
         snapshot = load_snapshot(lake_dir, PROJECT_SOURCE)
@@ -296,47 +254,7 @@ def stale_status(settings: Settings, lake: Lake | None, fresh: freshness.Freshne
     )
 
 
-# -- list_sources and the file listing -----------------------------------------------------------
-
-
-def _iso(value: Any) -> str | None:
-    return value.isoformat(timespec="seconds") if value is not None else None
-
-
-def list_sources(lake: Lake) -> Sources:
-    """Each indexed source with its files, chunks, embedded chunks, languages and last update."""
-    files = _all_rows(lake.files, ["source", "lang", "indexed_at"])
-    chunks = _all_rows(lake.chunks, ["source", "vector"])
-    embedded = pc.invert(pc.is_null(chunks.column("vector")))
-    out: list[SourceInfo] = []
-    for name in sorted(set(files.column("source").to_pylist()) | set(chunks.column("source").to_pylist())):
-        in_files = files.filter(pc.equal(files.column("source"), name))
-        in_chunks = pc.equal(chunks.column("source"), name)
-        langs = pc.value_counts(in_files.column("lang").fill_null("(unknown)")).to_pylist()
-        newest = pc.max(in_files.column("indexed_at")).as_py() if in_files.num_rows else None
-        out.append(SourceInfo(
-            name=name, root=str(lake.settings.root) if name == PROJECT_SOURCE else None,
-            files=in_files.num_rows, chunks=int(pc.sum(in_chunks).as_py() or 0),
-            embedded=int(pc.sum(pc.and_(in_chunks, embedded)).as_py() or 0),
-            languages=dict(sorted(((d["values"], d["counts"]) for d in langs), key=lambda kv: (-kv[1], kv[0]))),
-            last_indexed=_iso(newest),
-        ))
-    # Sources added with `ctx add` carry where they come from; declared but not yet synced ones
-    # are listed too, with zero counts, so an agent sees what is coming.
-    from ctxlake.serve.source_queries import list_sources as declared_sources
-
-    seen = {info.name: info for info in out}
-    for spec in declared_sources(lake.settings).sources:
-        info = seen.get(spec.name)
-        if info is None:
-            info = SourceInfo(name=spec.name, files=0, chunks=0, embedded=0)
-            out.append(info)
-        info.root = info.root or spec.root
-        info.type, info.origin, info.resolved, info.status = spec.type, spec.origin, spec.resolved, spec.status
-    state = lake.state
-    finished = (state.last_run or {}).get("finished_at") if state is not None else None
-    return Sources(sources=out, model_id=state.model_id if state is not None else "",
-                   last_run=str(finished) if finished else None)
+# -- the file listing ------------------------------------------------------------------------------------
 
 
 def list_files(lake: Lake, cursor: str | None = None, page: int = FILES_PAGE) -> FilePage:

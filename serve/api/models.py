@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, Field
 
+# One vocabulary for every face: the CLI's --mode, MCP's search_type and the eval harness.
 SearchMode = Literal["hybrid", "keyword", "semantic", "fuzzy"]
+SEARCH_MODES: tuple[SearchMode, ...] = get_args(SearchMode)
 
 
 class Hit(BaseModel):

@@ -1,7 +1,7 @@
 """MCP tools of sources: ask_codebase (a subagent over chosen sources), registered only with `ctx serve --allow-agents`.
 
-`list_sources` belongs to the main server (serve/mcp.py) and reads the same data through
-`serve.source_queries.list_sources`. Nothing here imports Prefect or writes a table.
+`list_sources` belongs to the main server (serve/mcp/server.py) and reads the same data through
+`serve.api.source_queries.list_sources`. Nothing here imports Prefect or writes a table.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pydantic import Field
 
 from ctxlake.errors import AgentError
 from ctxlake.schemas.config import Settings
-from ctxlake.serve.models_sources import AskResult
+from ctxlake.serve.api.models_sources import AskResult
 
 if TYPE_CHECKING:
     from mcp.server import MCPServer
@@ -32,8 +32,8 @@ def register_source_tools(server: MCPServer, settings: Settings, *, allow_agents
         return []
     from mcp.types import ToolAnnotations
 
-    from ctxlake.serve import source_queries
-    from ctxlake.serve.mcp import tool_errors
+    from ctxlake.serve.api import source_queries
+    from ctxlake.serve.mcp.base import tool_errors
 
     def ask_codebase(
         question: Annotated[str, Field(description="the question, in full sentences, with names you know")],

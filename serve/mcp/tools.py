@@ -6,30 +6,28 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import Annotated, Literal
+from typing import Annotated
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
-from ctxlake.serve.mcp import READ_ONLY, ServerState, response_size, tool_errors
-from ctxlake.serve.models import SearchMode
-from ctxlake.serve.tool_models import (
+from ctxlake.serve.api.models import SearchMode
+from ctxlake.serve.api.models_sources import SourceList
+from ctxlake.serve.api.tool_models import (
     CodeSearchResult,
     DocContent,
     DocsIndex,
     FileContext,
     FileRanking,
     IndexStarted,
-    SearchType,
-    Sources,
     StaleStatus,
     SymbolMatches,
 )
+from ctxlake.serve.mcp.base import READ_ONLY, ServerState, response_size, tool_errors
 
 # The MCP contract's search types, in the words of serve.queries.search.
-MODES: dict[str, SearchMode] = {"hybrid": "hybrid", "vector": "semantic", "bm25": "keyword", "fuzzy": "fuzzy"}
 # Snippet sizes tried in turn when an answer would exceed [mcp] max_response_chars.
 TRIM_STEPS = ((8, 480), (4, 240), (2, 120))
 
@@ -56,33 +54,32 @@ def register_code_tools(server: MCPServer, state: ServerState) -> None:
     def search_code(
         query: Annotated[str, Field(description="words, identifiers, a question, or a code fragment")],
         top_k: Annotated[int, Field(ge=1, le=50, description="number of chunks to return")] = 10,
-        search_type: Annotated[SearchType, Field(description=(
-            "hybrid: keywords and meaning fused (default); vector: meaning only; bm25: exact words "
-            "and identifiers; fuzzy: typo-tolerant symbol names and words"))] = "hybrid",
+        search_type: Annotated[SearchMode, Field(description=(
+            "hybrid: keywords and meaning fused (default); semantic: meaning only; keyword: exact words "
+            "and identifiers (BM25); fuzzy: typo-tolerant symbol names and words"))] = "hybrid",
         bm25_weight: Annotated[float | None, Field(ge=0.0, le=1.0, description=(
             "keyword share of the hybrid fusion, 0..1 (default from the project's settings)"))] = None,
         fuzziness: Annotated[int | None, Field(ge=0, le=2, description=(
-            "edits allowed per word in keyword matching: 0 exact (bm25/hybrid default), 2 (fuzzy default)"))] = None,
+            "edits allowed per word in keyword matching: 0 exact (keyword/hybrid default), 2 (fuzzy default)"))] = None,
         file_filter: Annotated[str | None, Field(description=(
             "only paths matching this glob, e.g. 'src/**/*.py' or '*.md'"))] = None,
         sources: Annotated[list[str] | None, Field(description=(
             "only these sources (see list_sources); default all"))] = None,
     ) -> CodeSearchResult:
         """Search the indexed code and docs; returns ranked chunks with file, lines, symbol and a snippet."""
-        from ctxlake.serve.queries import embedded_fraction, search
+        from ctxlake.serve.api.queries import embedded_fraction, mark_stale, search
+        from ctxlake.serve.api.source_queries import check_names
 
+        check_names(state.settings, sources)
         lake = state.lake()
-        if search_type in ("hybrid", "vector") and embedded_fraction(lake) > 0:
+        if search_type in ("hybrid", "semantic") and embedded_fraction(lake) > 0:
             state.query_embedder(lake)
-        result = search(lake, query, mode=MODES[search_type], limit=top_k, path_glob=file_filter,
+        result = search(lake, query, mode=search_type, limit=top_k, path_glob=file_filter,
                         sources=sources, bm25_weight=bm25_weight, check_stale=False, fuzziness=fuzziness)
-        out = CodeSearchResult(**result.model_dump(), search_type=search_type)
-        fresh = state.freshness()
-        out.stale, out.stale_paths = bool(fresh.stale_paths), fresh.stale_paths[:50]
-        if not fresh.up_to_date and not fresh.stale_paths and fresh.reason != "up to date":
-            out.warnings.append(f"index may be behind: {fresh.reason}")
-        if fuzziness and search_type == "vector":
-            out.warnings.append("fuzziness applies to bm25, fuzzy and hybrid; vector search ignores it")
+        out = CodeSearchResult(**result.model_dump())
+        mark_stale(out, state.freshness())
+        if fuzziness and search_type == "semantic":
+            out.warnings.append("fuzziness applies to keyword, fuzzy and hybrid; semantic search ignores it")
         return _trim(out, state.settings.mcp.max_response_chars)
 
     @server.tool(annotations=READ_ONLY)
@@ -91,25 +88,27 @@ def register_code_tools(server: MCPServer, state: ServerState) -> None:
         query: Annotated[str, Field(description=(
             "an issue or bug report, a traceback, identifiers, or a question; long text is fine"))],
         top_k: Annotated[int, Field(ge=1, le=50, description="number of files to return")] = 10,
-        search_type: Annotated[Literal["hybrid", "vector", "bm25"], Field(description=(
-            "hybrid: keywords and meaning fused (default); vector: meaning only; bm25: words and identifiers"))] = "hybrid",
+        search_type: Annotated[SearchMode, Field(description=(
+            "hybrid: keywords and meaning fused (default); semantic: meaning only; keyword: words and "
+            "identifiers; fuzzy: typo-tolerant words"))] = "hybrid",
         file_filter: Annotated[str | None, Field(description="only paths matching this glob")] = None,
         exclude_tests: Annotated[bool, Field(description="leave test files out")] = False,
         sources: Annotated[list[str] | None, Field(description="only these sources; default all")] = None,
     ) -> FileRanking:
         """Which files to open first for a task: files ranked by their chunks' scores plus name, path and
         defined-symbol evidence (the ranking `ctx eval` measures on SWE-bench Lite)."""
-        from ctxlake.serve.file_search import search_files
-        from ctxlake.serve.queries import embedded_fraction
+        from ctxlake.serve.api.file_search import search_files
+        from ctxlake.serve.api.queries import embedded_fraction, mark_stale
+        from ctxlake.serve.api.source_queries import check_names
 
+        check_names(state.settings, sources)
         lake = state.lake()
-        if search_type != "bm25" and embedded_fraction(lake) > 0:
+        if search_type != "keyword" and embedded_fraction(lake) > 0:
             state.query_embedder(lake)
-        result = search_files(lake, query, mode=MODES[search_type], limit=top_k, path_glob=file_filter,
+        result = search_files(lake, query, mode=search_type, limit=top_k, path_glob=file_filter,
                               sources=sources, exclude_tests=exclude_tests)
-        out = FileRanking(**result.model_dump(), search_type=search_type)
-        fresh = state.freshness()
-        out.stale, out.stale_paths = bool(fresh.stale_paths), fresh.stale_paths[:50]
+        out = FileRanking(**result.model_dump())
+        mark_stale(out, state.freshness())
         return out
 
     @server.tool(annotations=READ_ONLY)
@@ -120,7 +119,7 @@ def register_code_tools(server: MCPServer, state: ServerState) -> None:
             "only this kind: function, method, class, section ... (as the index names them)"))] = None,
     ) -> SymbolMatches:
         """Find where a symbol is defined when you only roughly know its name (typo-tolerant)."""
-        from ctxlake.serve.explore import find_symbols
+        from ctxlake.serve.api.explore import find_symbols
 
         result = find_symbols(state.lake(), symbol_name, symbol_type)
         result.stale = bool(state.freshness().stale_paths)
@@ -136,7 +135,7 @@ def register_code_tools(server: MCPServer, state: ServerState) -> None:
             "also return the chunks most similar to these lines in other files"))] = False,
     ) -> FileContext:
         """Read lines of a file (current content on disk) with the symbols they contain."""
-        from ctxlake.serve.explore import file_context
+        from ctxlake.serve.api.explore import file_context
 
         budget = state.settings.mcp.max_response_chars // 3
         return file_context(state.lake(), filepath, start_line, end_line, include_related, budget)
@@ -146,7 +145,7 @@ def register_code_tools(server: MCPServer, state: ServerState) -> None:
     def get_stale_status() -> StaleStatus:
         """Is the index up to date? Merkle root now vs. at the last run, changed files, embedding progress."""
         from ctxlake.errors import NotIndexedError
-        from ctxlake.serve.explore import stale_status
+        from ctxlake.serve.api.explore import stale_status
 
         try:
             lake = state.lake()
@@ -156,11 +155,11 @@ def register_code_tools(server: MCPServer, state: ServerState) -> None:
 
     @server.tool(annotations=READ_ONLY)
     @tool_errors
-    def list_sources() -> Sources:
+    def list_sources() -> SourceList:
         """What is indexed: each source with its files, chunks, embedded chunks, languages and last update."""
-        from ctxlake.serve.explore import list_sources as sources_of
+        from ctxlake.serve.api.source_queries import list_sources as sources_of
 
-        return sources_of(state.lake())
+        return sources_of(state.settings, state.lake())
 
 
 def register_docs_tools(server: MCPServer, state: ServerState) -> None:

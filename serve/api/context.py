@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ctxlake.errors import InputError, NotIndexedError
 from ctxlake.schemas.config import Settings
-from ctxlake.serve.memory_models import (
+from ctxlake.serve.api.memory_models import (
     ContextHit,
     ContextMode,
     ContextResult,
@@ -25,7 +25,7 @@ from ctxlake.serve.memory_models import (
     SessionSummary,
     ToolCallOut,
 )
-from ctxlake.serve.queries import fuse, keyword_query
+from ctxlake.serve.api.queries import fuse, keyword_query
 from ctxlake.tasks.knowledge import inbox_records
 from ctxlake.tasks.lake import IndexState, connect, open_table
 from ctxlake.tasks.memory_state import MANIFEST_FILE

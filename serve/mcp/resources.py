@@ -14,8 +14,8 @@ from mcp.types import INVALID_PARAMS
 from pydantic import Field
 
 from ctxlake.errors import CtxError
-from ctxlake.serve.mcp import ServerState
-from ctxlake.serve.models import SearchMode
+from ctxlake.serve.api.models import SearchMode
+from ctxlake.serve.mcp.base import ServerState
 
 JSON = "application/json"
 # The prompts quote code; this keeps a prompt well inside a model's context.
@@ -48,7 +48,7 @@ def register_resources(server: MCPServer, state: ServerState) -> None:
                      description="index status: files, chunks, languages, model, last run, stale files")
     @_domain_errors
     def status() -> str:
-        from ctxlake.serve.queries import status as status_of
+        from ctxlake.serve.api.queries import status as status_of
 
         return _json(status_of(state.settings).model_dump(mode="json"))
 
@@ -61,7 +61,7 @@ def register_resources(server: MCPServer, state: ServerState) -> None:
                      description="indexed files, 200 per page; next pages at ctx://files?cursor=<next_cursor>")
     @_domain_errors
     def files() -> str:
-        from ctxlake.serve.explore import list_files
+        from ctxlake.serve.api.explore import list_files
 
         return _json(list_files(state.lake()).model_dump(mode="json"))
 
@@ -69,17 +69,17 @@ def register_resources(server: MCPServer, state: ServerState) -> None:
                      description="a further page of the indexed files")
     @_domain_errors
     def files_page(cursor: str = "") -> str:
-        from ctxlake.serve.explore import list_files
+        from ctxlake.serve.api.explore import list_files
 
         return _json(list_files(state.lake(), cursor or None).model_dump(mode="json"))
 
-    # Our own path checks (serve/docs.py) give clearer errors than the SDK's generic rejection.
+    # Our own path checks (serve/api/docs.py) give clearer errors than the SDK's generic rejection.
     @server.resource("ctx://file/{+path}", name="file", mime_type="text/plain",
                      description="an indexed file's current text (long files are cut; see get_file_context)",
                      security=ResourceSecurity(exempt_params={"path"}))
     @_domain_errors
     def file(path: str) -> str:
-        from ctxlake.serve.explore import file_context
+        from ctxlake.serve.api.explore import file_context
 
         budget = state.settings.mcp.max_response_chars // 2
         context = file_context(state.lake(), path, 1, None, max_chars=budget)
@@ -102,7 +102,7 @@ def register_prompts(server: MCPServer, state: ServerState) -> None:
     def code_review(
         filepath: Annotated[str, Field(description="path of an indexed file, relative to the project root")],
     ) -> str:
-        from ctxlake.serve.explore import file_context
+        from ctxlake.serve.api.explore import file_context
 
         ctx = file_context(state.lake(), filepath, 1, PROMPT_LINES)
         outline = "\n".join(f"- {o.kind} {o.symbol or ''} (lines {o.start_line}-{o.end_line})" for o in ctx.outline)
@@ -120,10 +120,11 @@ def register_prompts(server: MCPServer, state: ServerState) -> None:
     @server.prompt(description="Explain how this codebase is organised, from the index's overview")
     @_domain_errors
     def explain_codebase() -> str:
-        from ctxlake.serve.explore import list_files, list_sources
+        from ctxlake.serve.api.explore import list_files
+        from ctxlake.serve.api.source_queries import list_sources
 
         lake = state.lake()
-        sources = list_sources(lake)
+        sources = list_sources(state.settings, lake)
         folders: Counter[str] = Counter()
         cursor: str | None = None
         while True:
@@ -151,7 +152,7 @@ def register_prompts(server: MCPServer, state: ServerState) -> None:
     def find_similar(
         code: Annotated[str, Field(description="a code fragment to find look-alikes of")],
     ) -> str:
-        from ctxlake.serve.queries import embedded_fraction, search
+        from ctxlake.serve.api.queries import embedded_fraction, search
 
         lake = state.lake()
         mode: SearchMode = "semantic" if embedded_fraction(lake) > 0 else "keyword"

@@ -1,32 +1,6 @@
-"""The MCP server: build_server(settings, options) -> an MCPServer of read-only tools over the lake (no Prefect).
-
-How it is put together
-----------------------
-- One `ServerState` per server (the typed lifespan context). Right after the first answer
-  (`initialize`) it starts opening the lake on a background thread (importing lancedb costs
-  ~1 s), so the handshake never waits for it; the first tool that needs the lake waits instead.
-  The query embedder loads on the first semantic query, never before.
-- Tools, resources and prompts come in groups. A group is a function in its own module,
-
-      def register_<group>_tools(server: MCPServer, state: ServerState) -> None:
-          @server.tool(annotations=READ_ONLY)
-          @tool_errors
-          def my_tool(arg: str) -> MyModel:
-              \"\"\"What it does, for an agent reader.\"\"\"
-              from ctxlake.serve.my_queries import my_query
-
-              return my_query(state.lake(), arg)
-
-  and `build_server` calls every group listed in `tool_groups()`: add a line there. Keep each tool
-  to a dozen lines that delegate to a query function, return a pydantic model (clients then get
-  an outputSchema, structured content and a JSON text mirror), and raise on bad input: a domain
-  error (ctxlake.errors) becomes a tool error carrying its message and hint; never return a
-  success=False answer. Import heavy modules inside the tool body, not at module import: the
-  server must answer `initialize` within 2 s. Sync tools run on worker threads, so a slow
-  query never blocks the protocol.
-- stdout carries only the protocol (the SDK points fd 1 at stderr while it serves stdio); logs go
-  to stderr.
-"""
+"""What the MCP server and its tool groups share: the options, the per-server state (lake,
+docs reader, freshness cache), the read-only annotation and the domain-error wrapper. The server
+(`server.py`) and the tool modules import this; it imports neither."""
 
 from __future__ import annotations
 
@@ -36,9 +10,8 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from concurrent.futures import Future
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -46,26 +19,17 @@ from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
-from ctxlake import __version__
 from ctxlake.errors import CtxError, LakeError, NotIndexedError
 from ctxlake.schemas.config import Settings
-from ctxlake.serve.docs import DocsReader
+from ctxlake.serve.api.docs import DocsReader
 
 if TYPE_CHECKING:
-    from ctxlake.serve.queries import Lake
+    from ctxlake.serve.api.queries import Lake
     from ctxlake.tasks.freshness import Freshness
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
-SERVER_NAME = "ctxlake"
-INSTRUCTIONS = (
-    "ctxlake serves a local index of this project's code and docs. Start with search_code "
-    "(hybrid by default; bm25 for exact identifiers, fuzzy for half-remembered names), use "
-    "fuzzy_find for a symbol's definition, get_file_context to read lines of a file, docs_index and "
-    "docs_content for the project's documentation. Results carry `stale` when files changed since "
-    "the last index run; get_stale_status says what changed. Everything here is read-only."
-)
 # Every query tool: reads the lake only, same answer for the same lake, touches nothing outside it.
 READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True,
                             open_world_hint=False)
@@ -118,15 +82,13 @@ class FreshnessCache:
 
     def rescan(self) -> Freshness:
         """A new scan, remembered for the next callers."""
-        from ctxlake.schemas.tables import PROJECT_SOURCE
-        from ctxlake.tasks import freshness
+        from ctxlake.serve.api.queries import project_freshness
 
         with self._lock:
             self._dirty = False  # changes from here on mark the new scan dirty again
             self._scanning += 1
         try:
-            fresh = freshness.check(self.settings.lake_dir, PROJECT_SOURCE, self.settings.root,
-                                    self.settings.index)
+            fresh = project_freshness(self.settings)
             with self._lock:
                 self._last = (time.monotonic(), fresh)
             self._scanned.set()
@@ -189,7 +151,7 @@ class ServerState:
             threading.Thread(target=self.fresh.rescan, name="ctx-first-scan", daemon=True).start()
         self._open()
         if self._lake.exception() is None:
-            from ctxlake.serve.queries import embedded_fraction, keyword_rows
+            from ctxlake.serve.api.queries import embedded_fraction, keyword_rows
 
             # Loads the FTS index and counts vectors now rather than in the first search.
             lake = self._lake.result()
@@ -198,7 +160,7 @@ class ServerState:
 
     def _open(self) -> None:
         try:
-            from ctxlake.serve.queries import Lake
+            from ctxlake.serve.api.queries import Lake
 
             lake = Lake(self.settings)
         except BaseException as exc:  # handed to the first tool that asks, in its own thread
@@ -259,71 +221,6 @@ def tool_errors(fn: Callable[P, R]) -> Callable[P, R]:
 
 
 ToolGroup = Callable[[MCPServer, ServerState], None]
-
-
-def tool_groups() -> list[ToolGroup]:
-    """Every group of tools, resources and prompts the server offers; imported here so that
-    building a server is the only thing that pulls them in."""
-    from ctxlake.serve.mcp_memory import register_memory_tools
-    from ctxlake.serve.mcp_resources import register_prompts, register_resources
-    from ctxlake.serve.mcp_sources import register_source_tools
-    from ctxlake.serve.mcp_tools import (
-        register_code_tools,
-        register_docs_tools,
-        register_index_tool,
-    )
-
-    def register_sources(server: MCPServer[ServerState], state: ServerState) -> None:
-        register_source_tools(server, state.settings, allow_agents=state.options.allow_agents)
-
-    def register_memory(server: MCPServer[ServerState], state: ServerState) -> None:
-        register_memory_tools(server, state.settings, allow_writes=state.options.allow_writes)
-
-    return [register_code_tools, register_docs_tools, register_index_tool, register_sources,
-            register_memory, register_resources, register_prompts]
-
-
-def build_server(settings: Settings, options: ServeOptions | None = None) -> MCPServer[ServerState]:
-    """An MCP server over the project's lake; nothing is opened until it runs.
-
-    The state is made here, so that static resources (which get no request context) reach it
-    too; the lifespan starts it and hands it on as the typed lifespan context.
-    """
-    state = ServerState(settings, options or ServeOptions())
-
-    @asynccontextmanager
-    async def lifespan(_: MCPServer[ServerState]) -> AsyncIterator[ServerState]:
-        try:
-            yield state
-        finally:
-            state.close()
-
-    async def warm_up_after_first_answer(ctx: Any, call_next: Any) -> Any:
-        # Opening the lake imports lancedb (~1 s of CPU, mostly holding the GIL): started with
-        # the lifespan it would delay the answer to `initialize` on a 2-core machine.
-        result = await call_next(ctx)
-        state.start()
-        return result
-
-    server: MCPServer[ServerState] = MCPServer(
-        SERVER_NAME, version=__version__, instructions=INSTRUCTIONS, lifespan=lifespan,
-        log_level=state.options.log_level,  # type: ignore[arg-type]
-    )
-    server.middleware.append(warm_up_after_first_answer)
-    for register in tool_groups():
-        register(server, state)
-    return server
-
-
-def run_stdio(settings: Settings, options: ServeOptions) -> None:
-    """Serve MCP over stdin/stdout until the client closes the pipe."""
-    build_server(settings, options).run("stdio")
-
-
-def run_http(settings: Settings, options: ServeOptions, port: int) -> None:
-    """Serve MCP over streamable HTTP on 127.0.0.1 only (with the SDK's DNS-rebinding guard)."""
-    server = build_server(settings, options)
-    server.run("streamable-http", host="127.0.0.1", port=port)
 
 
 def response_size(result: Any) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from ctxlake.serve.models import SearchResult, Status
+from ctxlake.serve.api.models import SearchResult, Status
 
 if TYPE_CHECKING:
     from rich.console import Console

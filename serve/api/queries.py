@@ -16,8 +16,9 @@ import pyarrow as pa
 from ctxlake.errors import InputError, ModelMismatchError, NotIndexedError
 from ctxlake.schemas.config import Settings
 from ctxlake.schemas.tables import PROJECT_SOURCE
-from ctxlake.serve.models import Hit, SearchMode, SearchResult, Status
-from ctxlake.serve.ranking import (
+from ctxlake.serve.api.models import Hit, SearchMode, SearchResult, Status
+from ctxlake.serve.api.query_terms import analyse, query_title, squeeze_repeats
+from ctxlake.serve.api.ranking import (
     TEST_PATH,
     LakeCatalog,
     RankOptions,
@@ -25,6 +26,8 @@ from ctxlake.serve.ranking import (
     is_test_path,
     wants_tests,
 )
+from ctxlake.serve.api.symbols import normalise, symbol_index
+from ctxlake.serve.api.tool_models import FileRanking
 from ctxlake.tasks import freshness
 from ctxlake.tasks.lake import (
     CHUNKS_TABLE,
@@ -34,7 +37,6 @@ from ctxlake.tasks.lake import (
     connect,
     open_table,
 )
-from ctxlake.tasks.query_terms import analyse, query_title, squeeze_repeats
 from ctxlake.tasks.terms import split_identifier
 
 if TYPE_CHECKING:
@@ -80,7 +82,6 @@ class Lake:
         if embedder is not None:
             self._check_model(embedder)
             self._embedder = embedder
-        self._symbols: tuple[int, list[str], list[str]] | None = None
         self._fraction: tuple[int, float] | None = None  # (table version, embedded share)
         self._catalogs: dict[str | None, tuple[int, LakeCatalog]] = {}
 
@@ -287,10 +288,6 @@ def _nearest(lake: Lake, vector: list[float], limit: int, conditions: list[str])
     return rows
 
 
-def _normalise(name: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", name.lower())
-
-
 def fuzzy_rows(
     lake: Lake, query: str, limit: int, where: str | None, fuzziness: int = 2
 ) -> list[dict[str, Any]]:
@@ -298,15 +295,9 @@ def fuzzy_rows(
     from lancedb.query import MatchQuery
     from rapidfuzz import fuzz, process
 
-    version = lake.chunks.version
-    if lake._symbols is None or lake._symbols[0] != version:
-        table = lake.chunks.search().where("symbol IS NOT NULL").select(["symbol"]).to_arrow()
-        names = sorted({n.strip() for s in table.column("symbol").to_pylist() for n in s.split(",")})
-        # Each name is matched by its last part (the method) and as a whole (Class.method).
-        keys = [_normalise(n.rsplit(".", 1)[-1]) for n in names] + [_normalise(n) for n in names]
-        lake._symbols = (version, names, keys)
-    _, names, keys = lake._symbols
-    needle = _normalise(query)
+    index = symbol_index(lake)
+    names, keys = index.distinct, index.distinct_keys
+    needle = normalise(query)
     # One pass of the C scorer over both key lists (a Python scorer took ~0.2 s on django's 60k
     # names); a name scores the better of its two keys.
     best: dict[int, float] = {}
@@ -345,7 +336,7 @@ def lexical_rows(
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """BM25 of the query; when the query names code or has a title line (an issue text), fused
     with the chunks holding those names exactly and with the title's BM25, test files weighed
-    down. The techniques and weights are those `ctx eval` measured (serve/ranking.py)."""
+    down. The techniques and weights are those `ctx eval` measured (serve/api/ranking.py)."""
     options = RankOptions()
     rows = keyword_rows(lake, query, limit, where, fuzziness)
     lists = [(rows, options.keyword_weight)]
@@ -477,17 +468,34 @@ def search(
         )
         for r in rows[:limit]
     ]
-    stale_paths: list[str] = []
-    if check_stale:
-        fresh = freshness.check(lake.settings.lake_dir, PROJECT_SOURCE, lake.settings.root, lake.settings.index)
-        stale_paths = fresh.stale_paths
-        if not fresh.up_to_date and not stale_paths and fresh.reason != "up to date":
-            warnings.append(f"index may be behind: {fresh.reason}")
-    return SearchResult(
-        query=query, mode=mode, hits=hits, stale=bool(stale_paths), stale_paths=stale_paths[:50],
-        embedded_fraction=round(fraction, 4), warnings=warnings,
-        took_ms=round((time.perf_counter() - started) * 1000, 1),
+    result = SearchResult(
+        query=query, mode=mode, hits=hits, stale=False, embedded_fraction=round(fraction, 4),
+        warnings=warnings, took_ms=round((time.perf_counter() - started) * 1000, 1),
     )
+    if check_stale:
+        mark_stale(result, project_freshness(lake.settings))
+    return result
+
+
+STALE_SHOWN = 50  # changed files an answer lists
+
+
+def project_freshness(settings: Settings) -> freshness.Freshness:
+    """The one freshness check of the read side: the project's files now against the last index
+    run (the MCP server caches its result; the CLI calls it per command)."""
+    return freshness.check(settings.lake_dir, PROJECT_SOURCE, settings.root, settings.index)
+
+
+def mark_stale(result: SearchResult | FileRanking | Status, fresh: freshness.Freshness) -> None:
+    """The one staleness rule every face shows: the changed files, and a warning when the index
+    is behind for another reason (an unfinished run, another model) with no file changed."""
+    result.stale = bool(fresh.stale_paths)
+    result.stale_paths = fresh.stale_paths[:STALE_SHOWN]
+    if isinstance(result, Status):
+        result.stale_count = len(fresh.stale_paths)
+    elif isinstance(result, SearchResult) and not fresh.up_to_date and not fresh.stale_paths \
+            and fresh.reason != "up to date":
+        result.warnings.append(f"index may be behind: {fresh.reason}")
 
 
 def _folder_bytes(folder: Path) -> int:
@@ -535,10 +543,7 @@ def status(settings: Settings, check_stale: bool = True) -> Status:
         chunk_sources = chunks.search().select(["source"]).to_arrow()
         out.sources = _counts(chunk_sources.column("source"))
     if check_stale:
-        fresh = freshness.check(lake_dir, PROJECT_SOURCE, settings.root, settings.index)
-        out.stale = not fresh.up_to_date and bool(fresh.stale_paths)
-        out.stale_count = len(fresh.stale_paths)
-        out.stale_paths = fresh.stale_paths[:50]
+        mark_stale(out, project_freshness(settings))
     out.lake_bytes = _folder_bytes(lake_dir)
     return out
 

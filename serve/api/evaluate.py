@@ -19,8 +19,8 @@ from ctxlake import __version__
 from ctxlake.errors import InputError
 from ctxlake.schemas.config import IndexSettings, Settings
 from ctxlake.schemas.tables import PROJECT_SOURCE
-from ctxlake.serve.models import SearchMode
-from ctxlake.serve.ranking import VARIANTS, RankOptions, is_test_path
+from ctxlake.serve.api.models import SearchMode
+from ctxlake.serve.api.ranking import VARIANTS, RankOptions, is_test_path
 from ctxlake.tasks.evaluate import (
     EvalTask,
     Materialised,
@@ -187,8 +187,8 @@ def index_tree(settings: Settings, tree: Path, embed: bool, task: EvalTask, mode
 
 def run_eval(base: Settings, plan: EvalPlan, log: Log | None = None) -> EvalReport:
     """Run every task of the plan for each profile, mode, corpus and variant; score and summarise."""
-    from ctxlake.serve import file_search
-    from ctxlake.serve.queries import Lake, build_filter
+    from ctxlake.serve.api import file_search
+    from ctxlake.serve.api.queries import Lake, build_filter
 
     started = time.perf_counter()
     say = log or (lambda _msg: None)
@@ -291,7 +291,7 @@ def chunk_search_results(
     indexed: set[str], profile: str,
 ) -> list[TaskResult]:
     """`ctx search` itself (chunks, as an agent sees them) collapsed to files in order of first hit."""
-    from ctxlake.serve.queries import search
+    from ctxlake.serve.api.queries import search
 
     out = []
     for mode in modes:

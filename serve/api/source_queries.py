@@ -11,13 +11,13 @@ from ctxlake.errors import EmbedderError, InputError, ModelMismatchError, NotInd
 from ctxlake.schemas.config import Settings
 from ctxlake.schemas.sources import SourceSpec, load_registry
 from ctxlake.schemas.tables import PROJECT_SOURCE
-from ctxlake.serve.models_sources import AskResult, SourceInfo, SourceList
+from ctxlake.serve.api.models_sources import AskResult, SourceInfo, SourceList
 from ctxlake.tasks.agents import PromptHit, SourceLink, ask_agent
 from ctxlake.tasks.source_store import read_sources, source_counts
 from ctxlake.tasks.sources import source_root
 
 if TYPE_CHECKING:
-    from ctxlake.serve.queries import Lake
+    from ctxlake.serve.api.queries import Lake
 
 # A hit's text is read from the file itself (the index keeps a snippet); longer chunks are cut.
 MAX_HIT_LINES = 200
@@ -27,12 +27,14 @@ def _iso(value: Any) -> str | None:
     return value.isoformat() if isinstance(value, datetime) else (str(value) if value else None)
 
 
-def list_sources(settings: Settings) -> SourceList:
-    """Every declared source with its last sync and its files/chunks in the index now."""
+def list_sources(settings: Settings, lake: Lake | None = None) -> SourceList:
+    """Every declared source with its last sync and its files/chunks in the index now: what
+    `ctx list` prints. Given the open lake (the MCP server), 'project' comes first, and each
+    source also gets its embedded chunks, languages and last indexing, with the index's model."""
     registry = load_registry(settings.root)
     rows = read_sources(settings.lake_dir)
     counts = source_counts(settings.lake_dir)
-    out: list[SourceInfo] = []
+    out: list[SourceInfo] = [SourceInfo(name=PROJECT_SOURCE, root=str(settings.root))] if lake is not None else []
     for name in [*registry, *(n for n in rows if n not in registry)]:
         spec, row = registry.get(name), rows.get(name, {})
         files, chunks = counts.get(name, (0, 0))
@@ -53,7 +55,39 @@ def list_sources(settings: Settings) -> SourceList:
             status=status, message=message,
             root=str(source_root(settings, spec)) if spec else row.get("root"),
         ))
-    return SourceList(sources=out)
+    if lake is None:
+        return SourceList(sources=out)
+    return _with_index_stats(lake, out)
+
+
+def _with_index_stats(lake: Lake, out: list[SourceInfo]) -> SourceList:
+    """Files, chunks, embedded chunks, languages and last indexing per source, read from the
+    index tables (a source indexed but neither declared nor synced is listed too)."""
+    import pyarrow.compute as pc
+
+    from ctxlake.serve.api.explore import _all_rows
+
+    files = _all_rows(lake.files, ["source", "lang", "indexed_at"])
+    chunks = _all_rows(lake.chunks, ["source", "vector"])
+    embedded = pc.invert(pc.is_null(chunks.column("vector")))
+    by_name = {info.name: info for info in out}
+    for name in sorted(set(files.column("source").to_pylist()) | set(chunks.column("source").to_pylist())):
+        info = by_name.get(name)
+        if info is None:
+            info = by_name[name] = SourceInfo(name=name)
+            out.append(info)
+        in_files = files.filter(pc.equal(files.column("source"), name))
+        in_chunks = pc.equal(chunks.column("source"), name)
+        langs = pc.value_counts(in_files.column("lang").fill_null("(unknown)")).to_pylist()
+        newest = pc.max(in_files.column("indexed_at")).as_py() if in_files.num_rows else None
+        info.files, info.chunks = in_files.num_rows, int(pc.sum(in_chunks).as_py() or 0)
+        info.embedded = int(pc.sum(pc.and_(in_chunks, embedded)).as_py() or 0)
+        info.languages = dict(sorted(((d["values"], d["counts"]) for d in langs), key=lambda kv: (-kv[1], kv[0])))
+        info.last_indexed = newest.isoformat(timespec="seconds") if newest is not None else None
+    state = lake.state
+    finished = (state.last_run or {}).get("finished_at") if state is not None else None
+    return SourceList(sources=out, model_id=state.model_id if state is not None else "",
+                      last_run=str(finished) if finished else None)
 
 
 def parse_names(text: str | None) -> list[str] | None:
@@ -115,7 +149,7 @@ def prompt_hits(settings: Settings, question: str, links: Sequence[SourceLink],
     """The index's top hits for the question within the linked sources (none when not indexed)."""
     if settings.agents.hits == 0 or not links:
         return []
-    from ctxlake.serve import queries
+    from ctxlake.serve.api import queries
 
     try:
         lake = lake or queries.Lake(settings)

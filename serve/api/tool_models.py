@@ -9,21 +9,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from ctxlake.errors import InputError
-from ctxlake.serve.models import FileSearchResult, Hit, SearchResult
-
-SearchType = Literal["hybrid", "vector", "bm25", "fuzzy"]
+from ctxlake.serve.api.models import FileSearchResult, Hit, SearchResult
 
 
 class CodeSearchResult(SearchResult):
     """search_code's answer: the ranked chunks, plus what was searched and how fresh it is."""
 
-    search_type: SearchType = Field(description="the search_type that ran (mode is the same in ctx's CLI words)")
-
 
 class FileRanking(FileSearchResult):
     """find_files' answer: files ranked for the query, each with its best-matching chunk."""
 
-    search_type: SearchType = Field(description="the search_type that ran")
     stale: bool = Field(False, description="files changed since the last index run")
     stale_paths: list[str] = Field(default_factory=list, description="the changed files (at most 50)")
 
@@ -105,26 +100,6 @@ class StaleStatus(BaseModel):
     checked_in_ms: float = 0.0
 
 
-class SourceInfo(BaseModel):
-    name: str = Field(description="'project' is this repository; others come from `ctx add`")
-    root: str | None = Field(None, description="folder the paths are relative to, when known")
-    files: int
-    chunks: int
-    embedded: int
-    languages: dict[str, int] = Field(default_factory=dict, description="files per language")
-    last_indexed: str | None = Field(None, description="newest indexed_at of its files (UTC, ISO 8601)")
-    type: str | None = Field(None, description="for added sources: git, local or web")
-    origin: str | None = Field(None, description="for added sources: git URL, folder or web URL")
-    resolved: str | None = Field(None, description="for git sources: the commit indexed now")
-    status: str | None = Field(None, description="for added sources: ok, partial, failed, not synced ...")
-
-
-class Sources(BaseModel):
-    sources: list[SourceInfo]
-    model_id: str = ""
-    last_run: str | None = Field(None, description="when the last index run finished")
-
-
 class DocEntry(BaseModel):
     """One readable document. Field names follow the docs-reader contract (camelCase)."""
 
@@ -197,3 +172,4 @@ def decode_cursor(cursor: str, kind: str, key: str = "") -> int:
         raise InputError("this cursor belongs to another listing",
                          hint="start again without a cursor, with the same arguments")
     return offset
+

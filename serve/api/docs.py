@@ -17,7 +17,13 @@ from pathlib import Path
 
 from ctxlake.errors import ConfigError, InputError
 from ctxlake.schemas.config import DocsSettings
-from ctxlake.serve.tool_models import DocContent, DocEntry, DocsIndex, decode_cursor, encode_cursor
+from ctxlake.serve.api.tool_models import (
+    DocContent,
+    DocEntry,
+    DocsIndex,
+    decode_cursor,
+    encode_cursor,
+)
 
 DOCS_PAGE = 200
 _DRIVE = re.compile(r"^[A-Za-z]:")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ctxlake.tasks.query_terms import (
+from ctxlake.serve.api.query_terms import (
     Frame,
     analyse,
     dotted_to_paths,

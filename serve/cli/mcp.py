@@ -12,7 +12,7 @@ from ctxlake.errors import InputError
 from ctxlake.schemas.config import CTX_DIR, find_root, git_toplevel, load_settings, resolve_root
 
 if TYPE_CHECKING:
-    from ctxlake.serve.clients import Change
+    from ctxlake.serve.cli.clients import Change
 
 
 def serve_root(path: Path | None) -> Path:
@@ -54,7 +54,7 @@ def serve(
     if not (settings.lake_dir / "state.json").is_file():
         typer.echo(f"ctx serve: {project} is not indexed yet; tools will say so until "
                    "`ctx run index` has run there (docs tools work meanwhile).", err=True)
-    from ctxlake.serve.mcp import ServeOptions, run_http, run_stdio
+    from ctxlake.serve.mcp.server import ServeOptions, run_http, run_stdio
 
     options = ServeOptions(allow_index=allow_index, allow_agents=allow_agents, allow_writes=allow_writes,
                            log_level=level)
@@ -75,8 +75,8 @@ def init(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")] = False,
 ) -> None:
     """Register `ctx serve` with MCP clients for this project, and keep the lake out of git."""
-    from ctxlake.serve import clients
-    from ctxlake.serve.cli import ensure_project
+    from ctxlake.serve.cli import clients
+    from ctxlake.serve.cli.base import ensure_project
 
     root = resolve_root(path, for_write=True)
     created = ensure_project(root)
@@ -88,7 +88,7 @@ def init(
     changes.append(clients.ensure_gitignored(root))
     indexed = (root / CTX_DIR / "lake" / "state.json").is_file()
     if as_json:
-        from ctxlake.serve.render import print_json
+        from ctxlake.serve.cli.render import print_json
 
         print_json({"root": str(root), "created_ctx_dir": created, "command": command,
                     "changes": [c.as_dict() for c in changes], "indexed": indexed})
@@ -112,7 +112,7 @@ def init(
 
 def _codex(command: list[str], yes: bool) -> Change:
     """Show the change to Codex's user-wide config, then write it when confirmed (or --yes)."""
-    from ctxlake.serve import clients
+    from ctxlake.serve.cli import clients
 
     path = clients.codex_config_path()
     old, new, diff = clients.codex_plan(path, command)

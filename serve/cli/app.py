@@ -1,9 +1,8 @@
-"""The `ctx` command: parses arguments, calls serve/queries.py or starts a flow, renders the answer."""
+"""The `ctx` command: parses arguments, calls serve/api/queries.py or starts a flow, renders the answer."""
 
 from __future__ import annotations
 
 import errno
-import os
 import sys
 import time
 from pathlib import Path
@@ -16,12 +15,14 @@ from ctxlake.errors import ConfigError, CtxError, InputError, LakeError
 from ctxlake.schemas.config import (
     CTX_DIR,
     Settings,
-    default_config_toml,
     load_settings,
     resolve_root,
 )
-from ctxlake.serve import cli_eval, cli_mcp, cli_memory
-from ctxlake.serve.cli_sources import register as register_sources
+from ctxlake.serve.cli import eval as cli_eval
+from ctxlake.serve.cli import mcp as cli_mcp
+from ctxlake.serve.cli import memory as cli_memory
+from ctxlake.serve.cli.base import _prefect_quietly, ensure_project
+from ctxlake.serve.cli.sources import register as register_sources
 
 # When this command started (epoch seconds); run() sets it, main() moves it to the process start.
 _started_at = time.time()
@@ -46,35 +47,6 @@ WATCH_PURPOSE = "ctx run index --watch"
 
 def _overrides(**sections: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {name: {k: v for k, v in values.items() if v is not None} for name, values in sections.items()}
-
-
-def ensure_project(root: Path) -> bool:
-    """Create .ctx/ with a commented config and a .gitignore for the lake; True when created now."""
-    ctx_dir = root / CTX_DIR
-    created = not ctx_dir.exists()
-    (ctx_dir / "knowledge").mkdir(parents=True, exist_ok=True)
-    config = ctx_dir / "config.toml"
-    if not config.exists():
-        config.write_text(default_config_toml(), encoding="utf-8")
-    ignore = ctx_dir / ".gitignore"
-    if not ignore.exists():
-        # The lake is a build artefact; config.toml and knowledge/ are meant to be committed.
-        ignore.write_text("lake/\n", encoding="utf-8")
-    return created
-
-
-def _prefect_quietly(verbose: bool) -> None:
-    """Prefect reads these at import: keep its INFO chatter and analytics off unless asked."""
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
-    # Only the terminal handler: a failed stage is one `ctx: error:` line here (a bug still
-    # prints its traceback), while a Prefect server a user runs still receives the logs.
-    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "INFO" if verbose else "CRITICAL")
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "WARNING" if verbose else "CRITICAL")
-    os.environ.setdefault("PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT", "false")
-    # The first run in a new PREFECT_HOME migrates its database; on a busy 2-core machine the
-    # temporary server's start then overruns Prefect's 20 s default and the run fails.
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 
 @run_app.command("index")
@@ -131,7 +103,7 @@ def run_index(
             if same_model and fts_current and (fresh.up_to_date or only_vectors_pending):
                 took = time.perf_counter() - started
                 if as_json:
-                    from ctxlake.serve.render import print_json
+                    from ctxlake.serve.cli.render import print_json
 
                     print_json({"up_to_date": True, "root": str(root), "seconds": round(took, 3)})
                 else:
@@ -144,7 +116,7 @@ def run_index(
         lock.release()
     wall = _since_process_start()
     if as_json:
-        from ctxlake.serve.render import print_json
+        from ctxlake.serve.cli.render import print_json
 
         print_json({**report.as_dict(), "wall_seconds": round(wall, 3),
                     "startup_seconds": round(_startup(report, wall), 3)})
@@ -170,7 +142,7 @@ def _startup(report: Any, wall: float) -> float:
 
 def _run_flow(settings: Settings, *, force: bool, embed: bool, verbose: bool, watch: bool = False) -> Any:
     _prefect_quietly(verbose)
-    from ctxlake.serve.render import RichReporter
+    from ctxlake.serve.cli.render import RichReporter
     from ctxlake.tasks.progress import use_reporter
 
     with RichReporter() as rich, use_reporter(rich):
@@ -216,27 +188,29 @@ def search(
     as_json: JsonOpt = False,
 ) -> None:
     """Search the project's index."""
-    if mode is not None and mode not in ("hybrid", "keyword", "semantic", "fuzzy"):
-        raise InputError(f"unknown --mode {mode!r}", hint="hybrid, keyword, semantic or fuzzy")
+    from ctxlake.serve.api.models import SEARCH_MODES
+
+    if mode is not None and mode not in SEARCH_MODES:
+        raise InputError(f"unknown --mode {mode!r}", hint=", ".join(SEARCH_MODES))
     settings = load_settings(resolve_root(None, for_write=False))
-    from ctxlake.serve import queries
+    from ctxlake.serve.api import queries
 
     lake = queries.Lake(settings)
-    if sources:
-        from ctxlake.serve.source_queries import check_names, parse_names
+    from ctxlake.serve.api.source_queries import check_names, parse_names
 
-        check_names(settings, parse_names(sources))
+    names = parse_names(sources)
+    check_names(settings, names)
     result = queries.search(
-        lake, query, mode=mode, limit=limit, path_glob=path_glob, lang=lang,  # type: ignore[arg-type]
-        sources=[s.strip() for s in sources.split(",") if s.strip()] if sources else None,
+        lake, query, mode=mode, limit=limit, path_glob=path_glob, lang=lang,
+        sources=names,
         bm25_weight=bm25_weight,
     )
     if as_json:
-        from ctxlake.serve.render import print_json
+        from ctxlake.serve.cli.render import print_json
 
         print_json(result.model_dump())
         return
-    from ctxlake.serve.render import print_search, stdout_console
+    from ctxlake.serve.cli.render import print_search, stdout_console
 
     print_search(result, stdout_console())
     for warning in result.warnings:
@@ -251,15 +225,15 @@ def search(
 def status(as_json: JsonOpt = False) -> None:
     """Files, chunks, languages, model, last run, stale files, lake size."""
     settings = load_settings(resolve_root(None, for_write=False))
-    from ctxlake.serve import queries
+    from ctxlake.serve.api import queries
 
     st = queries.status(settings)
     if as_json:
-        from ctxlake.serve.render import print_json
+        from ctxlake.serve.cli.render import print_json
 
         print_json(st.model_dump())
         return
-    from ctxlake.serve.render import print_status, stdout_console
+    from ctxlake.serve.cli.render import print_status, stdout_console
 
     print_status(st, stdout_console())
 
@@ -269,15 +243,15 @@ def clean(yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] =
     """Remove this project's lake (.ctx/lake); config.toml and knowledge/ stay."""
     import shutil
 
-    from ctxlake.serve.render import human_bytes
+    from ctxlake.serve.cli.render import human_bytes
 
     settings = load_settings(resolve_root(None, for_write=False))
     lake = settings.lake_dir
     if not lake.exists():
         typer.echo(f"Nothing to remove: {lake} does not exist.")
         return
-    from ctxlake.serve.queries import _folder_bytes
-    from ctxlake.tasks.lake import WriterLock
+    from ctxlake.serve.api.queries import _folder_bytes
+    from ctxlake.tasks.lake import WriterLock, reset_lake
 
     size = human_bytes(_folder_bytes(lake))
     if not yes:
@@ -288,9 +262,7 @@ def clean(yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] =
             return
     lock = WriterLock(lake, purpose="ctx clean").acquire()
     try:
-        for child in lake.iterdir():
-            if child.name != "writer.lock":
-                shutil.rmtree(child) if child.is_dir() else child.unlink()
+        reset_lake(lake)
     finally:
         lock.release()
     shutil.rmtree(lake, ignore_errors=True)
@@ -308,17 +280,17 @@ def sql(
 ) -> None:
     """Query the lake's tables with DuckDB (files, chunks, knowledge, ...; memory's messages, sessions)."""
     settings = load_settings(resolve_root(None, for_write=False))
-    from ctxlake.serve.analytics import run_sql
+    from ctxlake.serve.api.analytics import run_sql
 
     result = run_sql(settings.lake_dir, statement, limit, memory_dir=settings.memory_dir)
     if as_json:
-        from ctxlake.serve.render import print_json
+        from ctxlake.serve.cli.render import print_json
 
         print_json(result)
         return
     from rich.table import Table
 
-    from ctxlake.serve.render import stdout_console
+    from ctxlake.serve.cli.render import stdout_console
 
     table = Table(*result["columns"], show_lines=False)
     for row in result["rows"]:
@@ -371,7 +343,7 @@ def trust(
         typer.echo(message)
     st = trust_store.state(path, parsed, home)
     if as_json:
-        from ctxlake.serve.render import print_json
+        from ctxlake.serve.cli.render import print_json
 
         print_json(st.as_dict())
     elif show:

@@ -1,4 +1,4 @@
-"""MCP memory tools (search_context, recent_sessions, session_detail, project_knowledge; save_* with --allow-writes) over serve/context.py."""
+"""MCP memory tools (search_context, recent_sessions, session_detail, project_knowledge; save_* with --allow-writes) over serve/api/context.py."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field
 
 from ctxlake.schemas.config import Settings
-from ctxlake.serve import context as queries
-from ctxlake.serve.mcp import READ_ONLY, tool_errors
-from ctxlake.serve.memory_models import (
+from ctxlake.serve.api import context as queries
+from ctxlake.serve.api.memory_models import (
     ContextMode,
     ContextResult,
     Depth,
@@ -19,6 +18,7 @@ from ctxlake.serve.memory_models import (
     SessionDetail,
     SessionSummary,
 )
+from ctxlake.serve.mcp.base import READ_ONLY, tool_errors
 
 if TYPE_CHECKING:
     from mcp.server import MCPServer

@@ -1,4 +1,4 @@
-"""`ctx run ingest`, `ctx sessions`, `ctx session show`, `ctx context search`, `ctx knowledge`, `ctx remember`: parse, call serve/context.py or the flow, render."""
+"""`ctx run ingest`, `ctx sessions`, `ctx session show`, `ctx context search`, `ctx knowledge`, `ctx remember`: parse, call serve/api/context.py or the flow, render."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ctxlake.errors import InputError
 from ctxlake.schemas.config import Settings, find_root, git_toplevel, load_settings
 
 if TYPE_CHECKING:
-    from ctxlake.serve.context import MemoryLake
+    from ctxlake.serve.api.context import MemoryLake
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")]
 ToolOpt = Annotated[list[str] | None, typer.Option("--tool", help="only this agent tool (repeatable): claude, codex, ...")]
@@ -30,14 +30,14 @@ def _settings() -> Settings:
 
 
 def _lake() -> tuple[Settings, MemoryLake]:
-    from ctxlake.serve.context import MemoryLake
+    from ctxlake.serve.api.context import MemoryLake
 
     settings = _settings()
     return settings, MemoryLake(settings)
 
 
 def _print_json(data: Any) -> None:
-    from ctxlake.serve.render import print_json
+    from ctxlake.serve.cli.render import print_json
 
     print_json(data)
 
@@ -61,7 +61,7 @@ def run_ingest(
     """Ingest every agent tool's conversation logs (incremental) and this project's knowledge files."""
     started = time.perf_counter()
     from ctxlake.schemas.config import CTX_DIR, resolve_root
-    from ctxlake.serve.cli import ensure_project
+    from ctxlake.serve.cli.base import ensure_project
 
     root = resolve_root(None, for_write=True)
     if ensure_project(root):
@@ -107,8 +107,8 @@ def _pending(settings: Settings) -> bool:
 
 
 def _run_flow(settings: Settings, roots: dict[str, list[Path]], *, embed: bool, verbose: bool) -> Any:
-    from ctxlake.serve.cli import _prefect_quietly
-    from ctxlake.serve.render import RichReporter
+    from ctxlake.serve.cli.base import _prefect_quietly
+    from ctxlake.serve.cli.render import RichReporter
     from ctxlake.tasks.progress import use_reporter
 
     _prefect_quietly(verbose)
@@ -155,7 +155,7 @@ def sessions(
     as_json: JsonOpt = False,
 ) -> None:
     """Agent sessions of this project, most recently active first."""
-    from ctxlake.serve.context import list_sessions
+    from ctxlake.serve.api.context import list_sessions
 
     _, lake = _lake()
     found = list_sessions(lake, limit=limit, tools=tools, all_projects=all_projects)
@@ -179,7 +179,7 @@ def session_show(
     as_json: JsonOpt = False,
 ) -> None:
     """A session's summary and its messages."""
-    from ctxlake.serve.context import session_detail
+    from ctxlake.serve.api.context import session_detail
 
     _, lake = _lake()
     detail = session_detail(lake, ref, offset=offset, limit=limit)
@@ -214,7 +214,7 @@ def context_search(
     as_json: JsonOpt = False,
 ) -> None:
     """Search messages, session summaries and knowledge."""
-    from ctxlake.serve.context import parse_when, search_context
+    from ctxlake.serve.api.context import parse_when, search_context
 
     _, lake = _lake()
     result = search_context(lake, query, mode=mode, depth=depth, types=types, tools=tools,  # type: ignore[arg-type]
@@ -242,7 +242,7 @@ def knowledge(
     as_json: JsonOpt = False,
 ) -> None:
     """This project's decisions, error solutions and insights (.ctx/knowledge/)."""
-    from ctxlake.serve.context import project_knowledge
+    from ctxlake.serve.api.context import project_knowledge
 
     _, lake = _lake()
     found = project_knowledge(lake, kind, query, limit=limit, include_superseded=include_superseded)
@@ -269,7 +269,7 @@ def remember(
     as_json: JsonOpt = False,
 ) -> None:
     """Write a knowledge record to .ctx/knowledge/ (rejected as a duplicate when one says the same)."""
-    from ctxlake.serve.context import remember as write
+    from ctxlake.serve.api.context import remember as write
 
     if kind not in ("decision", "error", "insight"):
         raise InputError(f"unknown knowledge type {kind!r}", hint="decision, error or insight")
