@@ -31,6 +31,7 @@ app = typer.Typer(
 )
 run_app = typer.Typer(help="Run a pipeline (a Prefect flow).", no_args_is_help=True)
 app.add_typer(run_app, name="run")
+app.add_typer(__import__("ctxlake.serve.cli_schedule", fromlist=["schedule_app"]).schedule_app, name="schedule")
 cli_mcp.register(app)
 register_sources(app)
 
