@@ -143,7 +143,7 @@ class Orchestrator:
             self._runner = Runner(name="ctxlake-service", query_seconds=1, pause_on_shutdown=False)
             ready.set()
             try:
-                loop.run_until_complete(self._runner.start())
+                loop.run_until_complete(self._in_settings(self._runner.start()))
             except Exception:  # noqa: BLE001 - stop() cancels the runner; nothing to report then
                 if not self._stopping.is_set():
                     raise
@@ -157,7 +157,16 @@ class Orchestrator:
     def _call(self, coro: Any, timeout: float = 60) -> Any:
         if self._loop is None:
             raise ServiceError("the orchestrator is not started")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+        return asyncio.run_coroutine_threadsafe(self._in_settings(coro), self._loop).result(timeout)
+
+    async def _in_settings(self, coro: Any) -> Any:
+        # Prefect reads PREFECT_API_URL into a settings context once per process; a process that
+        # touched Prefect before start() would otherwise keep talking to a temporary server (and
+        # hand that to the flow-run processes the runner starts).
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings(updates={PREFECT_API_URL: self._api_url}):
+            return await coro
 
     def add_deployment(self, deployment: RunnerDeployment) -> None:
         """Register a deployment with the server and have the runner execute its runs."""
