@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from prefect import flow
 from prefect.deployments.runner import RunnerDeployment
@@ -80,14 +80,16 @@ def service_deployments(settings: Settings) -> list[RunnerDeployment]:
     """The always-present deployments, scheduled as `settings.schedule` says."""
     sched = settings.schedule
     root = str(settings.root)
+    # to_deployment is sync-or-async by caller; called outside a loop it returns the deployment.
     return [
-        scheduled_ingest.to_deployment(INGEST, interval=timedelta(seconds=sched.ingest_every_s),
-                                       parameters={"root": root}),
-        scheduled_sync.to_deployment(SYNC, cron=sched.sync_cron, parameters={"root": root}),
+        cast(RunnerDeployment, scheduled_ingest.to_deployment(
+            INGEST, interval=timedelta(seconds=sched.ingest_every_s), parameters={"root": root})),
+        cast(RunnerDeployment, scheduled_sync.to_deployment(SYNC, cron=sched.sync_cron, parameters={"root": root})),
     ]
 
 
 def project_deployment(root: Path, settings: Settings) -> RunnerDeployment:
     """The periodic consistency run of one registered project."""
-    return scheduled_index.to_deployment(index_name(root), interval=timedelta(seconds=settings.schedule.index_every_s),
-                                         parameters={"root": str(root.resolve())})
+    return cast(RunnerDeployment, scheduled_index.to_deployment(
+        index_name(root), interval=timedelta(seconds=settings.schedule.index_every_s),
+        parameters={"root": str(root.resolve())}))

@@ -185,9 +185,9 @@ class EvalSettings(_Section):
 
 def check_cron(value: str) -> str:
     """A five-field cron string, or ValueError saying why not (cronsim is what Prefect itself uses)."""
-    from cronsim import CronSim, CronSimError
-
     from datetime import datetime
+
+    from cronsim import CronSim, CronSimError
 
     if len(value.split()) != 5:
         raise ValueError(f"cron {value!r} needs 5 fields (minute hour day month weekday), got {len(value.split())}")

@@ -9,6 +9,7 @@ the runs are recorded in Prefect, visible in its UI at `api_url` without `/api`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -17,7 +18,7 @@ import sys
 import threading
 import time
 import urllib.request
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -140,11 +141,11 @@ class Orchestrator:
             loop = asyncio.new_event_loop()
             asyncio.set_event_loop(loop)
             self._loop = loop
-            self._runner = Runner(name="ctxlake-service", query_seconds=1, pause_on_shutdown=False)
+            self._runner = Runner(name="ctxlake-service", query_seconds=1, prefetch_seconds=2, pause_on_shutdown=False)
             ready.set()
             try:
                 loop.run_until_complete(self._in_settings(self._runner.start()))
-            except Exception:  # noqa: BLE001 - stop() cancels the runner; nothing to report then
+            except Exception:
                 if not self._stopping.is_set():
                     raise
             finally:
@@ -184,10 +185,8 @@ class Orchestrator:
         if self._debounce is not None:
             self._debounce.cancel()
         if self._runner is not None and self._loop is not None and self._loop.is_running():
-            try:
+            with contextlib.suppress(Exception):
                 self._call(self._runner.astop(), timeout=20)
-            except Exception:  # noqa: BLE001 - a runner that is already down is fine
-                pass
         if self._thread is not None:
             self._thread.join(20)
         self._kill_children()
@@ -206,10 +205,8 @@ class Orchestrator:
         except subprocess.TimeoutExpired:
             os.killpg(pgid, signal.SIGKILL)
             self._server.wait(5)
-        try:  # uvicorn workers left in the group
+        with contextlib.suppress(ProcessLookupError):  # uvicorn workers left in the group
             os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
     def _kill_children(self) -> None:
         """Flow-run processes the runner started and did not reap (a run killed mid-way)."""
@@ -230,7 +227,7 @@ class Orchestrator:
         while not self._stopping.wait(MONITOR_S):
             try:
                 self._call(self._check_failures(), timeout=30)
-            except Exception:  # noqa: BLE001 - the monitor must outlive a server hiccup
+            except Exception:
                 continue
 
     async def _check_failures(self) -> None:
@@ -244,6 +241,9 @@ class Orchestrator:
                     deployment = await client.read_deployment(dep_id)
                     if not deployment.paused and name not in self._backed_off:
                         await client.pause_deployment(dep_id)
+                        from ctxlake.serve.service.schedules import _drop_planned
+
+                        await _drop_planned(client, dep_id)
                         self._backed_off.add(name)
                 elif runs and runs[0].state is not None and runs[0].state.is_completed():
                     self._backed_off.discard(name)
@@ -305,8 +305,13 @@ def _in_group(proc: Any, pgid: int) -> bool:
 
 
 async def _recent_runs(client: Any, deployment_id: Any, n: int) -> list[Any]:
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId, FlowRunFilter, FlowRunFilterState
-    from prefect.client.schemas.filters import FlowRunFilterStateType
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterId,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
     from prefect.client.schemas.objects import StateType
     from prefect.client.schemas.sorting import FlowRunSort
 
@@ -318,4 +323,4 @@ async def _recent_runs(client: Any, deployment_id: Any, n: int) -> list[Any]:
 
 
 def utc_iso(value: datetime | None) -> str | None:
-    return value.astimezone(timezone.utc).isoformat() if value is not None else None
+    return value.astimezone(UTC).isoformat() if value is not None else None

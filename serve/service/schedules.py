@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ctxlake.errors import InputError
@@ -30,7 +30,7 @@ def parse_cron(text: str) -> str:
 
 
 def _iso(value: datetime | None) -> str | None:
-    return value.astimezone(timezone.utc).isoformat() if value is not None else None
+    return value.astimezone(UTC).isoformat() if value is not None else None
 
 
 async def _read(api_url: str) -> list[dict[str, Any]]:
@@ -43,6 +43,7 @@ async def _read(api_url: str) -> list[dict[str, Any]]:
         FlowRunFilterStateType,
     )
     from prefect.client.schemas.objects import StateType
+    from prefect.client.schemas.schedules import CronSchedule, IntervalSchedule
     from prefect.client.schemas.sorting import FlowRunSort
 
     out: list[dict[str, Any]] = []
@@ -60,11 +61,10 @@ async def _read(api_url: str) -> list[dict[str, Any]]:
             kind, spec = "none", ""
             if dep.schedules:
                 sched = dep.schedules[0].schedule
-                interval = getattr(sched, "interval", None)
-                if interval is not None:
-                    kind, spec = "interval", f"{int(interval.total_seconds())}s"
-                elif getattr(sched, "cron", None):
-                    kind, spec = "cron", str(sched.cron)
+                if isinstance(sched, IntervalSchedule):
+                    kind, spec = "interval", f"{int(sched.interval.total_seconds())}s"
+                elif isinstance(sched, CronSchedule):
+                    kind, spec = "cron", sched.cron
             last: dict[str, Any] | None = None
             if done:
                 run = done[0]
@@ -93,9 +93,9 @@ async def _deployment(client: Any, name: str) -> Any:
 
 async def _set(api_url: str, name: str, every: timedelta | None, cron: str | None) -> None:
     from prefect.client.orchestration import PrefectClient
-    from prefect.client.schemas.schedules import CronSchedule, IntervalSchedule
+    from prefect.client.schemas.schedules import SCHEDULE_TYPES, CronSchedule, IntervalSchedule
 
-    schedule: IntervalSchedule | CronSchedule = (
+    schedule: SCHEDULE_TYPES = (
         IntervalSchedule(interval=every) if every is not None else CronSchedule(cron=str(cron)))
     async with PrefectClient(api_url) as client:
         dep = await _deployment(client, name)
@@ -104,21 +104,25 @@ async def _set(api_url: str, name: str, every: timedelta | None, cron: str | Non
         else:
             await client.create_deployment_schedules(dep.id, [(schedule, True)])
         # Runs already planned under the old schedule would still fire: drop them.
-        from prefect.client.schemas.filters import (
-            DeploymentFilter,
-            DeploymentFilterId,
-            FlowRunFilter,
-            FlowRunFilterState,
-            FlowRunFilterStateType,
-        )
-        from prefect.client.schemas.objects import StateType
+        await _drop_planned(client, dep.id)
 
-        planned = await client.read_flow_runs(
-            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id])),
-            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
-                type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))))
-        for run in planned:
-            await client.delete_flow_run(run.id)
+
+async def _drop_planned(client: Any, deployment_id: Any) -> None:
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterId,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    planned = await client.read_flow_runs(
+        deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
+        flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+            type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))))
+    for run in planned:
+        await client.delete_flow_run(run.id)
 
 
 def set_schedule(api_url: str, name: str, every: str | None = None, cron: str | None = None) -> None:
@@ -132,7 +136,11 @@ async def _pause(api_url: str, name: str, paused: bool) -> None:
 
     async with PrefectClient(api_url) as client:
         dep = await _deployment(client, name)
-        await (client.pause_deployment(dep.id) if paused else client.resume_deployment(dep.id))
+        if paused:
+            await client.pause_deployment(dep.id)
+            await _drop_planned(client, dep.id)  # planned runs would still be picked up
+        else:
+            await client.resume_deployment(dep.id)
 
 
 def pause_schedule(api_url: str, name: str, paused: bool = True) -> None:
@@ -147,7 +155,7 @@ def _in_new_loop(coro: Any) -> Any:
     def target() -> None:
         try:
             result.append(asyncio.run(coro))
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+        except BaseException as exc:
             error.append(exc)
 
     import threading

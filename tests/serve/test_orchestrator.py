@@ -15,7 +15,7 @@ from memlogs import claude, write_jsonl
 
 from ctxlake.schemas.config import load_settings
 from ctxlake.serve.service.orchestrator import Orchestrator, healthy
-from ctxlake.serve.service.schedules import pause_schedule, read_schedules, set_schedule
+from ctxlake.serve.service.schedules import pause_schedule, set_schedule
 
 CONFIG = """
 [embed]
@@ -101,7 +101,7 @@ def test_interval_fires_then_pause_and_set(service: tuple[Orchestrator, Path], t
 
     pause_schedule(orch.api_url or "", "quick", paused=True)
     assert schedule(orch, "quick")["paused"] and schedule(orch, "quick")["next_run"] is None
-    time.sleep(5)  # a run already under way may still finish
+    time.sleep(8)  # runs already under way (each takes a few seconds) may still finish
     count = len(marker.read_text().splitlines())
     time.sleep(8)
     assert len(marker.read_text().splitlines()) == count, "a paused schedule still ran"
@@ -150,7 +150,7 @@ def test_stop_leaves_no_child_process(tmp_path: Path) -> None:
     children = psutil.Process().children(recursive=True)
     assert children, "the server should be a child process"
     orch.stop()
-    gone, alive = psutil.wait_procs(children, timeout=10)
+    _gone, alive = psutil.wait_procs(children, timeout=10)
     assert not alive, [p.cmdline() for p in alive]
     assert url and not healthy(url)
     if saved:
