@@ -185,6 +185,36 @@ class EvalSettings(_Section):
     include: list[str] = Field(default_factory=lambda: ["*.py"], description="the corpus `ctx eval` indexes")
 
 
+def check_cron(value: str) -> str:
+    """A five-field cron string, or ValueError saying why not (cronsim is what Prefect itself uses)."""
+    from datetime import datetime
+
+    from cronsim import CronSim, CronSimError
+
+    if len(value.split()) != 5:
+        raise ValueError(f"cron {value!r} needs 5 fields (minute hour day month weekday), got {len(value.split())}")
+    try:
+        CronSim(value, datetime(2026, 1, 1))
+    except CronSimError as exc:
+        raise ValueError(f"invalid cron {value!r}: {exc}") from exc
+    return value
+
+
+class ScheduleSettings(_Section):
+    """Defaults of the service's scheduled flows (`ctx up`); `ctx schedule set` changes the live ones."""
+
+    ingest_every_s: float = Field(300.0, ge=1.0, description="ingest_conversations interval")
+    logs_debounce_s: float = Field(5.0, ge=0.0, description="agent log file events within this window make one ingest run")
+    sync_cron: str = Field("0 3 * * *", description="sync_sources: daily cron")
+    index_every_s: float = Field(3600.0, ge=1.0, description="index_code consistency run per registered project")
+    max_failures: int = Field(3, ge=1, description="a deployment failing this many runs in a row is paused")
+
+    @field_validator("sync_cron")
+    @classmethod
+    def _cron(cls, value: str) -> str:
+        return check_cron(value)
+
+
 class Settings(_Section):
     """Everything a command needs, resolved once at the entry point and passed down."""
 
@@ -200,6 +230,7 @@ class Settings(_Section):
     agents: AgentsSettings = Field(default_factory=AgentsSettings)
     memory: MemorySettings = Field(default_factory=MemorySettings)
     eval: EvalSettings = Field(default_factory=EvalSettings)
+    schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
 
     @property
     def ctx_dir(self) -> Path:
@@ -242,6 +273,7 @@ SECTIONS: dict[str, type[_Section]] = {
     "agents": AgentsSettings,
     "memory": MemorySettings,
     "eval": EvalSettings,
+    "schedule": ScheduleSettings,
 }
 
 

@@ -21,6 +21,7 @@ from ctxlake.schemas.config import (
 from ctxlake.serve.cli import eval as cli_eval
 from ctxlake.serve.cli import mcp as cli_mcp
 from ctxlake.serve.cli import memory as cli_memory
+from ctxlake.serve.cli.schedule import schedule_app
 from ctxlake.serve.cli.base import _prefect_quietly, ensure_project
 from ctxlake.serve.cli.sources import register as register_sources
 
@@ -38,6 +39,7 @@ run_app = typer.Typer(help="Run a pipeline (a Prefect flow).", no_args_is_help=T
 app.add_typer(run_app, name="run")
 cli_mcp.register(app)
 register_sources(app)
+app.add_typer(schedule_app, name="schedule")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")]
 
