@@ -20,6 +20,8 @@ from ctxlake.schemas.config import (
     resolve_root,
 )
 from ctxlake.serve import cli_eval, cli_mcp, cli_memory
+from ctxlake.serve.cli_service import print_service_status, service_status
+from ctxlake.serve.cli_service import register as register_service
 from ctxlake.serve.cli_sources import register as register_sources
 
 app = typer.Typer(
@@ -33,6 +35,7 @@ run_app = typer.Typer(help="Run a pipeline (a Prefect flow).", no_args_is_help=T
 app.add_typer(run_app, name="run")
 cli_mcp.register(app)
 register_sources(app)
+register_service(app)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")]
 
@@ -201,7 +204,9 @@ def search(
     settings = load_settings(resolve_root(None, for_write=False))
     from ctxlake.serve import queries
 
-    lake = queries.Lake(settings)
+    from ctxlake.serve.service.engine import open_lake
+
+    lake = open_lake(settings)  # the service's warm lake when run there, else a fresh one
     if sources:
         from ctxlake.serve.source_queries import check_names, parse_names
 
@@ -237,11 +242,12 @@ def status(as_json: JsonOpt = False) -> None:
     if as_json:
         from ctxlake.serve.render import print_json
 
-        print_json(st.model_dump())
+        print_json({**st.model_dump(), "service": service_status()})
         return
     from ctxlake.serve.render import print_status, stdout_console
 
     print_status(st, stdout_console())
+    print_service_status()
 
 
 @app.command()
