@@ -129,3 +129,7 @@ def run(argv: list[str]) -> int:
 def main() -> None:
     """Console entry point (`ctx`)."""
     sys.exit(run(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()
