@@ -203,7 +203,6 @@ def search(
         raise InputError(f"unknown --mode {mode!r}", hint="hybrid, keyword, semantic or fuzzy")
     settings = load_settings(resolve_root(None, for_write=False))
     from ctxlake.serve import queries
-
     from ctxlake.serve.service.engine import open_lake
 
     lake = open_lake(settings)  # the service's warm lake when run there, else a fresh one

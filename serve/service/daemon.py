@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any
 
@@ -167,10 +167,8 @@ class Service:
         if self._listener is not None:
             self._listener.close()
         for path in (self.paths.socket, self.paths.info):
-            try:
+            with suppress(FileNotFoundError):
                 path.unlink()
-            except FileNotFoundError:
-                pass
         stop_children()
         log("stopped")
         if self._lock_fh is not None:
@@ -310,16 +308,12 @@ def stop_children(grace_s: float = 5.0) -> None:
 
     children = psutil.Process().children(recursive=True)
     for child in children:
-        try:
+        with suppress(psutil.NoSuchProcess):
             child.terminate()
-        except psutil.NoSuchProcess:
-            pass
     _, alive = psutil.wait_procs(children, timeout=grace_s)
     for child in alive:
-        try:
+        with suppress(psutil.NoSuchProcess):
             child.kill()
-        except psutil.NoSuchProcess:
-            pass
     if children:
         log(f"stopped {len(children)} child process(es)")
 

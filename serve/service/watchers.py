@@ -62,7 +62,14 @@ class ProjectWatcher(threading.Thread):
         from ctxlake.flows.watch_code import RULE_FILES, apply_batch
         from ctxlake.schemas.tables import PROJECT_SOURCE
         from ctxlake.tasks.lake import IndexState, WriterLock
-        from ctxlake.tasks.merkle import PathFilter, Tree, diff_trees, load_snapshot, rehash_paths, scan
+        from ctxlake.tasks.merkle import (
+            PathFilter,
+            Tree,
+            diff_trees,
+            load_snapshot,
+            rehash_paths,
+            scan,
+        )
 
         lock = WriterLock(settings.lake_dir, purpose="ctx service watcher").acquire(wait_s=60.0)
         try:

@@ -3,6 +3,7 @@ recover from SIGKILL, refuse garbage, stop without orphans, and MCP through the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -57,10 +58,8 @@ def service(indexed: Path, ctx_home: Path) -> Iterator[Path]:
     ctx("down", cwd=indexed)
     info = service_dir(ctx_home) / "service.json"
     if info.exists():  # a test that killed it and did not restart: leave nothing running
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(service_pid(ctx_home), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def test_forwarded_output_equals_in_process_and_files_are_private(indexed: Path, service: Path) -> None:
@@ -155,7 +154,7 @@ def test_down_leaves_no_child_processes(indexed: Path, service: Path) -> None:
     proc = psutil.Process(service_pid(service))
     tree = [proc, *proc.children(recursive=True)]
     assert ctx("down", cwd=indexed).returncode == 0
-    gone, alive = psutil.wait_procs(tree, timeout=10)
+    _gone, alive = psutil.wait_procs(tree, timeout=10)
     alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, [p.cmdline() for p in alive]
     assert not (service_dir(service) / "ctx.sock").exists()
