@@ -5,6 +5,7 @@ Standard library only, so ten agent sessions cost ten small processes and one wa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -25,10 +26,8 @@ def _pump_stdin(sock: socket.socket) -> None:
     except OSError:
         pass
     finally:
-        try:
+        with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_WR)  # the client closed stdin: end the session cleanly
-        except OSError:
-            pass
 
 
 def proxy_or_none(argv: list[str]) -> int | None:
