@@ -27,7 +27,11 @@ from ctxlake import __version__
 from ctxlake.serve.service import capture, protocol
 from ctxlake.serve.service.paths import ServicePaths, service_paths
 
-EXIT_DISK = 8  # LakeError's code: the state under $CTX_HOME cannot be written
+EXIT_DISK = 8
+HOUSEKEEPING_S = 2.0  # how often deleted project folders are dropped and idle lakes evicted
+INDEX_WAIT_S = 60
+VALUE_OPTIONS = frozenset({"--wait", "--model", "--provider"})  # `ctx run index` options taking a value
+MAX_SOCKET_PATH = 100  # sun_path holds 104-108 bytes depending on the OS  # LakeError's code: the state under $CTX_HOME cannot be written
 
 
 def log(message: str) -> None:
@@ -81,6 +85,9 @@ class Service:
 
     def bind(self) -> None:
         sock_path = self.paths.socket
+        if len(os.fsencode(sock_path)) > MAX_SOCKET_PATH:
+            raise SystemExit(f"ctx: error: the socket path {sock_path} is too long for a Unix socket; "
+                             "set CTX_HOME to a shorter folder")
         # We hold the lock, so any socket file here is left by a dead service.
         if sock_path.exists() or sock_path.is_symlink():
             log(f"replacing a stale socket {sock_path}")
@@ -151,7 +158,7 @@ class Service:
         self.shutdown()
 
     def _housekeeping(self) -> None:
-        while not self.stopping.wait(10.0):
+        while not self.stopping.wait(HOUSEKEEPING_S):
             for root in self.engine.evict_idle():
                 log(f"evicted idle project {root}")
             self.watchers.drop_missing()
@@ -252,6 +259,9 @@ class Service:
             return {"op": "error", "message": f"working folder does not exist: {cwd}", "code": 2}
         from ctxlake.serve.cli import run
 
+        if argv[:2] == ["run", "index"] and "--wait" not in argv:
+            # A watcher batch may hold the writer lock for a moment: wait for it, don't fail.
+            argv = [*argv, "--wait", str(INDEX_WAIT_S)]
         with self.request_env(message):
             with capture.captured(bool(message.get("stdout_tty")), False) as (out, err):
                 try:
@@ -294,7 +304,15 @@ class Service:
             return None
         from ctxlake.schemas.config import resolve_root
 
-        positional = [a for a in argv[2:] if not a.startswith("-")]
+        positional: list[str] = []
+        skip = False
+        for arg in argv[2:]:
+            if skip:
+                skip = False
+            elif arg in VALUE_OPTIONS:
+                skip = True
+            elif not arg.startswith("-"):
+                positional.append(arg)
         try:
             root = resolve_root(Path(positional[0]) if positional else None, for_write=False)
         except Exception:

@@ -191,3 +191,24 @@ def test_concurrent_forwarded_commands_do_not_mix(indexed: Path, service: Path) 
         t.join()
     for query, out in results.items():
         assert json.loads(out)["query"] == query
+
+
+def test_deleted_project_is_dropped_and_the_service_stays_up(indexed: Path, ctx_home: Path,
+                                                                 tmp_path: Path) -> None:
+    doomed = tmp_path / "doomed"
+    doomed.mkdir()
+    (doomed / "a.py").write_text("x = 1\n")
+    assert ctx("up", "--watch", str(doomed), "--watch", str(indexed), cwd=indexed).returncode == 0
+    try:
+        import shutil
+
+        shutil.rmtree(doomed)
+        log = service_dir(ctx_home) / "service.log"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and "dropped" not in log.read_text():
+            time.sleep(0.2)
+        assert f"dropped {doomed}" in log.read_text()
+        status = ctx("status", cwd=indexed).stdout
+        assert "watching 1 project(s)" in status and str(indexed) in status
+    finally:
+        ctx("down", cwd=indexed)
