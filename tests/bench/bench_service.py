@@ -173,6 +173,7 @@ def bench_repo(name: str, tree: Path, workdir: Path, env: dict[str, str], load_q
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     lat: list[float] = []
     errors = [0]
+    samples: list[str] = []
 
     def hammer(proxy: Proxy) -> None:
         for i in range(load_queries):
@@ -182,6 +183,8 @@ def bench_repo(name: str, tree: Path, workdir: Path, env: dict[str, str], load_q
             lat.append(time.perf_counter() - started)
             if "error" in reply or reply.get("result", {}).get("isError"):
                 errors[0] += 1
+                if len(samples) < 3:
+                    samples.append(json.dumps(reply)[:300])
 
     threads = [threading.Thread(target=hammer, args=(x,)) for x in proxies]
     for t in threads:
@@ -192,6 +195,8 @@ def bench_repo(name: str, tree: Path, workdir: Path, env: dict[str, str], load_q
     reindex.wait()
     r["load_queries"] = len(lat)
     r["load_errors"] = errors[0]
+    for sample in samples:
+        log(f"load error: {sample}")
     r["load_hybrid_p50_ms"] = round(p(lat, 0.5) * 1000)
     r["load_hybrid_p99_ms"] = round(p(lat, 0.99) * 1000)
     r["load_reindex_outlasted_queries"] = reindex_running
