@@ -67,6 +67,7 @@ class EngineCache:
         self._lock = threading.Lock()
         self._lakes: dict[tuple[str, str], tuple[Any, Lake, float]] = {}
         self._embedders: dict[str, Embedder] = {}
+        self._evict_s: dict[tuple[str, str], float] = {}  # per project: its [service] idle_evict_s
 
     def embedder(self, settings: Settings) -> Embedder:
         from ctxlake.tasks.embedders import make_embedder
@@ -99,14 +100,17 @@ class EngineCache:
             lake._embedder = None
         with self._lock:
             self._lakes[key] = (stamp, lake, time.monotonic())
+            self._evict_s[key] = settings.service.idle_evict_s
         return lake
 
     def evict_idle(self) -> list[str]:
         now = time.monotonic()
         with self._lock:
-            gone = [k for k, (_, _, used) in self._lakes.items() if now - used > self.idle_evict_s]
+            gone = [k for k, (_, _, used) in self._lakes.items()
+                    if now - used > self._evict_s.get(k, self.idle_evict_s)]
             for key in gone:
                 del self._lakes[key]
+                self._evict_s.pop(key, None)
         return [root for root, _ in gone]
 
     def projects(self) -> list[str]:

@@ -212,3 +212,27 @@ def test_deleted_project_is_dropped_and_the_service_stays_up(indexed: Path, ctx_
         assert "watching 1 project(s)" in status and str(indexed) in status
     finally:
         ctx("down", cwd=indexed)
+
+
+def test_autostart_starts_the_service_when_enabled(indexed: Path, ctx_home: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    off = ctx("search", "invoice", cwd=indexed)
+    assert off.returncode == 0 and not (service_dir(ctx_home) / "ctx.sock").exists()  # off by default
+    monkeypatch.setenv("CTX_SERVICE_AUTOSTART", "1")
+    try:
+        on = ctx("search", "invoice", cwd=indexed)
+        assert on.returncode == 0 and on.stdout == off.stdout
+        assert "Service: up" in ctx("status", cwd=indexed).stdout
+    finally:
+        ctx("down", cwd=indexed)
+
+
+def test_idle_project_is_evicted(indexed: Path, service: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CTX_SERVICE_IDLE_EVICT_S", "0")  # forwarded: this project's [service] idle_evict_s
+    assert ctx("search", "invoice", cwd=indexed).returncode == 0
+    log = service_dir(service) / "service.log"
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and "evicted idle project" not in log.read_text():
+        time.sleep(0.2)
+    assert f"evicted idle project {indexed}" in log.read_text()
+    assert ctx("search", "invoice", cwd=indexed).returncode == 0  # reopened on demand
