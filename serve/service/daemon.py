@@ -30,6 +30,7 @@ from ctxlake.serve.service.paths import ServicePaths, service_paths
 EXIT_DISK = 8
 HOUSEKEEPING_S = 2.0  # how often deleted project folders are dropped and idle lakes evicted
 INDEX_WAIT_S = 60
+SETTLE_S = 0.15  # > the watcher's 50 ms quiet step plus its start of a batch
 VALUE_OPTIONS = frozenset({"--wait", "--model", "--provider"})  # `ctx run index` options taking a value
 MAX_SOCKET_PATH = 100  # sun_path holds 104-108 bytes depending on the OS  # LakeError's code: the state under $CTX_HOME cannot be written
 
@@ -263,6 +264,7 @@ class Service:
             # A watcher batch may hold the writer lock for a moment: wait for it, don't fail.
             argv = [*argv, "--wait", str(INDEX_WAIT_S)]
         with self.request_env(message):
+            self._settle(argv)
             with capture.captured(bool(message.get("stdout_tty")), False) as (out, err):
                 try:
                     code = run(argv)
@@ -273,7 +275,7 @@ class Service:
 
                     traceback.print_exc()
                     code = 1
-            watched = self._watch_after(argv, cwd, code)
+            watched = self._watch_after(argv, code)
         if watched:
             log(f"watching {watched}")
         return {"op": "result", "code": code, "stdout": out.getvalue(), "stderr": err.getvalue()}
@@ -298,9 +300,9 @@ class Service:
                 os.environ.update(saved)
                 os.chdir(self.paths.home)
 
-    def _watch_after(self, argv: list[str], cwd: str, code: int) -> str | None:
-        """A project registers for watching on its first successful `ctx run index` here."""
-        if code != 0 or argv[:2] != ["run", "index"]:
+    def _index_root(self, argv: list[str]) -> Path | None:
+        """The project a `ctx run index` argv names (resolved from the request's folder)."""
+        if argv[:2] != ["run", "index"]:
             return None
         from ctxlake.schemas.config import resolve_root
 
@@ -314,10 +316,27 @@ class Service:
             elif not arg.startswith("-"):
                 positional.append(arg)
         try:
-            root = resolve_root(Path(positional[0]) if positional else None, for_write=False)
+            return resolve_root(Path(positional[0]) if positional else None, for_write=False)
         except Exception:
             return None
-        return self.register(root)
+
+    def _settle(self, argv: list[str]) -> None:
+        """Before a `ctx run index` of a watched project: give the watcher time to take the batch.
+
+        The watcher applies an edit in a fraction of a second once 50 ms pass without another
+        event; a run that grabbed the writer lock first would instead run the whole flow (a scan
+        of every file: ~4 s on django). After the batch the run's no-op check finds nothing to do.
+        """
+        if "--force" in argv:
+            return
+        root = self._index_root(argv)
+        if root is not None and str(root) in self.watchers.roots():
+            time.sleep(SETTLE_S)
+
+    def _watch_after(self, argv: list[str], code: int) -> str | None:
+        """A project registers for watching on its first successful `ctx run index` here."""
+        root = self._index_root(argv) if code == 0 else None
+        return self.register(root) if root is not None else None
 
 
 def stop_children(grace_s: float = 5.0) -> None:
