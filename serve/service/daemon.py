@@ -30,9 +30,14 @@ from ctxlake.serve.service.paths import ServicePaths, service_paths
 EXIT_DISK = 8
 HOUSEKEEPING_S = 2.0  # how often deleted project folders are dropped and idle lakes evicted
 INDEX_WAIT_S = 60
+BUSY_WAIT_S = 1.0  # a CLI request waits this long for the one before it, then runs in its client
 SETTLE_S = 0.15  # > the watcher's 50 ms quiet step plus its start of a batch
 VALUE_OPTIONS = frozenset({"--wait", "--model", "--provider"})  # `ctx run index` options taking a value
 MAX_SOCKET_PATH = 100  # sun_path holds 104-108 bytes depending on the OS  # LakeError's code: the state under $CTX_HOME cannot be written
+
+
+class Busy(Exception):
+    """The per-process request context (folder, environment) stayed taken for BUSY_WAIT_S."""
 
 
 def log(message: str) -> None:
@@ -263,19 +268,24 @@ class Service:
         if argv[:2] == ["run", "index"] and "--wait" not in argv:
             # A watcher batch may hold the writer lock for a moment: wait for it, don't fail.
             argv = [*argv, "--wait", str(INDEX_WAIT_S)]
-        with self.request_env(message):
-            self._settle(argv)
-            with capture.captured(bool(message.get("stdout_tty")), False) as (out, err):
-                try:
-                    code = run(argv)
-                except SystemExit as exc:
-                    code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
-                except Exception:
-                    import traceback
+        try:
+            with self.request_env(message):
+                self._settle(argv)
+                with capture.captured(bool(message.get("stdout_tty")), False) as (out, err):
+                    try:
+                        code = run(argv)
+                    except SystemExit as exc:
+                        code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
+                    except Exception:
+                        import traceback
 
-                    traceback.print_exc()
-                    code = 1
-            watched = self._watch_after(argv, code)
+                        traceback.print_exc()
+                        code = 1
+                watched = self._watch_after(argv, code)
+        except Busy:
+            # Another command (e.g. a long first index) holds the process's folder and environment:
+            # the client runs this one itself rather than wait behind it.
+            return {"op": "local"}
         if watched:
             log(f"watching {watched}")
         return {"op": "result", "code": code, "stdout": out.getvalue(), "stderr": err.getvalue()}
@@ -284,7 +294,9 @@ class Service:
     def request_env(self, message: dict[str, Any]) -> Iterator[None]:
         """The client's folder and CTX_* environment, for one request at a time (both are per process)."""
         env = {str(k): str(v) for k, v in dict(message.get("env", {})).items() if str(k).startswith("CTX_")}
-        with self._cli_lock:
+        if not self._cli_lock.acquire(timeout=BUSY_WAIT_S):
+            raise Busy()
+        try:
             saved = {k: v for k, v in os.environ.items() if k.startswith("CTX_") or k == "COLUMNS"}
             for key in saved:
                 os.environ.pop(key, None)
@@ -299,6 +311,8 @@ class Service:
                     os.environ.pop(key, None)
                 os.environ.update(saved)
                 os.chdir(self.paths.home)
+        finally:
+            self._cli_lock.release()
 
     def _index_root(self, argv: list[str]) -> Path | None:
         """The project a `ctx run index` argv names (resolved from the request's folder)."""

@@ -40,6 +40,7 @@ def serve_connection(service: Service, conn: socket.socket, message: dict[str, A
     from ctxlake.schemas.config import load_settings
     from ctxlake.serve.cli_mcp import serve_root
     from ctxlake.serve.mcp import ServeOptions, build_server
+    from ctxlake.serve.service.daemon import Busy
 
     try:
         with service.request_env(message):
@@ -47,6 +48,9 @@ def serve_connection(service: Service, conn: socket.socket, message: dict[str, A
             settings = load_settings(project)
     except CtxError as exc:
         protocol.send(conn, {"op": "error", "message": exc.message, "code": exc.exit_code})
+        return
+    except Busy:
+        protocol.send(conn, {"op": "local"})  # the proxy starts an in-process server instead
         return
     notice = None
     if not (settings.lake_dir / "state.json").is_file():
