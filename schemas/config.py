@@ -94,6 +94,18 @@ class McpSettings(_Section):
         60_000, ge=4_000, description="a tool answer is trimmed or paged to stay under this size"
     )
 
+class ServiceSettings(_Section):
+    autostart: bool = Field(
+        False, description="a `ctx` command starts the service (`ctx up`) when it is not running"
+    )
+    idle_evict_s: float = Field(
+        1800.0, ge=0.0, description="the service drops a project's open lake after this long unused"
+    )
+    schedules: bool = Field(
+        True, description="the service starts a persistent Prefect server and serves the scheduled flows"
+    )
+
+
 class SourcesSettings(_Section):
     max_files: int = Field(50_000, ge=1, description="a git source with more files (after --paths) is refused")
     max_bytes: int = Field(1_000_000_000, ge=1, description="a checked-out git source larger than this is refused")
@@ -226,6 +238,7 @@ class Settings(_Section):
     watch: WatchSettings = Field(default_factory=WatchSettings)
     docs: DocsSettings = Field(default_factory=DocsSettings)
     mcp: McpSettings = Field(default_factory=McpSettings)
+    service: ServiceSettings = Field(default_factory=ServiceSettings)
     sources: SourcesSettings = Field(default_factory=SourcesSettings)
     agents: AgentsSettings = Field(default_factory=AgentsSettings)
     memory: MemorySettings = Field(default_factory=MemorySettings)
@@ -269,6 +282,7 @@ SECTIONS: dict[str, type[_Section]] = {
     "watch": WatchSettings,
     "docs": DocsSettings,
     "mcp": McpSettings,
+    "service": ServiceSettings,
     "sources": SourcesSettings,
     "agents": AgentsSettings,
     "memory": MemorySettings,

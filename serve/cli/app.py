@@ -21,8 +21,10 @@ from ctxlake.schemas.config import (
 from ctxlake.serve.cli import eval as cli_eval
 from ctxlake.serve.cli import mcp as cli_mcp
 from ctxlake.serve.cli import memory as cli_memory
-from ctxlake.serve.cli.schedule import schedule_app
 from ctxlake.serve.cli.base import _prefect_quietly, ensure_project
+from ctxlake.serve.cli.schedule import schedule_app
+from ctxlake.serve.cli.service import print_service_status, service_status
+from ctxlake.serve.cli.service import register as register_service
 from ctxlake.serve.cli.sources import register as register_sources
 
 # When this command started (epoch seconds); run() sets it, main() moves it to the process start.
@@ -40,6 +42,7 @@ app.add_typer(run_app, name="run")
 cli_mcp.register(app)
 register_sources(app)
 app.add_typer(schedule_app, name="schedule")
+register_service(app)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")]
 
@@ -196,9 +199,10 @@ def search(
         raise InputError(f"unknown --mode {mode!r}", hint=", ".join(SEARCH_MODES))
     settings = load_settings(resolve_root(None, for_write=False))
     from ctxlake.serve.api import queries
-
-    lake = queries.Lake(settings)
     from ctxlake.serve.api.source_queries import check_names, parse_names
+    from ctxlake.serve.service.engine import open_lake
+
+    lake = open_lake(settings)  # the service's warm lake when run there, else a fresh one
 
     names = parse_names(sources)
     check_names(settings, names)
@@ -233,11 +237,12 @@ def status(as_json: JsonOpt = False) -> None:
     if as_json:
         from ctxlake.serve.cli.render import print_json
 
-        print_json(st.model_dump())
+        print_json({**st.model_dump(), "service": service_status()})
         return
     from ctxlake.serve.cli.render import print_status, stdout_console
 
     print_status(st, stdout_console())
+    print_service_status()
 
 
 @app.command()

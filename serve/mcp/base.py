@@ -160,9 +160,9 @@ class ServerState:
 
     def _open(self) -> None:
         try:
-            from ctxlake.serve.api.queries import Lake
+            from ctxlake.serve.service.engine import open_lake
 
-            lake = Lake(self.settings)
+            lake = open_lake(self.settings)  # the service's warm one when hosted there
         except BaseException as exc:  # handed to the first tool that asks, in its own thread
             self._lake.set_exception(exc)
         else:
