@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -62,15 +64,15 @@ def up(
     except OSError as exc:
         raise LakeError(f"cannot create the service folder {paths.dir}: {exc.strerror}") from exc
     if foreground:
-        from ctxlake.serve.service.daemon import main as daemon_main
-
         if lifecycle.ping(paths) is not None:
             typer.echo(f"The service already runs (socket {paths.socket}); not starting another.")
             return
         argv = [a for f in folders for a in ("--watch", str(f))]
         typer.echo(f"ctx service: listening on {paths.socket} (Ctrl-C stops it)", err=True)
-        code = daemon_main(argv)
-        raise typer.Exit(code)
+        # This process becomes the daemon (exec): the CLI never imports the daemon, which hosts the CLI.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, [sys.executable, "-m", "ctxlake.serve.service.daemon", *argv])
     before = lifecycle.ping(paths)
     info = lifecycle.start_detached(paths, watch=folders)
     if info is None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from ctxlake.serve.service import protocol
 from ctxlake.serve.service.paths import ServicePaths, service_paths
+from ctxlake.serve.service.protocol import forwarded_env
 
 # Run in this process whatever the service state: they manage the service, hold the user's
 # terminal, or are the long-lived process themselves.
@@ -35,10 +36,6 @@ def runs_locally(argv: list[str]) -> bool:
     if command in ASKS_UNLESS and not any(flag in argv for flag in ASKS_UNLESS[command]):
         return True
     return "-" in argv[1:]  # reads stdin, e.g. `ctx remember -`
-
-
-def forwarded_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k.startswith("CTX_")}
 
 
 def autostart_enabled(cwd: Path) -> bool:

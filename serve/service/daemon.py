@@ -26,6 +26,7 @@ from typing import IO, Any
 from ctxlake import __version__
 from ctxlake.serve.service import capture, protocol
 from ctxlake.serve.service.paths import ServicePaths, service_paths
+from ctxlake.serve.service.protocol import Busy
 
 EXIT_DISK = 8
 HOUSEKEEPING_S = 2.0  # how often deleted project folders are dropped and idle lakes evicted
@@ -34,10 +35,6 @@ BUSY_WAIT_S = 1.0  # a CLI request waits this long for the one before it, then r
 SETTLE_S = 0.15  # > the watcher's 50 ms quiet step plus its start of a batch
 VALUE_OPTIONS = frozenset({"--wait", "--model", "--provider"})  # `ctx run index` options taking a value
 MAX_SOCKET_PATH = 100  # sun_path holds 104-108 bytes depending on the OS  # LakeError's code: the state under $CTX_HOME cannot be written
-
-
-class Busy(Exception):
-    """The per-process request context (folder, environment) stayed taken for BUSY_WAIT_S."""
 
 
 def log(message: str) -> None:

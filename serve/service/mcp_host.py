@@ -41,7 +41,7 @@ def serve_connection(service: Service, conn: socket.socket, message: dict[str, A
     from ctxlake.serve.cli.mcp import serve_root
     from ctxlake.serve.mcp.base import ServeOptions
     from ctxlake.serve.mcp.server import build_server
-    from ctxlake.serve.service.daemon import Busy
+    from ctxlake.serve.service.protocol import Busy
 
     try:
         with service.request_env(message):

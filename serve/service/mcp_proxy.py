@@ -12,8 +12,8 @@ import sys
 import threading
 
 from ctxlake.serve.service import protocol
-from ctxlake.serve.service.client import forwarded_env
 from ctxlake.serve.service.paths import service_paths
+from ctxlake.serve.service.protocol import forwarded_env
 
 
 def _pump_stdin(sock: socket.socket) -> None:

@@ -65,3 +65,14 @@ def connect(path: str, timeout: float | None = 2.0) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+class Busy(Exception):
+    """The service's per-process request context (folder, environment) stayed taken too long."""
+
+
+def forwarded_env() -> dict[str, str]:
+    """The environment a client hands the service: ctxlake's own CTX_* settings, nothing else."""
+    import os
+
+    return {k: v for k, v in os.environ.items() if k.startswith("CTX_")}
