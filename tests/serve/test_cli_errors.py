@@ -63,7 +63,7 @@ def test_not_indexed_is_4_with_or_without_ctx_folder(tmp_path: Path, cli: Callab
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES])
 def test_storage_errors_anywhere_are_exit_8(code: int, tmp_path: Path, cli: Callable[..., Any],
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    import ctxlake.serve.cli as cli_module
+    import ctxlake.serve.cli.app as cli_module
 
     def fail(root: Path) -> bool:  # fault injection: the first write of `ctx run index`
         raise OSError(code, os.strerror(code), str(root / ".ctx" / "config.toml"))

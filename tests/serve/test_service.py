@@ -250,6 +250,8 @@ def test_service_runs_the_schedules_and_stops_them_with_it(
     monkeypatch.setenv("CTX_SERVICE_SCHEDULES", "true")
     assert ctx("up", cwd=indexed).returncode == 0
     try:
+        # A project registers (watcher + its periodic index_code deployment) on its first run there.
+        assert ctx("run", "index", cwd=indexed).returncode == 0
         deadline = time.monotonic() + 120
         listed: subprocess.CompletedProcess[str] | None = None
         while time.monotonic() < deadline:
