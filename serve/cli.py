@@ -19,7 +19,7 @@ from ctxlake.schemas.config import (
     load_settings,
     resolve_root,
 )
-from ctxlake.serve import cli_eval, cli_mcp, cli_memory
+from ctxlake.serve import cli_eval, cli_handoff, cli_mcp, cli_memory
 from ctxlake.serve.cli_sources import register as register_sources
 
 app = typer.Typer(
@@ -316,6 +316,7 @@ def version() -> None:
 
 
 cli_memory.register(app, run_app)
+cli_handoff.register(app)
 
 
 def run(argv: list[str] | None = None) -> int:
