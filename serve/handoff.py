@@ -10,10 +10,11 @@ import json
 import re
 import subprocess
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, Field
 
 from ctxlake.errors import InputError
 from ctxlake.serve.context import MESSAGE_COLUMNS, MemoryLake, _ts, list_sessions, resolve_ref
@@ -35,8 +36,7 @@ NEXT_I_WILL = re.compile(r"^\s*(?:[-*]\s+)?(?:next,?\s+I(?:'ll| will)|next step\
 TODO_TOOLS = {"todowrite", "todo_write", "update_plan", "write_todos", "todo"}
 
 
-@dataclass
-class Brief:
+class Brief(BaseModel):
     """What `ctx handoff` prints; `text` is the rendered brief, the rest is the same facts as data."""
 
     session_ref: str
@@ -45,15 +45,15 @@ class Brief:
     started_at: str
     ended_at: str
     goal: str
-    files: list[str] = field(default_factory=list)
+    files: list[str] = Field(default_factory=list)
     diff_stat: str = ""
-    commits: list[str] = field(default_factory=list)
-    decisions: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
+    commits: list[str] = Field(default_factory=list)
+    decisions: list[str] = Field(default_factory=list)
+    errors: list[str] = Field(default_factory=list)
     last_user: str = ""
     last_assistant: str = ""
     failing_command: str = ""
-    open_tasks: list[str] = field(default_factory=list)
+    open_tasks: list[str] = Field(default_factory=list)
     next_step: str = ""
     text: str = ""
     tokens: int = 0
@@ -62,7 +62,7 @@ class Brief:
     truncated: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return self.model_dump(mode="json")
 
 
 def estimate_tokens(text: str) -> int:

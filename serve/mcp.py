@@ -279,8 +279,10 @@ def tool_groups() -> list[ToolGroup]:
     def register_memory(server: MCPServer[ServerState], state: ServerState) -> None:
         register_memory_tools(server, state.settings, allow_writes=state.options.allow_writes)
 
+    from ctxlake.serve.mcp_handoff import register_handoff
+
     return [register_code_tools, register_docs_tools, register_index_tool, register_sources,
-            register_memory, register_resources, register_prompts]
+            register_memory, register_resources, register_prompts, register_handoff]
 
 
 def build_server(settings: Settings, options: ServeOptions | None = None) -> MCPServer[ServerState]:

@@ -105,3 +105,31 @@ def test_budget_bounds_the_text_and_bad_input_is_an_error(here: dict[str, Any], 
     assert project["run"](["handoff", "--budget", "10"]) != 0
     assert project["run"](["handoff", "--session", "nope-no-such"]) != 0
 
+
+
+def test_mcp_tool_and_prompt_give_the_same_brief(here: dict[str, Any]) -> None:
+    import asyncio
+
+    from mcp import Client
+    from mcp.server import MCPServer
+
+    from ctxlake.schemas.config import load_settings
+    from ctxlake.serve.mcp import ServeOptions, ServerState
+    from ctxlake.serve.mcp_handoff import register_handoff
+
+    server: MCPServer[ServerState] = MCPServer("handoff-test")
+    register_handoff(server, ServerState(load_settings(here["repo"]), ServeOptions()))
+
+    async def go() -> tuple[Any, Any, Any]:
+        async with Client(server) as client:
+            brief = await client.call_tool("handoff_brief", {"from_tool": "claude"})
+            prompt = await client.get_prompt("continue_work", {})
+            missing = await client.call_tool("handoff_brief", {"from_tool": "gemini"})
+            return brief, prompt, missing
+
+    brief, prompt, missing = asyncio.run(go())
+    assert not brief.is_error
+    data = brief.structured_content
+    assert data["open_tasks"] == ["add an eviction test"] and data["tokens"] <= 1500
+    assert data["text"] in prompt.messages[0].content.text
+    assert missing.is_error and "no session" in missing.content[0].text
