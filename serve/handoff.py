@@ -6,8 +6,6 @@ session's time window; no model is called, so it is cheap enough for a session-s
 
 from __future__ import annotations
 
-import json
-import re
 import subprocess
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -18,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from ctxlake.errors import InputError
 from ctxlake.serve.context import MESSAGE_COLUMNS, MemoryLake, _ts, list_sessions, resolve_ref
+from ctxlake.tasks.open_tasks import open_tasks
 from ctxlake.tasks.store import sql_str
 
 DEFAULT_BUDGET = 1500
@@ -27,13 +26,7 @@ TOKEN_ESTIMATE = "chars/4"
 LINE = 240
 GIT_TIMEOUT_S = 5
 
-# Explicit signals only: an unchecked checkbox, or a line that *starts* with TODO:/"next I will".
-# A TODO word inside a sentence ("search the repo for TODO comments") is not a task.
-CHECKBOX_OPEN = re.compile(r"^\s*(?:[-*]|\d+[.)])?\s*\[ \]\s+(?P<task>\S.*)$")
-CHECKBOX_DONE = re.compile(r"^\s*(?:[-*]|\d+[.)])?\s*\[[xX]\]\s+(?P<task>\S.*)$")
-LINE_START_TASK = re.compile(r"^\s*(?:[-*]\s+)?(?:TODO|FIXME)\s*:\s*(?P<task>\S.{2,})$")
-NEXT_I_WILL = re.compile(r"^\s*(?:[-*]\s+)?(?:next,?\s+I(?:'ll| will)|next step\s*:|next steps?\s*:)\s*(?P<task>\S.{2,})$", re.I)
-TODO_TOOLS = {"todowrite", "todo_write", "update_plan", "write_todos", "todo"}
+
 
 
 class Brief(BaseModel):
@@ -75,52 +68,6 @@ def _line(text: str, limit: int = LINE) -> str:
 
 
 # -- rules ---------------------------------------------------------------------------------------
-
-
-def _todo_items(raw: str) -> list[tuple[str, bool]] | None:
-    """(task, done) pairs from a TodoWrite-style tool input, or None when it is not one."""
-    try:
-        data = json.loads(raw)
-    except (TypeError, ValueError):
-        return None
-    items = data.get("todos") or data.get("plan") if isinstance(data, dict) else None
-    if not isinstance(items, list):
-        return None
-    out: list[tuple[str, bool]] = []
-    for item in items:
-        if not isinstance(item, dict):
-            continue
-        task = item.get("content") or item.get("step") or item.get("description") or item.get("title") or ""
-        status = str(item.get("status") or "").lower()
-        if task:
-            out.append((_line(str(task), 200), status in ("completed", "done", "cancelled")))
-    return out
-
-
-def open_tasks(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """Tasks still open at the session's end, from explicit signals only; the latest todo list replaces older ones."""
-    found: dict[str, None] = {}
-    for row in rows:
-        for call in row.get("tool_calls") or []:
-            if str(call.get("name") or "").lower() in TODO_TOOLS:
-                items = _todo_items(call.get("input") or "")
-                if items is not None:
-                    found = {task: None for task, done in items if not done}
-        if row["role"] not in ("user", "assistant") or row.get("kind", "text") != "text":
-            continue
-        for raw in (row["text"] or "").splitlines():
-            done = CHECKBOX_DONE.match(raw)
-            if done:
-                found.pop(_line(done.group("task"), 200), None)
-                continue
-            match = CHECKBOX_OPEN.match(raw)
-            if match is None and row["role"] == "assistant":
-                match = LINE_START_TASK.match(raw) or NEXT_I_WILL.match(raw)
-            if match:
-                task = _line(match.group("task"), 200)
-                found.pop(task, None)
-                found[task] = None
-    return list(found)[-10:]
 
 
 def failing_command(rows: Sequence[dict[str, Any]]) -> str:

@@ -12,7 +12,8 @@ import pytest
 from helpers import git
 from memlogs import claude, slug, tool_result, tool_use, write_jsonl
 
-from ctxlake.serve.handoff import estimate_tokens, open_tasks
+from ctxlake.serve.handoff import estimate_tokens
+from ctxlake.tasks.open_tasks import open_tasks
 
 
 def row(role: str, text: str, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
