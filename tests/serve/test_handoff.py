@@ -134,3 +134,13 @@ def test_mcp_tool_and_prompt_give_the_same_brief(here: dict[str, Any]) -> None:
     assert data["open_tasks"] == ["add an eviction test"] and data["tokens"] <= 1500
     assert data["text"] in prompt.messages[0].content.text
     assert missing.is_error and "no session" in missing.content[0].text
+
+
+def test_remembered_knowledge_shows_before_the_next_ingest(here: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    run = here["run"]
+    assert run(["remember", "decision", "Pin the cache size to 256 entries", "--json"]) == 0
+    capsys.readouterr()
+    assert run(["knowledge", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    records = listed["records"] if isinstance(listed, dict) else listed
+    assert any(r["title"] == "Pin the cache size to 256 entries" for r in records)
