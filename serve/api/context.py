@@ -364,21 +364,47 @@ def project_knowledge(lake: MemoryLake, kind: str | None = None, query: str | No
     if kind is not None and kind not in KNOWLEDGE_KINDS:
         raise InputError(f"unknown knowledge type {kind!r}", hint=f"one of {', '.join(KNOWLEDGE_KINDS)}")
     inbox = len(inbox_records(lake.settings.knowledge_dir, lake.settings.root))
+    pending, replaced = _pending_files(lake, kind, query)
     if lake.knowledge is None or lake.knowledge.count_rows() == 0:
-        return KnowledgeList(records=[], inbox=inbox)
+        return KnowledgeList(records=pending[:limit], inbox=inbox)
     if query:
         result = search_context(lake, query, types=[kind] if kind else ["knowledge"], limit=limit)
         ids = [h.ref for h in result.hits]
         if not ids:
-            return KnowledgeList(records=[], inbox=inbox)
+            return KnowledgeList(records=pending[:limit], inbox=inbox)
         by_id = {r["id"]: r for r in lake.knowledge.search().where(_in("id", ids) or "").select(KNOWLEDGE_COLUMNS).limit(None).to_list()}
-        return KnowledgeList(records=[_knowledge(by_id[i]) for i in ids if i in by_id], inbox=inbox)
+        found = [_knowledge(by_id[i]) for i in ids if i in by_id and i not in replaced]
+        return KnowledgeList(records=(pending + found)[:limit], inbox=inbox)
     where = _and(None if include_superseded else "superseded_by IS NULL", kind and f"type = {sql_str(kind)}")
     search = lake.knowledge.search()
     if where:
         search = search.where(where)
-    rows = sorted(search.select(KNOWLEDGE_COLUMNS).limit(None).to_list(), key=lambda r: r["created_at"], reverse=True)
-    return KnowledgeList(records=[_knowledge(r) for r in rows[:limit]], inbox=inbox)
+    rows = [r for r in search.select(KNOWLEDGE_COLUMNS).limit(None).to_list()
+            if include_superseded or r["id"] not in replaced]
+    merged = sorted([*map(_knowledge, rows), *pending], key=lambda k: k.created_at, reverse=True)
+    return KnowledgeList(records=merged[:limit], inbox=inbox)
+
+
+def _pending_files(lake: MemoryLake, kind: str | None, query: str | None) -> tuple[list[KnowledgeOut], set[str]]:
+    """Knowledge files written since the last ingest (`ctx remember`, save_*), so they show at once;
+    and the ids they supersede. A query is matched as words in the title/body (they have no vectors yet)."""
+    from ctxlake.tasks.knowledge import heads, load_records
+
+    records, _ = load_records(lake.settings.knowledge_dir, lake.settings.root)
+    if not records:
+        return [], set()
+    stored: set[str] = set()
+    if lake.knowledge is not None and lake.knowledge.count_rows() > 0:
+        ids = lake.knowledge.search().select(["id"]).limit(None).to_arrow().column("id").to_pylist()
+        stored = set(ids)
+    new = [r for r in heads(records) if r.id not in stored and (kind is None or r.type == kind)]
+    if query:
+        words = [w for w in re.findall(r"\w+", query.lower()) if len(w) > 2]
+        new = [r for r in new if words and all(w in r.text.lower() for w in words)]
+    out = [KnowledgeOut(id=r.id, type=r.type, title=r.title, body=r.body, created_at=r.created_at,
+                        supersedes=r.supersedes, superseded_by=None, source_tool=r.source_tool,
+                        source_session=r.source_session, path=r.path, files=r.files, tags=r.tags) for r in new]
+    return out, {r.supersedes for r in new if r.supersedes}
 
 
 def remember(settings: Settings, kind: str, title: str, body: str = "", files: Sequence[str] = (),

@@ -19,6 +19,7 @@ from ctxlake.schemas.config import (
     resolve_root,
 )
 from ctxlake.serve.cli import eval as cli_eval
+from ctxlake.serve.cli import handoff as cli_handoff
 from ctxlake.serve.cli import mcp as cli_mcp
 from ctxlake.serve.cli import memory as cli_memory
 from ctxlake.serve.cli.base import _prefect_quietly, ensure_project
@@ -367,6 +368,7 @@ def version() -> None:
 
 
 cli_memory.register(app, run_app)
+cli_handoff.register(app)
 
 
 def run(argv: list[str] | None = None, started_at: float | None = None) -> int:

@@ -147,8 +147,9 @@ def test_save_tools_write_files_only(lake: dict[str, Any]) -> None:
     fix = ok(call(s, "save_error_solution", {"error": "permission denied (publickey)", "solution": "ssh-add the deploy key"},
                   allow_writes=True))
     assert fix["status"] == "created" and fix["path"].startswith(".ctx/knowledge/errors/")
-    # Files only: the tables are unchanged until the next `ctx run ingest`.
-    assert ok(call(s, "project_knowledge", {})) == before
+    # Files only (the tables are unchanged until the next `ctx run ingest`), yet listed at once.
+    after = ok(call(s, "project_knowledge", {}))
+    assert {r["id"] for r in after["records"]} == {r["id"] for r in before["records"]} | {saved["id"], fix["id"]}
     assert {p.name: len(list(p.rglob("*.manifest"))) for p in s.memory_dir.glob("*.lance")} == memory_versions
     refused = call(s, "save_insight", {"title": "x"}, allow_writes=False)
     assert refused.is_error

@@ -34,6 +34,7 @@ CONTRACT = {
     "search_context": {"query", "mode", "depth", "source_filter", "type_filter", "time_range", "limit"},
     "recent_sessions": {"limit", "tool_filter"},
     "session_detail": {"session_ref", "offset", "limit"},
+    "handoff_brief": {"from_tool", "session_ref", "budget"},
     "project_knowledge": {"type", "query", "limit"},
 }
 SAVE_TOOLS = {"save_decision", "save_error_solution", "save_insight"}
@@ -310,7 +311,7 @@ def test_prompts(shop: tuple[Path, dict[str, str]]) -> None:
 
     async def body(client: Client) -> None:
         prompts = {p.name: p for p in (await client.list_prompts()).prompts}
-        assert set(prompts) == {"code_review", "explain_codebase", "find_similar"}
+        assert set(prompts) == {"code_review", "explain_codebase", "find_similar", "continue_work"}
         assert [a.name for a in prompts["code_review"].arguments or []] == ["filepath"]
         review = (await client.get_prompt("code_review", {"filepath": "src/billing/invoice.py"})).messages[0]
         assert "`src/billing/invoice.py`" in review.content.text and "def compute_invoice_total" in review.content.text
