@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -10,14 +9,13 @@ from typing import Any
 
 from prefect import flow
 
-from ctxlake.errors import ModelMismatchError
 from ctxlake.schemas.config import Settings
 from ctxlake.schemas.tables import PROJECT_SOURCE
 from ctxlake.tasks import freshness
 from ctxlake.tasks.chunk_stage import chunk_files
 from ctxlake.tasks.embed import EmbeddingCache, embed_pending, fill_from_cache
 from ctxlake.tasks.embedders import Embedder, make_embedder
-from ctxlake.tasks.lake import IndexState
+from ctxlake.tasks.lake import IndexState, check_model, reset_lake
 from ctxlake.tasks.merkle import Diff, Tree, load_snapshot, save_snapshot, scan
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.store import (
@@ -56,32 +54,14 @@ class IndexReport:
     keyword_ready_s: float = 0.0
     seconds: float = 0.0
     encode_seconds: float = 0.0
+    # One-time static-model distillation during this run: left out of `seconds`.
+    model_setup_s: float = 0.0
     finished_at: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["warnings"] = self.warnings[:50]
         return out
-
-
-def check_model(state: IndexState | None, embedder: Embedder, force: bool) -> bool:
-    """True when the lake must be rebuilt for another model (only allowed with force)."""
-    if state is None or not state.model_id or state.model_id == embedder.model_id:
-        return False
-    if force:
-        return True
-    raise ModelMismatchError(
-        f"index was built with {state.model_id}, config says {embedder.model_id}",
-        hint="run `ctx run index --force` to rebuild it with the configured model",
-    )
-
-
-def reset_lake(lake_dir: Path) -> None:
-    """Drop every table and snapshot of the lake (a model change invalidates all vectors)."""
-    for child in lake_dir.iterdir() if lake_dir.exists() else ():
-        if child.name == "writer.lock":
-            continue
-        shutil.rmtree(child) if child.is_dir() else child.unlink()
 
 
 def _batches(paths: list[str], size: int) -> list[list[str]]:
@@ -188,7 +168,8 @@ def index_code(
     progress.start("optimize", None, "optimizing")
     optimize(writer.tables)
     progress.finish("optimize")
-    report.seconds = time.perf_counter() - started
+    report.model_setup_s = float(getattr(embedder, "setup_seconds", 0.0))
+    report.seconds = time.perf_counter() - started - report.model_setup_s
     report.finished_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     writer.finish(tree, report)
     return report

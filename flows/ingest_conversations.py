@@ -42,7 +42,16 @@ from ctxlake.tasks.memory_store import (
 )
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.redact import redact_scraped
-from ctxlake.tasks.scrape import SCRAPERS, ScrapeState, plan, prune, scrape_group, split
+from ctxlake.tasks.scrape import (
+    SCRAPERS,
+    ScrapeState,
+    malformed_totals,
+    plan,
+    prune,
+    read_limits,
+    scrape_group,
+    split,
+)
 from ctxlake.tasks.scrape.base import Counts, ScrapeOutput, SessionMeta
 from ctxlake.tasks.sessionize import (
     batches,
@@ -71,6 +80,8 @@ class IngestReport:
     duplicates: int = 0
     unknown_records: int = 0
     malformed_records: int = 0
+    # Over every log present (not only this run's new lines): scraper -> reason -> records.
+    malformed_in_logs: dict[str, dict[str, int]] = field(default_factory=dict)
     redacted: int = 0
     linked: int = 0
     sessions_written: int = 0
@@ -135,14 +146,16 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
     work = plan(roots, scrape_state)
     prune(scrape_state, work.removed)
     report.files_seen, report.files_changed = work.store_files, work.changed_files
+    report.warnings.extend(work.warnings)
     known = {str(settings.root)} | known_projects(tables.sessions)
     # Sessions a crashed run stored messages for but never summarized are redone now.
     touched: set[tuple[str, str]] = read_touched(settings.memory_dir)
     meta: dict[tuple[str, str], SessionMeta] = {}
+    limits = read_limits(memory)
     progress.start("scrape", work.changed_files, "reading logs")
     for item in work.items:
         for group in split(item):
-            out = scrape_group(group, scrape_state)
+            out = scrape_group(group, scrape_state, limits)
             out, redaction = redact_scraped(out, memory.max_text_chars)
             report.linked += link_projects(out, known)
             rows = messages_table(out.messages, dims)
@@ -159,6 +172,7 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
             progress.advance("scrape", len(group.files))
     progress.finish("scrape")
     scrape_state.save(settings.memory_dir)
+    report.malformed_in_logs = malformed_totals(scrape_state)
 
     # Sessions are summarized a batch at a time: a cold ingest touches every session there is.
     for batch in batches(sorted(touched), SESSIONS_PER_BATCH):

@@ -18,7 +18,7 @@ from pydantic import (
     field_validator,
 )
 
-from ctxlake.errors import ConfigError, InputError
+from ctxlake.errors import ConfigError, InputError, NotIndexedError
 
 CTX_DIR = ".ctx"
 # Where each HTTP embedding provider's key comes from.
@@ -97,6 +97,18 @@ class McpSettings(_Section):
         60_000, ge=4_000, description="a tool answer is trimmed or paged to stay under this size"
     )
 
+class ServiceSettings(_Section):
+    autostart: bool = Field(
+        False, description="a `ctx` command starts the service (`ctx up`) when it is not running"
+    )
+    idle_evict_s: float = Field(
+        1800.0, ge=0.0, description="the service drops a project's open lake after this long unused"
+    )
+    schedules: bool = Field(
+        True, description="the service starts a persistent Prefect server and serves the scheduled flows"
+    )
+
+
 class SourcesSettings(_Section):
     max_files: int = Field(50_000, ge=1, description="a git source with more files (after --paths) is refused")
     max_bytes: int = Field(1_000_000_000, ge=1, description="a checked-out git source larger than this is refused")
@@ -165,6 +177,8 @@ class MemorySettings(_Section):
     gap_minutes: int = Field(30, ge=1, description="a pause longer than this starts a new session")
     compact_messages: int = Field(3, ge=1, le=20, description="first/last N messages kept in a session summary")
     max_text_chars: int = Field(20_000, ge=200, description="longer message texts are cut (tool output mostly)")
+    max_file_mb: int = Field(1024, ge=1, description="log files larger than this are skipped and counted")
+    max_line_mb: int = Field(64, ge=1, description="JSONL lines longer than this are skipped and counted")
     embed_messages: bool = Field(True, description="embed user/assistant messages (summaries and knowledge always are)")
     extract: bool = Field(True, description="propose knowledge candidates into .ctx/knowledge/inbox/")
     duplicate_threshold: float = Field(0.95, ge=0.0, le=1.0, description="similarity above which a knowledge write is a duplicate")
@@ -186,6 +200,36 @@ class EvalSettings(_Section):
     include: list[str] = Field(default_factory=lambda: ["*.py"], description="the corpus `ctx eval` indexes")
 
 
+def check_cron(value: str) -> str:
+    """A five-field cron string, or ValueError saying why not (cronsim is what Prefect itself uses)."""
+    from datetime import datetime
+
+    from cronsim import CronSim, CronSimError
+
+    if len(value.split()) != 5:
+        raise ValueError(f"cron {value!r} needs 5 fields (minute hour day month weekday), got {len(value.split())}")
+    try:
+        CronSim(value, datetime(2026, 1, 1))
+    except CronSimError as exc:
+        raise ValueError(f"invalid cron {value!r}: {exc}") from exc
+    return value
+
+
+class ScheduleSettings(_Section):
+    """Defaults of the service's scheduled flows (`ctx up`); `ctx schedule set` changes the live ones."""
+
+    ingest_every_s: float = Field(300.0, ge=1.0, description="ingest_conversations interval")
+    logs_debounce_s: float = Field(5.0, ge=0.0, description="agent log file events within this window make one ingest run")
+    sync_cron: str = Field("0 3 * * *", description="sync_sources: daily cron")
+    index_every_s: float = Field(3600.0, ge=1.0, description="index_code consistency run per registered project")
+    max_failures: int = Field(3, ge=1, description="a deployment failing this many runs in a row is paused")
+
+    @field_validator("sync_cron")
+    @classmethod
+    def _cron(cls, value: str) -> str:
+        return check_cron(value)
+
+
 class Settings(_Section):
     """Everything a command needs, resolved once at the entry point and passed down."""
 
@@ -197,10 +241,12 @@ class Settings(_Section):
     watch: WatchSettings = Field(default_factory=WatchSettings)
     docs: DocsSettings = Field(default_factory=DocsSettings)
     mcp: McpSettings = Field(default_factory=McpSettings)
+    service: ServiceSettings = Field(default_factory=ServiceSettings)
     sources: SourcesSettings = Field(default_factory=SourcesSettings)
     agents: AgentsSettings = Field(default_factory=AgentsSettings)
     memory: MemorySettings = Field(default_factory=MemorySettings)
     eval: EvalSettings = Field(default_factory=EvalSettings)
+    schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
 
     @property
     def ctx_dir(self) -> Path:
@@ -239,10 +285,12 @@ SECTIONS: dict[str, type[_Section]] = {
     "watch": WatchSettings,
     "docs": DocsSettings,
     "mcp": McpSettings,
+    "service": ServiceSettings,
     "sources": SourcesSettings,
     "agents": AgentsSettings,
     "memory": MemorySettings,
     "eval": EvalSettings,
+    "schedule": ScheduleSettings,
 }
 
 
@@ -299,19 +347,32 @@ def resolve_root(path: Path | None, *, for_write: bool) -> Path:
             raise InputError(f"refusing to index {root} without an explicit path",
                              hint=f"run `ctx run index {root}` if you really mean it")
         return root
-    raise ConfigError(
+    # "Not indexed" whether .ctx/ is missing or only its lake is: one exit code for one meaning.
+    raise NotIndexedError(
         f"no ctxlake index in {cwd} or any parent folder (looked for {CTX_DIR}/)",
         hint="run `ctx run index` in the project first",
     )
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
+def _parse_toml(path: Path, content: bytes) -> dict[str, Any]:
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(content.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot parse {path}: {exc}") from exc
+
+
+def read_project_config(root: Path, home: Path) -> dict[str, Any]:
+    """The project's config.toml, less the command settings its content is not trusted for.
+
+    Read once as bytes: the content parsed is the content whose hash is checked.
+    """
+    from ctxlake.schemas import trust
+
+    path = root / CTX_DIR / CONFIG_FILE
+    if not path.is_file():
+        return {}
+    content = path.read_bytes()
+    return trust.filter_untrusted(_parse_toml(path, content), path, content, home)
 
 
 def _env_layer(env: dict[str, str]) -> dict[str, dict[str, Any]]:
@@ -348,8 +409,14 @@ def load_settings(
     """Settings for the project at `root`: flags > CTX_* environment > .ctx/config.toml > defaults."""
     env = dict(os.environ) if env is None else env
     config_path = root / CTX_DIR / CONFIG_FILE
-    from_file = _read_toml(config_path)
+    from_file = read_project_config(root, default_home(env))
     unknown = sorted(set(from_file) - set(SECTIONS))
+    loose = [key for key in unknown if not isinstance(from_file[key], dict)]
+    if loose:
+        raise ConfigError(
+            f"setting(s) {', '.join(loose)} outside any [section] in {config_path}",
+            hint="uncomment the setting's [section] line too",
+        )
     if unknown:
         raise ConfigError(
             f"unknown section(s) {', '.join(unknown)} in {config_path}",
@@ -378,10 +445,12 @@ def default_config_toml() -> str:
     """The commented config written on first run: every setting with its default and meaning."""
     lines = [
         "# ctxlake project settings. Precedence: CLI flags > CTX_<SECTION>_<KEY> env > this file.",
-        "# Every line below is commented out and shows the default.",
+        "# Every line below is commented out and shows the default. To change a setting, uncomment",
+        "# it with its [section] line, or append your own [section] tables at the end: headers are",
+        "# commented too, so a table added below is never declared twice.",
     ]
     for name, section in SECTIONS.items():
-        lines += ["", f"[{name}]"]
+        lines += ["", f"# [{name}]"]
         for field, info in section.model_fields.items():
             if info.exclude:
                 continue

@@ -16,6 +16,7 @@ from ctxlake.schemas.config import MemorySettings
 from ctxlake.schemas.tables import SESSIONS, with_vector_width
 from ctxlake.tasks.compact_llm import summarize
 from ctxlake.tasks.memory_store import content_hash
+from ctxlake.tasks.open_tasks import open_tasks as explicit_open_tasks
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.sessionize import Segment
 from ctxlake.tasks.stage import stage
@@ -27,12 +28,6 @@ MAX_ITEMS = 10
 COMMIT_SLACK = timedelta(minutes=10)
 GIT_TIMEOUT_S = 10
 
-TASK_PATTERNS = [
-    re.compile(r"^\s*(?:[-*]\s*)?\[ \]\s+(?P<task>.+)$"),
-    re.compile(r"\b(?:TODO|FIXME)\b[:\s-]+(?P<task>.{4,})$"),
-    re.compile(r"^\s*(?:next steps?|remaining|still to do|left to do|follow[- ]ups?)\s*:\s*(?P<task>.{4,})$", re.I),
-]
-DONE = re.compile(r"^\s*(?:[-*]\s*)?\[[xX]\]\s+(?P<task>.+)$")
 DECISION = re.compile(
     r"\b(?:we(?:'ve| have)? decided|decided to|decision\s*:|let'?s (?:use|go with|switch to|keep)|let us use|"
     r"we(?:'ll| will| should) (?:use|go with|switch to|keep)|going with|settled on|chose to|opted (?:for|to))\b",
@@ -53,24 +48,8 @@ def _conversation(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def open_tasks(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """TODO-like lines from what was said, minus those later checked off; the latest last."""
-    found: dict[str, None] = {}
-    for row in rows:
-        if row["role"] not in ("user", "assistant"):
-            continue
-        for raw in row["text"].splitlines():
-            done = DONE.match(raw)
-            if done:
-                found.pop(_line(done.group("task"), 200), None)
-                continue
-            for pattern in TASK_PATTERNS:
-                match = pattern.search(raw)
-                if match:
-                    task = _line(match.group("task"), 200)
-                    found.pop(task, None)
-                    found[task] = None
-                    break
-    return list(found)[-MAX_ITEMS:]
+    """Tasks still open at the end, from explicit signals only (see tasks/open_tasks.py); the latest last."""
+    return explicit_open_tasks(rows)
 
 
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")

@@ -271,9 +271,13 @@ class StaticEmbedder(_LocalEmbedder):
             texts, max_length=STATIC_MAX_TOKENS, show_progress_bar=False, use_multiprocessing=False
         ))
 
+    # Seconds this process spent distilling (or waiting for another process to distil) the
+    # model: a one-time cost the index report keeps apart from the run's own time.
+    setup_seconds = 0.0
+
     def _load(self) -> Any:
         if not _static_complete(self.path):
-            build_static_model(self.path, self._embed.device)
+            self.setup_seconds += build_static_model(self.path, self._embed.device)
         from model2vec import StaticModel
 
         redo = f"delete {self.path} to distill it again"
@@ -308,24 +312,31 @@ def _saved_static_dims(path: Path) -> int | None:
         return None
 
 
-def build_static_model(path: Path, device_setting: str) -> None:
-    """Distil the bundled MiniLM into a static model at `path`, once per machine."""
+def build_static_model(path: Path, device_setting: str) -> float:
+    """Distil the bundled MiniLM into a static model at `path`, once per machine; returns the
+    seconds it took (waiting for another process's build included)."""
+    import contextlib
     import fcntl
+    import io
 
+    started = time.perf_counter()
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "w") as lock:
         # Two indexers starting together would both spend half a minute distilling; the second
         # waits here and then finds the finished model.
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _static_complete(path):
-            return
+            return time.perf_counter() - started
         print(f"distilling the static model once (~30 s) into {path}", file=sys.stderr, flush=True)
         source = bundled_model_path()
         _forbid_downloads()
+        # model2vec's tqdm bars are for a person watching; in a log or a pipe they are noise
+        # (and TQDM_DISABLE is read when tqdm is imported, too early to set here).
+        bars = contextlib.nullcontext() if sys.stderr.isatty() else contextlib.redirect_stderr(io.StringIO())
         try:
             from model2vec.distill import distill
 
-            with _quiet_transformers():
+            with _quiet_transformers(), bars:
                 model = distill(model_name=str(source), pca_dims=STATIC_DIMS,
                                 device=resolve_device(device_setting))
             # Written aside and renamed, so a killed build never leaves a half model behind.
@@ -339,6 +350,7 @@ def build_static_model(path: Path, device_setting: str) -> None:
                 f"distilling the static model into {path} failed: {exc}",
                 hint="check that model2vec[distill] is installed and the folder is writable",
             ) from exc
+    return time.perf_counter() - started
 
 
 # -- HTTP providers ------------------------------------------------------------------------------

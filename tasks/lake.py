@@ -6,6 +6,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import shutil
 import sys
 import tempfile
 import types
@@ -15,11 +16,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ctxlake.errors import LakeError, NotIndexedError
+from ctxlake.errors import LakeError, ModelMismatchError, NotIndexedError
 
 if TYPE_CHECKING:
     import lancedb
     from lancedb.table import Table
+
+    from ctxlake.tasks.embedders import Embedder
 
 FILES_TABLE = "files"
 CHUNKS_TABLE = "chunks"
@@ -256,3 +259,23 @@ def writing(what: str) -> Iterator[None]:
             raise
         raise LakeError(f"cannot write {what}: {text.splitlines()[0][:300]}",
                         hint="the previous index stays readable; fix the cause and re-run") from exc
+
+
+def check_model(state: IndexState | None, embedder: Embedder, force: bool) -> bool:
+    """True when the lake must be rebuilt for another model (only allowed with force)."""
+    if state is None or not state.model_id or state.model_id == embedder.model_id:
+        return False
+    if force:
+        return True
+    raise ModelMismatchError(
+        f"index was built with {state.model_id}, config says {embedder.model_id}",
+        hint="run `ctx run index --force` to rebuild it with the configured model",
+    )
+
+
+def reset_lake(lake_dir: Path) -> None:
+    """Drop every table and snapshot of the lake (a model change invalidates all vectors)."""
+    for child in lake_dir.iterdir() if lake_dir.exists() else ():
+        if child.name == "writer.lock":
+            continue
+        shutil.rmtree(child) if child.is_dir() else child.unlink()

@@ -27,8 +27,22 @@ DEFAULT_EXCLUDES = [
     ".git/", ".hg/", ".svn/", ".ctx/", "node_modules/", "__pycache__/", ".venv/", "venv/",
     ".tox/", ".nox/", ".mypy_cache/", ".pytest_cache/", ".ruff_cache/", ".ipynb_checkpoints/",
     "*.egg-info/", "dist/", "build/", "target/", ".next/", ".nuxt/", ".gradle/", ".idea/",
-    ".DS_Store", "*.pyc", "*.pyo", "*.min.js", "*.map", "*.lock", "package-lock.json",
+    ".DS_Store", "*.pyc", "*.pyo", "*.lock", "package-lock.json",
 ]
+
+# Text that tools wrote, not people: skipped and counted as "generated" (a user's include globs
+# cannot bring them back). Vector drawings are mostly path coordinates, bundles and source maps
+# one enormous line; chunking them fills the index with noise (an 883 KB SVG was ~400 chunks).
+GENERATED_SUFFIXES = (".svg", ".min.js", ".min.mjs", ".min.css", ".map", ".bundle.js")
+# Lock files without a .lock suffix: kept when small (a short one says what is pinned), skipped past this.
+LOCK_NAMES = frozenset(["pnpm-lock.yaml", "go.sum", "npm-shrinkwrap.json", "bun.lockb", "flake.lock"])
+LOCK_MAX_BYTES = 64_000
+# Minified or machine-written content, whatever its name: lines this long on average (in files
+# of at least MINIFIED_MIN_BYTES), or any single line past LONGEST_LINE.
+MINIFIED_MIN_BYTES = 8_000
+MINIFIED_MEAN_LINE = 300
+LONGEST_LINE = 50_000
+GENERATED = "generated"
 
 # Decided by name alone, so they are never read.
 BINARY_EXTENSIONS = frozenset(
@@ -458,7 +472,33 @@ def hash_file(path: Path, size: int, max_bytes: int) -> tuple[str, str]:
         return f"unreadable:{size}", "unreadable"
     if b"\0" in data[:SNIFF_BYTES]:
         return f"binary:{size}", "binary"
+    if is_generated(path.name, data):
+        return f"{GENERATED}:{size}", GENERATED
     return xxhash.xxh3_128(data).hexdigest(), INDEXED
+
+
+def is_generated(name: str, data: bytes) -> bool:
+    """Generated, minified or asset text (see GENERATED_SUFFIXES and the line-length rules)."""
+    lower = name.lower()
+    if lower.endswith(GENERATED_SUFFIXES):
+        return True
+    if lower in LOCK_NAMES and len(data) > LOCK_MAX_BYTES:
+        return True
+    if len(data) < MINIFIED_MIN_BYTES:
+        return False
+    lines = data.count(b"\n") + 1
+    if len(data) / lines > MINIFIED_MEAN_LINE:
+        return True
+    if len(data) <= LONGEST_LINE:
+        return False
+    start = 0
+    while start < len(data):  # the longest line, without splitting a large file into a list
+        end = data.find(b"\n", start)
+        end = len(data) if end < 0 else end
+        if end - start > LONGEST_LINE:
+            return True
+        start = end + 1
+    return False
 
 
 def scan_tree(

@@ -85,7 +85,7 @@ class CliResult:
 @pytest.fixture
 def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Callable[..., CliResult]:
     """Run `ctx ARGS` in this process (sharing the session's Prefect server) from folder `cwd`."""
-    from ctxlake.serve.cli import run
+    from ctxlake.serve.cli.app import run
 
     def invoke(*args: str, cwd: Path) -> CliResult:
         monkeypatch.chdir(cwd)

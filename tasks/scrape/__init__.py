@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ctxlake.errors import InputError, LakeError
 from ctxlake.schemas.config import MemorySettings
 from ctxlake.tasks.lake import write_atomic
 from ctxlake.tasks.scrape.antigravity import AntigravityScraper
-from ctxlake.tasks.scrape.base import FileState, Fingerprint, ScrapeOutput, Scraper
+from ctxlake.tasks.scrape.base import FILE_COUNTS, FileState, Fingerprint, ScrapeOutput, Scraper
 from ctxlake.tasks.scrape.claude import ClaudeScraper
 from ctxlake.tasks.scrape.codex import CodexScraper
 from ctxlake.tasks.scrape.copilot import CopilotCliScraper, CopilotVscodeScraper
 from ctxlake.tasks.scrape.cursor import CursorIdeScraper, CursorTranscriptScraper
 from ctxlake.tasks.scrape.gemini import GeminiScraper
 from ctxlake.tasks.scrape.opencode import OpenCodeScraper
+from ctxlake.tasks.scrape.safe_read import MB, ReadLimits
 from ctxlake.tasks.stage import stage
 
 SCRAPERS: dict[str, Scraper] = {
@@ -117,6 +118,7 @@ class Plan:
     items: list[WorkItem]
     store_files: int  # files looked at
     removed: dict[str, list[str]]  # saved positions whose file is gone (our rows stay)
+    warnings: list[str] = field(default_factory=list)  # store folders that could not be listed
 
     @property
     def changed_files(self) -> int:
@@ -128,6 +130,7 @@ def plan(roots: dict[str, list[Path]], state: ScrapeState) -> Plan:
     items: list[WorkItem] = []
     seen_total = 0
     removed: dict[str, list[str]] = {}
+    warnings: list[str] = []
     for name, folders in roots.items():
         s = SCRAPERS[name]
         saved = state.files.get(name, {})
@@ -138,7 +141,12 @@ def plan(roots: dict[str, list[Path]], state: ScrapeState) -> Plan:
             changed: list[Path] = []
             fps: dict[str, Fingerprint] = {}
             new_bytes = 0
-            for path in s.store_files(root):
+            try:
+                listed = s.store_files(root)
+            except OSError as exc:  # an unreadable store folder costs that folder, not the run
+                warnings.append(f"{root}: cannot list ({exc.strerror or exc})")
+                continue
+            for path in listed:
                 fp = s.fingerprint(path)
                 if fp is None:
                     continue
@@ -156,7 +164,7 @@ def plan(roots: dict[str, list[Path]], state: ScrapeState) -> Plan:
         gone = sorted(set(saved) - present)
         if gone:
             removed[name] = gone
-    return Plan(items, seen_total, removed)
+    return Plan(items, seen_total, removed, warnings)
 
 
 def split(item: WorkItem, group_bytes: int = GROUP_BYTES) -> list[WorkItem]:
@@ -176,16 +184,38 @@ def split(item: WorkItem, group_bytes: int = GROUP_BYTES) -> list[WorkItem]:
 
 
 @stage("scrape")
-def scrape_group(group: WorkItem, state: ScrapeState) -> ScrapeOutput:
+def scrape_group(group: WorkItem, state: ScrapeState, limits: ReadLimits | None = None) -> ScrapeOutput:
     """Changed store files of one scraper -> Msg rows, session facts and counts; advances their positions."""
-    out = ScrapeOutput()
+    out = ScrapeOutput(limits=limits)
     s = SCRAPERS[group.scraper]
     files_state = state.files.setdefault(group.scraper, {})
-    s.scrape(group.root, group.files, files_state, out)
+    try:
+        s.scrape(group.root, group.files, files_state, out)
+    except Exception as exc:  # the last net under the per-file and per-record guards: never stop ingest
+        out.parser_failed(exc, str(group.root))
+        out.failed.update(str(p) for p in group.files)  # their positions stay; the next run tries again
     for key, fp in group.fingerprints.items():
         if key not in out.failed:
             files_state.setdefault(key, FileState()).fp = list(fp)
     return out
+
+
+def read_limits(memory: MemorySettings) -> ReadLimits:
+    return ReadLimits(max_file_bytes=memory.max_file_mb * MB, max_line_bytes=memory.max_line_mb * MB)
+
+
+def malformed_totals(state: ScrapeState) -> dict[str, dict[str, int]]:
+    """Malformed records (and skipped files) by scraper and reason, over the store files present
+    at the last run: what `ctx status` shows."""
+    totals: dict[str, dict[str, int]] = {}
+    for name, files in state.files.items():
+        for pos in files.values():
+            counts = pos.extra.get(FILE_COUNTS)
+            if isinstance(counts, dict):
+                mine = totals.setdefault(name, {})
+                for reason, n in counts.items():
+                    mine[str(reason)] = mine.get(str(reason), 0) + int(n)
+    return {name: dict(sorted(c.items())) for name, c in sorted(totals.items()) if c}
 
 
 def prune(state: ScrapeState, removed: dict[str, list[str]]) -> None:
@@ -194,5 +224,5 @@ def prune(state: ScrapeState, removed: dict[str, list[str]]) -> None:
             state.files.get(name, {}).pop(path, None)
 
 
-__all__ = ["SCRAPERS", "Plan", "ScrapeOutput", "ScrapeState", "Scraper", "WorkItem", "parse_from", "plan",
-           "prune", "resolve_roots", "scrape_group", "scraper", "split"]
+__all__ = ["SCRAPERS", "Plan", "ScrapeOutput", "ScrapeState", "Scraper", "WorkItem", "malformed_totals", "parse_from", "plan",
+           "prune", "read_limits", "resolve_roots", "scrape_group", "scraper", "split"]

@@ -12,19 +12,24 @@ from ctxlake.tasks.scrape.base import (
     Fingerprint,
     Msg,
     ScrapeOutput,
-    files_in,
     json_lines,
-    maybe_json,
     mtime_ts,
-    parse_ts,
     read_document,
     scrape_each,
     stat_fingerprint,
+    walk_files,
+)
+from ctxlake.tasks.scrape.fields import (
+    dicts,
+    files_in,
+    label,
+    maybe_json,
+    parse_ts,
     string,
     strip_file_uri,
     tool_call,
-    walk_files,
 )
+from ctxlake.tasks.scrape.safe_read import decode_text
 
 USER_REQUEST = re.compile(r"<USER_REQUEST>\s*(.*?)\s*</USER_REQUEST>", re.S)
 FILE_URI = re.compile(r"file://(/[^\s`'\")\]]+)")
@@ -63,11 +68,11 @@ class AntigravityScraper:
             self._steps(path, pos, out)
 
     def _artifact(self, path: Path, pos: FileState, out: ScrapeOutput) -> None:
-        data = read_document(path, pos)
+        data = read_document(path, pos, out.limits)
         if data is None:
             return
         out.counts.records += 1
-        text = data.decode("utf-8", errors="replace")
+        text = decode_text(data)
         session = path.parent.name
         files = list(dict.fromkeys(MD_LINK.findall(text) + FILE_URI.findall(text)))
         out.emit(Msg(tool=self.tool, session_id=session, timestamp=mtime_ts(path), seq=0, role="system",
@@ -77,8 +82,8 @@ class AntigravityScraper:
     def _steps(self, path: Path, pos: FileState, out: ScrapeOutput) -> None:
         session = path.parent.name if path.stem in GENERIC_NAMES else path.stem
         for offset, step in json_lines(path, pos, out):
-            stype = str(step.get("type"))
-            source = str(step.get("source") or "")
+            stype = label(step.get("type"))
+            source = string(step.get("source"))
             where = f"{path}:{offset}"
             if stype in IGNORED_STEPS:
                 out.ignored()
@@ -98,7 +103,7 @@ class AntigravityScraper:
                 match = USER_REQUEST.search(content)
                 out.emit(Msg(role="user", kind="text", text=match.group(1) if match else content, **base))
             elif stype == "PLANNER_RESPONSE":
-                calls = [c for c in step.get("tool_calls") or [] if isinstance(c, dict)]
+                calls = dicts(step.get("tool_calls"))
                 if not content and not calls:
                     out.ignored()  # thinking only
                     continue

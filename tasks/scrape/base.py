@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
-import re
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -13,15 +14,29 @@ from typing import Any, ClassVar, Protocol
 import orjson
 import xxhash
 
-# Tool output is mostly noise for a summary; a one-line input summary is what an agent needs.
-INPUT_SUMMARY_CHARS = 300
-# Call id -> tool name maps kept per file between runs, so a tool result appended later is named.
-KEEP_CALL_NAMES = 200
-# Keys under which agent tools pass file paths to their tools.
-FILE_KEYS = ("file_path", "filePath", "path", "notebook_path", "TargetFile", "AbsolutePath", "file",
-             "filename", "target_file", "relative_workspace_path")
-PATCH_FILE = re.compile(r"^\*\*\* (?:Update|Add|Delete) File: (.+)$", re.M)
-EXIT_CODE = re.compile(r"Exit Code: (-?\d+)")
+from ctxlake.tasks.scrape.fields import parse_ts as parse_ts  # re-exported: older importers
+from ctxlake.tasks.scrape.safe_read import (
+    OVERSIZE,
+    SNIFF_BYTES,
+    ReadLimits,
+    SkippedFile,
+    lines,
+    load_json,
+    open_regular,
+    parse_line,
+    read_bounded,
+    size_text,
+    sniff_utf16,
+)
+from ctxlake.tasks.secrets import mask_text
+
+log = logging.getLogger(__name__)
+
+FILE_COUNTS = "_malformed"  # FileState.extra key: this file's malformed records by reason
+ENCODING = "_encoding"  # FileState.extra key: a JSONL file's detected UTF-16 flavour
+UTF8_BOM = b"\xef\xbb\xbf"
+# A file whose parser keeps failing is stepped over line by line at most this many times per run.
+MAX_RESUMES = 100_000
 
 
 @dataclass(slots=True)
@@ -92,6 +107,9 @@ class FileState:
     offset: int = 0
     digest: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # Not saved: the end offset of the JSONL line being parsed, so a parser failure on it can
+    # step past that one line and resume.
+    reading: int = field(default=-1, compare=False)
 
     def to_json(self) -> list[Any]:
         return [self.fp, self.inode, self.offset, self.digest, self.extra]
@@ -143,6 +161,65 @@ class Counts:
         return sum(self.malformed.values())
 
 
+INT64 = 2**63 - 1
+
+
+def _opt_str(value: Any) -> str | None:
+    return value if isinstance(value, str) or value is None else str(value)
+
+
+def _opt_int(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        n = int(value)
+    except (OverflowError, ValueError):  # inf, nan
+        return None
+    return n if -INT64 <= n <= INT64 else None
+
+
+def utf8_text(value: str) -> str:
+    """`value` when it encodes as UTF-8; else with its lone surrogates replaced. A file name that is
+    not UTF-8 reaches Python as surrogate escapes, which Arrow (and the row id's hash) cannot encode."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        try:
+            return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "replace").decode("utf-8")
+    return value
+
+
+# Fields that come from file and folder names (the rest comes from decoded JSON, which cannot
+# hold lone surrogates).
+PATH_FIELDS = ("source_file", "session_id", "scope", "key", "project_hint", "project_path")
+
+
+def sanitize(msg: Msg) -> None:
+    """Field types a drifted log put in a row are made to fit the MESSAGES schema (no value is
+    dropped that has a faithful text form), so one odd record cannot fail the store of a batch."""
+    for name in ("tool", "session_id", "role", "kind", "text", "key", "source_file", "scope", "project_path",
+                 "project_hint"):
+        value = getattr(msg, name)
+        if not isinstance(value, str):
+            setattr(msg, name, "" if value is None else str(value))
+    for name in PATH_FIELDS:
+        setattr(msg, name, utf8_text(getattr(msg, name)))
+    for name in ("model", "agent", "parent_id"):  # optional ids: a non-text value is no id
+        value = getattr(msg, name)
+        setattr(msg, name, utf8_text(value) if isinstance(value, str) else None)
+    for name in ("tokens_in", "tokens_out", "tokens_cached"):
+        setattr(msg, name, _opt_int(getattr(msg, name)))
+    if not isinstance(msg.seq, int) or isinstance(msg.seq, bool) or abs(msg.seq) > INT64:
+        msg.seq = 0
+    msg.files = [f if isinstance(f, str) else str(f) for f in msg.files if f is not None]
+    msg.tool_calls = [{"id": _opt_str(c.get("id")), "name": str(c.get("name") or "unknown"),
+                       "input": str(c.get("input") or ""),
+                       "is_error": c.get("is_error") if isinstance(c.get("is_error"), bool) else None}
+                      for c in msg.tool_calls if isinstance(c, dict)]
+
+
 class ScrapeOutput:
     """Rows and session facts collected from one group of store files.
 
@@ -151,24 +228,31 @@ class ScrapeOutput:
     """
 
     def __init__(self, messages: list[Msg] | None = None,
-                 meta: dict[tuple[str, str], SessionMeta] | None = None) -> None:
+                 meta: dict[tuple[str, str], SessionMeta] | None = None, limits: ReadLimits | None = None) -> None:
         self.messages: list[Msg] = messages if messages is not None else []
         self.meta: dict[tuple[str, str], SessionMeta] = meta if meta is not None else {}
         self.counts = Counts()
         self.warnings: list[str] = []  # files that could not be read
         self.problems: list[str] = []  # where the malformed records are (first 200)
         self.failed: set[str] = set()  # files not read: their position is not advanced
+        self.limits = limits or ReadLimits()
+        # Malformed counts of the file being read, kept in its saved position so that `ctx
+        # status` can total what the logs present now hold (a re-read document replaces them).
+        self.file_counts: dict[str, int] | None = None
 
     def cannot_read(self, path: Path, exc: Exception) -> None:
         self.failed.add(str(path))
         self.warnings.append(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})")
 
     def emit(self, msg: Msg) -> Msg:
+        sanitize(msg)
         self.messages.append(msg)
         self.counts.messages += 1
         return msg
 
     def session(self, meta: SessionMeta) -> None:
+        meta.session_id = utf8_text(meta.session_id)
+        meta.project_path, meta.project_hint = utf8_text(meta.project_path), utf8_text(meta.project_hint)
         key = (meta.tool, meta.session_id)
         if key in self.meta:
             self.meta[key].merge(meta)
@@ -177,8 +261,28 @@ class ScrapeOutput:
 
     def malformed(self, reason: str, where: str) -> None:
         self.counts.malformed[reason] = self.counts.malformed.get(reason, 0) + 1
+        if self.file_counts is not None:
+            self.file_counts[reason] = self.file_counts.get(reason, 0) + 1
         if len(self.problems) < 200:
             self.problems.append(f"{where}: {reason}")
+
+    def skipped(self, path: Path, reason: str) -> None:
+        """A store file deliberately not read: counted like a malformed record, and warned about."""
+        self.malformed(f"file {reason}", str(path))
+        self.warnings.append(f"{path}: skipped ({reason})")
+
+    def parser_failed(self, exc: Exception, where: str) -> None:
+        """A record that broke its parser in a way nobody foresaw: counted, one line logged."""
+        reason = f"parser error ({type(exc).__name__})"
+        self.malformed(reason, where)
+        frames = traceback.extract_tb(exc.__traceback__)
+        at = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+        # The exception's text may quote the record (a value of the wrong type): masked like the
+        # rows are, since this line is logged and kept in the run report.
+        line = mask_text(f"{where}: {reason}{at}: {str(exc)[:200]}")
+        if len(self.warnings) < 200:
+            self.warnings.append(line)
+        log.warning("%s", line)
 
     def unknown(self, record_type: str) -> None:
         self.counts.unknown[record_type] = self.counts.unknown.get(record_type, 0) + 1
@@ -229,40 +333,13 @@ def walk_files(root: Path, suffixes: tuple[str, ...], skip_dirs: frozenset[str] 
 # -- reading -------------------------------------------------------------------------------------
 
 
-def parse_ts(value: Any) -> datetime | None:
-    """ISO-8601 text or epoch seconds/milliseconds -> aware UTC datetime; None when unusable."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int | float):
-        seconds = value / 1000.0 if value > 1e11 else float(value)
-        try:
-            return datetime.fromtimestamp(seconds, tz=UTC)
-        except (OverflowError, OSError, ValueError):
-            return None
-    if isinstance(value, str) and value[:1].isdigit():
-        try:
-            ts = datetime.fromisoformat(value)
-        except ValueError:
-            return None
-        return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
-    return None
-
-
-def obj(value: Any) -> dict[str, Any]:
-    """`value` when it is a JSON object, else an empty one (logs drift; fields go missing)."""
-    return value if isinstance(value, dict) else {}
-
-
-def string(value: Any) -> str:
-    return value if isinstance(value, str) else ""
-
-
 def mtime_ts(path: Path) -> datetime:
     return datetime.fromtimestamp(os.stat(path).st_mtime, tz=UTC)
 
 
 def loads(data: bytes | str) -> Any:
-    return orjson.loads(data)
+    """A JSON document in UTF-8, UTF-16 (BOM or not) or Latin-1; ValueError when not JSON."""
+    return load_json(data) if isinstance(data, bytes) else orjson.loads(data)
 
 
 def reset_if_replaced(path: Path, pos: FileState) -> None:
@@ -274,56 +351,102 @@ def reset_if_replaced(path: Path, pos: FileState) -> None:
     st = os.stat(path)
     if st.st_ino != pos.inode or st.st_size < pos.offset:
         pos.offset = 0
+        counts = pos.extra.get(FILE_COUNTS)
         pos.extra.clear()
+        if isinstance(counts, dict):  # the same dict: a reader may be counting into it
+            counts.clear()
+            pos.extra[FILE_COUNTS] = counts
     pos.inode = st.st_ino
+
+
+def counts_of(pos: FileState) -> dict[str, int]:
+    counts: dict[str, int] = pos.extra.setdefault(FILE_COUNTS, {})
+    return counts
 
 
 def scrape_each(files: Sequence[Path], state: dict[str, FileState], out: ScrapeOutput,
                 read: Callable[[Path, FileState, ScrapeOutput], None]) -> None:
-    """Read each store file from its saved position; one that cannot be read is reported and
-    skipped (the others still count)."""
+    """Read each store file from its saved position. Nothing in one file stops the others: a
+    file that cannot be read is reported and skipped, a FIFO or oversize file is counted and
+    skipped, and a record that breaks its parser is counted, stepped over, and reading resumes."""
     for path in files:
         pos = state.setdefault(str(path), FileState())
-        try:
-            read(path, pos, out)
-        except OSError as exc:
-            out.cannot_read(path, exc)
-            continue
+        guarded_read(path, pos, out, read)
+
+
+def guarded_read(path: Path, pos: FileState, out: ScrapeOutput,
+                 read: Callable[[Path, FileState, ScrapeOutput], None]) -> None:
+    out.file_counts = counts_of(pos)
+    try:
+        for _ in range(MAX_RESUMES):
+            pos.reading = -1
+            try:
+                read(path, pos, out)
+            except SkippedFile as exc:
+                out.skipped(path, exc.reason)
+            except OSError as exc:
+                out.cannot_read(path, exc)
+                return
+            except Exception as exc:  # a parser bug must not take ingestion down
+                out.file_counts = counts_of(pos)  # a reset may have replaced them
+                resume = pos.reading > pos.offset
+                out.parser_failed(exc, f"{path}:{pos.offset}" if resume else str(path))
+                if resume:
+                    pos.offset = pos.reading  # step over the one line that broke, read on
+                    continue
+            break
         out.counts.files += 1
+    finally:
+        out.file_counts = None
+        if not pos.extra.get(FILE_COUNTS):
+            pos.extra.pop(FILE_COUNTS, None)
 
 
-def read_new_lines(path: Path, pos: FileState) -> Iterator[tuple[int, bytes]]:
+def read_new_lines(path: Path, pos: FileState, limits: ReadLimits | None = None,
+                   out: ScrapeOutput | None = None) -> Iterator[tuple[int, bytes]]:
     """Complete lines appended since `pos` as (byte offset, line); advances `pos.offset`.
 
     A file that shrank or was replaced (another inode) is read again from the start: record ids
     make re-reading harmless. A last line without its newline is left for the next run unless it
-    already parses (the tool may simply not end its file with one).
+    already parses (the tool may simply not end its file with one). A line over the line bound
+    is skipped and counted (with `out`); a UTF-8 BOM is skipped, UTF-16 is decoded.
     """
+    limits = limits or ReadLimits()
     reset_if_replaced(path, pos)
-    with open(path, "rb") as fh:
-        fh.seek(pos.offset)
-        offset = pos.offset
-        for line in fh:
-            if not line.endswith(b"\n"):
-                try:
-                    orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    break
-            yield offset, line
-            offset += len(line)
-            pos.offset = offset
+    if pos.offset == 0:
+        with open_regular(path, limits) as head_fh:
+            head = head_fh.read(SNIFF_BYTES)
+        if head.startswith(UTF8_BOM):
+            pos.offset = 3
+        encoding = sniff_utf16(head)
+        if encoding is not None:
+            pos.extra[ENCODING] = encoding
+    encoding = pos.extra.get(ENCODING)
+    for offset, end, line in lines(path, pos.offset, limits, encoding if isinstance(encoding, str) else None):
+        if line is OVERSIZE:
+            if out is not None:
+                out.counts.records += 1
+                out.malformed(f"line over {size_text(limits.max_line_bytes)}", f"{path}:{offset}")
+            pos.offset = end
+            continue
+        if not line.endswith(b"\n"):
+            value, _ = parse_line(line)
+            if value is None:
+                break
+        pos.reading = end
+        yield offset, line
+        pos.offset = end
 
 
 def json_lines(path: Path, pos: FileState, out: ScrapeOutput) -> Iterator[tuple[int, dict[str, Any]]]:
     """New JSON objects of a JSONL file with their byte offsets; bad lines are counted and skipped."""
-    for offset, line in read_new_lines(path, pos):
+    for offset, line in read_new_lines(path, pos, out.limits, out):
         if not line.strip():
             continue
         out.counts.records += 1
-        try:
-            record = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            out.malformed("not JSON", f"{path}:{offset}")
+        record, reason = parse_line(line)
+        if reason:
+            out.malformed(reason, f"{path}:{offset}")
             continue
         if not isinstance(record, dict):
             out.malformed("not a JSON object", f"{path}:{offset}")
@@ -331,130 +454,26 @@ def json_lines(path: Path, pos: FileState, out: ScrapeOutput) -> Iterator[tuple[
         yield offset, record
 
 
-def read_document(path: Path, pos: FileState) -> bytes | None:
-    """A whole JSON document's bytes, or None when its content hash equals the saved one."""
-    data = path.read_bytes()
+def read_document(path: Path, pos: FileState, limits: ReadLimits | None = None) -> bytes | None:
+    """A whole JSON document's bytes, or None when its content hash equals the saved one.
+    New content replaces the file's malformed counts (they are counted again as it is parsed)."""
+    data = read_bounded(path, limits or ReadLimits())
     digest = xxhash.xxh3_64_hexdigest(data)
     if digest == pos.digest:
         return None
     pos.digest = digest
+    counts_of(pos).clear()
     return data
 
 
-# -- content helpers -----------------------------------------------------------------------------
-
-
-def text_of(content: Any, keys: tuple[str, ...] = ("text",)) -> str:
-    """The text of a message's content: a string, or the text blocks of a list of parts."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for block in content:
-            if isinstance(block, str):
-                parts.append(block)
-            elif isinstance(block, dict):
-                for key in keys:
-                    value = block.get(key)
-                    if isinstance(value, str):
-                        parts.append(value)
-                        break
-        return "\n".join(p for p in parts if p)
-    if isinstance(content, dict):
-        for key in keys:
-            value = content.get(key)
-            if isinstance(value, str):
-                return value
-    return ""
-
-
-def maybe_json(value: Any) -> Any:
-    """Arguments some tools pass as JSON text ("{\\"command\\": ...}", "\\"/tmp/x\\"") as values."""
-    if isinstance(value, str) and value[:1] in ('{', '[', '"'):
-        try:
-            return orjson.loads(value)
-        except orjson.JSONDecodeError:
-            return value
-    return value
-
-
-def summarize_input(value: Any) -> str:
-    """Tool arguments as one short line: the command, path, pattern or query when there is one."""
-    value = maybe_json(value)
-    if isinstance(value, dict):
-        for key in ("command", "cmd", "file_path", "filePath", "path", "pattern", "query", "url",
-                    "prompt", "description", "TargetFile", "DirectoryPath"):
-            if value.get(key) not in (None, "", []):
-                item = maybe_json(value[key])
-                text = " ".join(str(x) for x in item) if isinstance(item, list) else str(item)
-                return _one_line(text)
-        text = orjson.dumps(value).decode()
-    elif isinstance(value, list):
-        text = " ".join(str(x) for x in value)
-    else:
-        text = "" if value is None else str(value)
-    return _one_line(text)
-
-
-def _one_line(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= INPUT_SUMMARY_CHARS else text[: INPUT_SUMMARY_CHARS - 1] + "…"
-
-
-def files_in(value: Any) -> list[str]:
-    """File paths named in tool arguments (file_path, path, ... and apply_patch headers)."""
-    value = maybe_json(value)
-    found: list[str] = []
-    if isinstance(value, dict):
-        for key in FILE_KEYS:
-            item = maybe_json(value.get(key))
-            if isinstance(item, str) and item and "\n" not in item and len(item) < 1024:
-                found.append(strip_file_uri(item))
-        for key in ("paths", "files", "file_paths"):
-            items = value.get(key)
-            if isinstance(items, list):
-                found.extend(strip_file_uri(i) for i in items if isinstance(i, str))
-        for key in ("input", "patch", "content"):
-            item = value.get(key)
-            if isinstance(item, str) and "*** " in item:
-                found.extend(PATCH_FILE.findall(item))
-    elif isinstance(value, str) and "*** " in value:
-        found.extend(PATCH_FILE.findall(value))
-    return list(dict.fromkeys(f.strip() for f in found if f.strip()))
-
-
-def strip_file_uri(path: str) -> str:
-    return path[len("file://"):] if path.startswith("file://") else path
-
-
-def tool_call(name: str, arguments: Any, call_id: str | None = None, is_error: bool | None = None) -> dict[str, Any]:
-    return {"id": call_id, "name": name or "unknown", "input": summarize_input(arguments), "is_error": is_error}
-
-
-def exit_code_error(text: str) -> bool | None:
-    """True/False from an "Exit Code: N" line in shell output (Gemini CLI), None when absent."""
-    match = EXIT_CODE.search(text)
-    return None if match is None else int(match.group(1)) != 0
-
-
-def remember_call(extra: dict[str, Any], call_id: str | None, name: str) -> None:
-    if not call_id:
-        return
-    names: dict[str, str] = extra.setdefault("calls", {})
-    names[call_id] = name
-    if len(names) > KEEP_CALL_NAMES:
-        for old in list(names)[: len(names) - KEEP_CALL_NAMES]:
-            del names[old]
-
-
-def call_name(extra: dict[str, Any], call_id: Any) -> str:
-    names: dict[str, str] = extra.get("calls", {})
-    return names.get(call_id, "") if isinstance(call_id, str) else ""
-
-
-def record_hash(*parts: Any) -> str:
-    """A stable key for records without an id of their own (equal replays hash equal)."""
-    return xxhash.xxh3_128_hexdigest(orjson.dumps(parts, option=orjson.OPT_SORT_KEYS))
+def guard(out: ScrapeOutput, where: str, fn: Callable[..., None], *args: Any) -> None:
+    """fn(*args) for one record of a document; a failure is counted against that record only."""
+    try:
+        fn(*args)
+    except SkippedFile:
+        raise
+    except Exception as exc:
+        out.parser_failed(exc, where)
 
 
 class JsonlScraper:

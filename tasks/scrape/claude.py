@@ -11,10 +11,15 @@ from ctxlake.tasks.scrape.base import (
     Msg,
     ScrapeOutput,
     SessionMeta,
-    call_name,
-    files_in,
     first_existing,
     json_lines,
+)
+from ctxlake.tasks.scrape.fields import (
+    call_name,
+    files_in,
+    integer,
+    label,
+    obj,
     parse_ts,
     remember_call,
     string,
@@ -53,9 +58,10 @@ class ClaudeScraper(JsonlScraper):
             parent_session = path.parent.parent.name
         extra = pos.extra
         for offset, rec in json_lines(path, pos, out):
-            kind = rec.get("type")
+            kind = string(rec.get("type"))
+            subtype = string(rec.get("subtype"))
             where = f"{path}:{offset}"
-            if kind in ("user", "assistant") or (kind == "system" and rec.get("subtype") in KEPT_SYSTEM):
+            if kind in ("user", "assistant") or (kind == "system" and subtype in KEPT_SYSTEM):
                 self._record(rec, path, offset, where, agent, parent_session, extra, out)
             elif kind in TITLE_RANK:
                 title = rec.get("customTitle") or rec.get("aiTitle") or rec.get("summary")
@@ -66,7 +72,7 @@ class ClaudeScraper(JsonlScraper):
             elif kind == "system" or kind in IGNORED:
                 out.ignored()
             else:
-                out.unknown(str(kind))
+                out.unknown(label(rec.get("type")))
 
     def _record(self, rec: dict[str, Any], path: Path, offset: int, where: str, agent: str | None,
                 parent_session: str | None, extra: dict[str, Any], out: ScrapeOutput) -> None:
@@ -92,8 +98,8 @@ class ClaudeScraper(JsonlScraper):
             out.session(SessionMeta(self.tool, session, project_path=cwd))
         if rec["type"] == "system":
             if rec.get("subtype") == "compact_boundary":
-                meta = rec.get("compactMetadata") or {}
-                pre = meta.get("preTokens") if isinstance(meta, dict) else None
+                meta = obj(rec.get("compactMetadata"))
+                pre = integer(meta.get("preTokens"))
                 text = f"conversation compacted ({rec.get('trigger') or meta.get('trigger', '?')}"
                 text += f", {pre} tokens before)" if pre else ")"
                 out.emit(Msg(role="system", kind="compaction", text=text, **base))
@@ -160,9 +166,9 @@ class ClaudeScraper(JsonlScraper):
         usage = message.get("usage")
         usage_id = message.get("id")
         if isinstance(usage, dict) and usage_id != extra.get("usage_id"):
-            msg.tokens_in = int(usage.get("input_tokens") or 0) + int(usage.get("cache_creation_input_tokens") or 0)
-            msg.tokens_out = int(usage.get("output_tokens") or 0)
-            msg.tokens_cached = int(usage.get("cache_read_input_tokens") or 0)
+            msg.tokens_in = (integer(usage.get("input_tokens")) or 0) + (integer(usage.get("cache_creation_input_tokens")) or 0)
+            msg.tokens_out = integer(usage.get("output_tokens")) or 0
+            msg.tokens_cached = integer(usage.get("cache_read_input_tokens")) or 0
             extra["usage_id"] = usage_id
         out.emit(msg)
 

@@ -12,10 +12,14 @@ from ctxlake.tasks.scrape.base import (
     Msg,
     ScrapeOutput,
     SessionMeta,
-    call_name,
-    files_in,
     first_existing,
     json_lines,
+)
+from ctxlake.tasks.scrape.fields import (
+    call_name,
+    files_in,
+    integer,
+    label,
     maybe_json,
     parse_ts,
     record_hash,
@@ -35,6 +39,9 @@ OUTPUT_ITEMS = frozenset({"function_call_output", "custom_tool_call_output", "to
                           "local_shell_call_output", "tool_result"})
 # The CLI injects these as "user" messages; they are context, not the user's words.
 INJECTED = ("<environment_context>", "<user_instructions>", "# AGENTS.md instructions", "<permissions")
+# Event messages that duplicate a response item when the rollout has one (see _event_messages).
+EVENT_MESSAGES = {"user_message": "user", "agent_message": "assistant"}
+KEEP_SAID = 200  # hashes of recent response-item messages kept per file, to recognise their event copies
 ROLLOUT_ID = re.compile(r"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$")
 
 
@@ -59,33 +66,68 @@ class CodexScraper(JsonlScraper):
             match = ROLLOUT_ID.search(path.stem)
             extra["session"] = match.group(1) if match else path.stem
         self.last_assistant = None
+        events: list[tuple[dict[str, Any], Any]] = []
+        try:
+            self._lines(path, pos, extra, events, out)
+        finally:  # also when a record broke the parser: the events read so far are not lost
+            self._event_messages(events, path, extra, out)
+
+    def _lines(self, path: Path, pos: FileState, extra: dict[str, Any], events: list[tuple[dict[str, Any], Any]],
+               out: ScrapeOutput) -> None:
         for offset, rec in json_lines(path, pos, out):
-            kind = rec.get("type")
+            kind = string(rec.get("type"))
             payload = rec.get("payload")
             where = f"{path}:{offset}"
             if kind in IGNORED_TOP:
                 out.ignored()
                 continue
             if kind not in ("session_meta", "turn_context", "response_item", "event_msg", "compacted"):
-                out.unknown(str(kind))
+                out.unknown(label(rec.get("type")))
                 continue
             if not isinstance(payload, dict):
                 out.malformed("no payload", where)
                 continue
-            if kind == "event_msg" and payload.get("type") not in ("token_count", "error"):
+            ptype = string(payload.get("type"))
+            if kind == "event_msg" and ptype in EVENT_MESSAGES:
+                ts = parse_ts(rec.get("timestamp"))
+                if ts is None:
+                    out.malformed("bad timestamp", where)
+                else:
+                    events.append((payload, ts))
+                continue
+            if kind == "event_msg" and ptype not in ("token_count", "error"):
                 out.ignored()
                 continue
-            if kind == "response_item" and payload.get("type") in IGNORED_ITEMS:
+            if kind == "response_item" and ptype in IGNORED_ITEMS:
                 out.ignored()
                 continue
-            if kind == "response_item" and payload.get("type") == "message" and payload.get("role") not in ("user", "assistant"):
+            if kind == "response_item" and ptype == "message" and payload.get("role") not in ("user", "assistant"):
                 out.ignored()  # developer/system instructions
                 continue
+            if kind == "response_item" and ptype == "message":
+                said = extra.setdefault("said", [])
+                said.append(_said(str(payload.get("role")), text_of(payload.get("content"), ("text",))))
+                del said[: max(len(said) - KEEP_SAID, 0)]
             ts = parse_ts(rec.get("timestamp"))
             if ts is None:
                 out.malformed("bad timestamp", where)
                 continue
             self._record(kind, payload, ts, path, offset, where, extra, out)
+
+    def _event_messages(self, events: list[tuple[dict[str, Any], Any]], path: Path, extra: dict[str, Any],
+                        out: ScrapeOutput) -> None:
+        """user_message / agent_message events repeat the response items' messages in full rollouts,
+        but review-mode and subagent rollouts carry their text only there: keep those not said otherwise."""
+        said = set(extra.get("said", []))
+        for payload, ts in events:
+            role = EVENT_MESSAGES[string(payload.get("type"))]
+            text = string(payload.get("message"))
+            if not text or _said(role, text) in said or (role == "user" and text.lstrip().startswith(INJECTED)):
+                out.ignored()
+                continue
+            out.emit(Msg(tool=self.tool, session_id=extra["session"], timestamp=ts, seq=0, role=role, kind="text",
+                         text=text, key=record_hash("event_msg", ts.isoformat(), payload), source_file=str(path),
+                         project_path=extra.get("cwd", ""), model=extra.get("model") if role == "assistant" else None))
 
     def _record(self, kind: str, payload: dict[str, Any], ts: Any, path: Path, offset: int, where: str,
                 extra: dict[str, Any], out: ScrapeOutput) -> None:
@@ -109,7 +151,7 @@ class CodexScraper(JsonlScraper):
             return
         base: dict[str, Any] = dict(tool=self.tool, session_id=extra["session"], timestamp=ts, seq=offset,
                     source_file=str(path), project_path=extra.get("cwd", ""))
-        ptype = payload.get("type")
+        ptype = string(payload.get("type"))
         if kind == "event_msg" and ptype == "token_count":
             self._tokens(payload, extra)
             out.ignored()
@@ -149,7 +191,7 @@ class CodexScraper(JsonlScraper):
             out.emit(Msg(role="tool", kind="tool_result", text=text, key=key,
                          tool_calls=[{"id": call_id, "name": name, "input": "", "is_error": is_error}], **base))
         else:
-            out.unknown(f"response_item:{ptype}")
+            out.unknown(f"response_item:{label(payload.get('type'))}")
 
     def _assistant(self, msg: Msg, extra: dict[str, Any]) -> None:
         self.last_assistant = msg
@@ -163,7 +205,7 @@ class CodexScraper(JsonlScraper):
         total = info.get("total_token_usage") if isinstance(info, dict) else None
         if not isinstance(total, dict):
             return
-        now = [int(total.get(k) or 0) for k in ("input_tokens", "output_tokens", "cached_input_tokens")]
+        now = [integer(total.get(k)) or 0 for k in ("input_tokens", "output_tokens", "cached_input_tokens")]
         before = extra.get("total", [0, 0, 0])
         if sum(now[:2]) <= sum(before[:2]):
             return  # the same totals reported again
@@ -176,6 +218,10 @@ class CodexScraper(JsonlScraper):
         target.tokens_in = (target.tokens_in or 0) + delta[0]
         target.tokens_out = (target.tokens_out or 0) + delta[1]
         target.tokens_cached = (target.tokens_cached or 0) + delta[2]
+
+
+def _said(role: str, text: str) -> str:
+    return record_hash(role, text.strip())[:16]
 
 
 def _call(payload: dict[str, Any], default_name: str) -> tuple[str, Any]:

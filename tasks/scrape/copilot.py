@@ -15,21 +15,29 @@ from ctxlake.tasks.scrape.base import (
     Msg,
     ScrapeOutput,
     SessionMeta,
-    call_name,
-    files_in,
     first_existing,
+    guard,
     json_lines,
     loads,
+    read_document,
+    scrape_each,
+    stat_fingerprint,
+    walk_files,
+)
+from ctxlake.tasks.scrape.fields import (
+    call_name,
+    files_in,
+    items,
+    label,
     maybe_json,
     obj,
     parse_ts,
-    read_document,
     remember_call,
-    stat_fingerprint,
+    string,
     text_of,
     tool_call,
-    walk_files,
 )
+from ctxlake.tasks.scrape.safe_read import ReadLimits, read_bounded
 
 IGNORED = frozenset({
     "session.info", "session.model_change", "hook.start", "hook.end", "assistant.turn_start",
@@ -57,7 +65,7 @@ class CopilotCliScraper(JsonlScraper):
         # <id>/events.jsonl (current) or <id>.jsonl (older): the session.start event names it too.
         extra.setdefault("session", path.parent.name if path.name == "events.jsonl" else path.stem)
         for offset, rec in json_lines(path, pos, out):
-            etype = rec.get("type")
+            etype = string(rec.get("type"))
             data = rec.get("data")
             where = f"{path}:{offset}"
             if etype in IGNORED:
@@ -66,7 +74,7 @@ class CopilotCliScraper(JsonlScraper):
                 out.ignored()
                 continue
             if etype not in USED:
-                out.unknown(str(etype))
+                out.unknown(label(rec.get("type")))
                 continue
             ts = parse_ts(rec.get("timestamp"))
             if ts is None:
@@ -98,11 +106,11 @@ class CopilotCliScraper(JsonlScraper):
                     source_file=str(path), project_path=extra.get("cwd", ""), parent_id=rec.get("parentId"),
                     agent=data.get("parentToolCallId") or None)
         if etype == "user.message":
-            files = [str(a["path"]) for a in data.get("attachments") or [] if isinstance(a, dict) and isinstance(a.get("path"), str)]
+            files = [str(a["path"]) for a in items(data.get("attachments")) if isinstance(a, dict) and isinstance(a.get("path"), str)]
             out.emit(Msg(role="user", kind="text", text=text_of(data.get("content")), files=files, **base))
         elif etype == "assistant.message":
             calls, files = [], []
-            for req in data.get("toolRequests") or []:
+            for req in items(data.get("toolRequests")):
                 if not isinstance(req, dict):
                     continue
                 name = str(req.get("name") or "unknown")
@@ -165,16 +173,12 @@ class CopilotVscodeScraper:
         return stat_fingerprint(path)
 
     def scrape(self, root: Path, files: Sequence[Path], state: dict[str, FileState], out: ScrapeOutput) -> None:
-        for path in files:
-            pos = state.setdefault(str(path), FileState())
-            try:
-                data = read_document(path, pos)
-            except OSError as exc:
-                out.cannot_read(path, exc)
-                continue
-            out.counts.files += 1
-            if data is not None:
-                self._chat(path, data, out)
+        scrape_each(files, state, out, self._read)
+
+    def _read(self, path: Path, pos: FileState, out: ScrapeOutput) -> None:
+        data = read_document(path, pos, out.limits)
+        if data is not None:
+            self._chat(path, data, out)
 
     def _chat(self, path: Path, data: bytes, out: ScrapeOutput) -> None:
         try:
@@ -184,58 +188,65 @@ class CopilotVscodeScraper:
             out.malformed("not JSON", str(path))
             return
         if not isinstance(doc, dict):
+            out.counts.records += 1
             out.malformed("not a JSON object", str(path))
             return
-        session = str(doc.get("sessionId") or path.stem)
+        session = string(doc.get("sessionId")) or path.stem
         project = _workspace_folder(path.parent.parent / "workspace.json")
         title = doc.get("customTitle")
         out.session(SessionMeta(self.tool, session, project_path=project,
                                 title=title if isinstance(title, str) else "", title_rank=3))
-        for i, req in enumerate(doc.get("requests") or []):
+        if not isinstance(doc.get("requests", []), list):
+            out.counts.records += 1
+            out.malformed("requests not a list", str(path))
+        for i, req in enumerate(items(doc.get("requests"))):
             out.counts.records += 1
             where = f"{path}: requests[{i}]"
-            if not isinstance(req, dict):
-                out.malformed("not a JSON object", where)
+            guard(out, where, self._request, req, i, where, session, project, path, out)
+
+    def _request(self, req: Any, i: int, where: str, session: str, project: str, path: Path, out: ScrapeOutput) -> None:
+        if not isinstance(req, dict):
+            out.malformed("not a JSON object", where)
+            return
+        ts = parse_ts(req.get("timestamp"))
+        rid = req.get("requestId")
+        if ts is None:
+            out.malformed("bad timestamp", where)
+            return
+        if not isinstance(rid, str):
+            out.malformed("no requestId", where)
+            return
+        base: dict[str, Any] = dict(tool=self.tool, session_id=session, timestamp=ts, source_file=str(path), scope=session,
+                    project_path=project)
+        message = obj(req.get("message"))
+        files = _variable_files(req.get("variableData"))
+        out.emit(Msg(role="user", kind="text", text=str(message.get("text") or ""), seq=2 * i, key=f"{rid}:request",
+                     files=files, **base))
+        texts, calls = [], []
+        for part in items(req.get("response")):
+            if not isinstance(part, dict):
                 continue
-            ts = parse_ts(req.get("timestamp"))
-            rid = req.get("requestId")
-            if ts is None:
-                out.malformed("bad timestamp", where)
-                continue
-            if not isinstance(rid, str):
-                out.malformed("no requestId", where)
-                continue
-            base: dict[str, Any] = dict(tool=self.tool, session_id=session, timestamp=ts, source_file=str(path), scope=session,
-                        project_path=project)
-            message = obj(req.get("message"))
-            files = _variable_files(req.get("variableData"))
-            out.emit(Msg(role="user", kind="text", text=str(message.get("text") or ""), seq=2 * i, key=f"{rid}:request",
-                         files=files, **base))
-            texts, calls = [], []
-            for part in req.get("response") or []:
-                if not isinstance(part, dict):
-                    continue
-                if part.get("kind") in ("toolInvocationSerialized", "toolInvocation"):
-                    label = part.get("invocationMessage")
-                    label = label.get("value") if isinstance(label, dict) else label
-                    calls.append(tool_call(str(part.get("toolId") or "unknown"), label, part.get("toolCallId")))
-                elif isinstance(part.get("value"), str):
-                    texts.append(part["value"])
-            model = req.get("modelId") if isinstance(req.get("modelId"), str) else None
-            text = "".join(texts).strip()
-            if text or calls:
-                out.emit(Msg(role="assistant", kind="tool_call" if calls and not text else "text", text=text,
-                             seq=2 * i + 1, key=f"{rid}:response", tool_calls=calls, model=model, **base))
-            result = obj(req.get("result"))
-            error = result.get("errorDetails")
-            if isinstance(error, dict) and error.get("message"):
-                out.emit(Msg(role="system", kind="error", text=str(error["message"]), seq=2 * i + 1,
-                             key=f"{rid}:error", **base))
+            if part.get("kind") in ("toolInvocationSerialized", "toolInvocation"):
+                invocation = part.get("invocationMessage")
+                invocation = invocation.get("value") if isinstance(invocation, dict) else invocation
+                calls.append(tool_call(str(part.get("toolId") or "unknown"), invocation, part.get("toolCallId")))
+            elif isinstance(part.get("value"), str):
+                texts.append(part["value"])
+        model = req.get("modelId") if isinstance(req.get("modelId"), str) else None
+        text = "".join(texts).strip()
+        if text or calls:
+            out.emit(Msg(role="assistant", kind="tool_call" if calls and not text else "text", text=text,
+                         seq=2 * i + 1, key=f"{rid}:response", tool_calls=calls, model=model, **base))
+        result = obj(req.get("result"))
+        error = result.get("errorDetails")
+        if isinstance(error, dict) and error.get("message"):
+            out.emit(Msg(role="system", kind="error", text=str(error["message"]), seq=2 * i + 1,
+                         key=f"{rid}:error", **base))
 
 
 def _workspace_folder(path: Path) -> str:
     try:
-        doc = loads(path.read_bytes())
+        doc = loads(read_bounded(path, ReadLimits()))
     except (OSError, ValueError):
         return ""
     folder = doc.get("folder") if isinstance(doc, dict) else None
@@ -246,7 +257,7 @@ def _workspace_folder(path: Path) -> str:
 
 def _variable_files(data: Any) -> list[str]:
     found = []
-    for var in (data or {}).get("variables") or [] if isinstance(data, dict) else []:
+    for var in items(obj(data).get("variables")):
         value = var.get("value") if isinstance(var, dict) else None
         uri = value.get("uri") if isinstance(value, dict) else None
         if isinstance(uri, dict) and isinstance(uri.get("fsPath") or uri.get("path"), str):

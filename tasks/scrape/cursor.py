@@ -15,19 +15,28 @@ from ctxlake.tasks.scrape.base import (
     Msg,
     ScrapeOutput,
     SessionMeta,
-    files_in,
+    counts_of,
     first_existing,
+    guard,
     json_lines,
     loads,
-    maybe_json,
     mtime_ts,
+    stat_fingerprint,
+)
+from ctxlake.tasks.scrape.fields import (
+    dicts,
+    files_in,
+    integer,
+    items,
+    label,
+    maybe_json,
     obj,
     parse_ts,
-    stat_fingerprint,
     string,
     text_of,
     tool_call,
 )
+from ctxlake.tasks.scrape.safe_read import is_regular
 
 # A busy database is waited for this long per query; the IDE's writes are short.
 BUSY_TIMEOUT_MS = 2000
@@ -59,7 +68,7 @@ class CursorTranscriptScraper(JsonlScraper):
                 out.ignored()
                 continue
             if role not in ("user", "assistant"):
-                out.unknown(str(rec.get("type") or role))
+                out.unknown(label(rec.get("type") if rec.get("type") is not None else role))
                 continue
             if not isinstance(message, dict):
                 out.malformed("no message", f"{path}:{offset}")
@@ -78,7 +87,14 @@ class CursorTranscriptScraper(JsonlScraper):
             uses = [b for b in blocks if isinstance(b, dict) and b.get("type") == "tool_use"]
             text = text_of([b for b in blocks if isinstance(b, dict) and b.get("type") == "text"])
             if not text and not uses:
-                out.ignored()
+                # Blocks of another type that still carry text (schema drift) are kept, not ignored.
+                text = text_of(blocks)
+            if not text and not uses:
+                kinds = sorted({label(b.get("type")) for b in blocks if isinstance(b, dict)} - {"text", "thinking"})
+                if kinds:
+                    out.unknown(f"content:{','.join(kinds)[:80]}")
+                else:
+                    out.ignored()  # an empty or thinking-only turn
                 continue
             out.emit(Msg(role=str(role), kind="tool_call" if uses and not text else "text", text=text,
                          tool_calls=[tool_call(str(b.get("name") or "unknown"), b.get("input"), b.get("id")) for b in uses],
@@ -126,9 +142,12 @@ class CursorIdeScraper:
         return ide_roots(user_home)
 
     def store_files(self, root: Path) -> list[Path]:
-        if root.is_file():
+        # Anything named state.vscdb is listed (a FIFO too), so that one which is not a regular
+        # file is counted when read rather than passed over unseen.
+        if root.exists() and not root.is_dir():
             return [root]
-        return sorted(p for p in (root / "state.vscdb", first_existing(root, "globalStorage") / "state.vscdb") if p.is_file())[:1]
+        return sorted(p for p in (root / "state.vscdb", first_existing(root, "globalStorage") / "state.vscdb")
+                      if p.exists() and not p.is_dir())[:1]
 
     def fingerprint(self, path: Path) -> Fingerprint | None:
         # Committed pages may sit in the -wal file while the main file is untouched.
@@ -139,11 +158,23 @@ class CursorIdeScraper:
     def scrape(self, root: Path, files: Sequence[Path], state: dict[str, FileState], out: ScrapeOutput) -> None:
         for path in files:
             pos = state.setdefault(str(path), FileState())
+            # Only changed chats are re-read, but bad headers are met on every read: the counts
+            # are this read's, not a running total.
+            out.file_counts = counts_of(pos)
+            out.file_counts.clear()
+            if not is_regular(path):  # SQLite would open a FIFO and block, or read a device
+                out.skipped(path, "not a regular file")
+                out.file_counts = None
+                continue
             try:
                 self._database(path, pos, out)
             except sqlite3.Error as exc:
                 out.cannot_read(path, exc)
                 continue
+            except Exception as exc:  # a record that broke the parser outside the per-chat guard
+                out.parser_failed(exc, str(path))
+            finally:
+                out.file_counts = None
             out.counts.files += 1
 
     def _database(self, path: Path, pos: FileState, out: ScrapeOutput) -> None:
@@ -158,6 +189,9 @@ class CursorIdeScraper:
             headers = con.execute("SELECT key, value FROM cursorDiskKV WHERE key LIKE 'composerData:%'").fetchall()
             for key, value in headers:
                 out.counts.records += 1
+                if not isinstance(key, str):
+                    out.malformed("key not text", f"{path}: composerData")
+                    continue
                 cid = key.split(":", 1)[1]
                 try:
                     data = loads(value) if value is not None else None
@@ -170,8 +204,8 @@ class CursorIdeScraper:
                 stamp = data.get("lastUpdatedAt") or data.get("createdAt")
                 if seen.get(cid) == stamp and stamp is not None:
                     continue
-                self._composer(con, path, cid, data, out)
-                seen[cid] = stamp
+                guard(out, f"{path}: {key}", self._composer, con, path, cid, data, out)
+                seen[cid] = stamp if isinstance(stamp, str | int | float) else None
         finally:
             con.close()
 
@@ -186,8 +220,8 @@ class CursorIdeScraper:
                 bubbles[key.rsplit(":", 1)[1]] = loads(value)
             except (ValueError, TypeError):
                 out.malformed("not JSON", f"{path}: {key}")
-        order = [h.get("bubbleId") for h in data.get("fullConversationHeadersOnly") or [] if isinstance(h, dict)]
-        inline = [b for b in data.get("conversation") or [] if isinstance(b, dict)]
+        order = [h.get("bubbleId") for h in dicts(data.get("fullConversationHeadersOnly"))]
+        inline = dicts(data.get("conversation"))
         for b in inline:  # older versions keep bubbles inside the composer
             out.counts.records += 1
             bubbles.setdefault(str(b.get("bubbleId")), b)
@@ -198,16 +232,17 @@ class CursorIdeScraper:
             bubble = bubbles.get(bid)
             if bubble is None:
                 continue  # listed in the header, not written yet
-            self._bubble(path, cid, bid, seq, bubble, fallback, out)
+            guard(out, f"{path}: bubbleId:{cid}:{bid}", self._bubble, path, cid, bid, seq, bubble, fallback, out)
 
     def _bubble(self, path: Path, cid: str, bid: str, seq: int, b: Any, fallback: Any, out: ScrapeOutput) -> None:
         where = f"{path}: bubbleId:{cid}:{bid}"
         if not isinstance(b, dict):
             out.malformed("not a JSON object", where)
             return
-        role = ROLES.get(b.get("type"))  # type: ignore[arg-type]
+        btype = integer(b.get("type"))
+        role = ROLES.get(btype) if btype is not None else None
         if role is None:
-            out.unknown(f"bubble type {b.get('type')}")
+            out.unknown(f"bubble type {label(b.get('type')) if btype is None else btype}")
             return
         ts = parse_ts(b.get("createdAt")) or parse_ts(b.get("timingInfo", {}).get("clientStartTime") if isinstance(b.get("timingInfo"), dict) else None) or fallback
         if ts is None:
@@ -215,7 +250,7 @@ class CursorIdeScraper:
             return
         text = string(b.get("text"))
         tool = b.get("toolFormerData") if isinstance(b.get("toolFormerData"), dict) else None
-        calls, files = [], [str(f) for f in b.get("relevantFiles") or [] if isinstance(f, str)]
+        calls, files = [], [f for f in items(b.get("relevantFiles")) if isinstance(f, str)]
         if tool:
             args = maybe_json(tool.get("rawArgs") or tool.get("params"))
             status = tool.get("status")

@@ -12,20 +12,27 @@ from ctxlake.tasks.scrape.base import (
     Msg,
     ScrapeOutput,
     SessionMeta,
-    exit_code_error,
-    files_in,
     first_existing,
+    guard,
     json_lines,
     loads,
-    obj,
-    parse_ts,
     read_document,
     reset_if_replaced,
     scrape_each,
     stat_fingerprint,
+    walk_files,
+)
+from ctxlake.tasks.scrape.fields import (
+    dicts,
+    exit_code_error,
+    files_in,
+    items,
+    label,
+    obj,
+    parse_ts,
+    string,
     text_of,
     tool_call,
-    walk_files,
 )
 
 NOTICES = {"info": "notice", "warning": "notice", "error": "error"}
@@ -61,7 +68,7 @@ class GeminiScraper:
             self._document(path, pos, out)
 
     def _document(self, path: Path, pos: FileState, out: ScrapeOutput) -> None:
-        data = read_document(path, pos)
+        data = read_document(path, pos, out.limits)
         if data is None:
             return
         try:
@@ -70,17 +77,24 @@ class GeminiScraper:
             out.counts.records += 1
             out.malformed("not JSON", str(path))
             return
-        if not isinstance(doc, dict) or not isinstance(doc.get("sessionId"), str):
-            return  # not a chat (logs.json, settings)
-        session = doc["sessionId"]
-        self._meta(doc, path, out)
+        if not isinstance(doc, dict) or not (isinstance(doc.get("sessionId"), str) or "messages" in doc):
+            return  # not a chat (logs.json is a list of prompts; settings)
+        # A chat whose header drifted (no sessionId, or not text) keeps its messages under the
+        # file's name rather than losing them.
+        session = string(doc.get("sessionId")) or path.stem
+        self._meta({**doc, "sessionId": session}, path, out)
         messages = doc.get("messages")
-        for i, message in enumerate(messages if isinstance(messages, list) else []):
+        if not isinstance(messages, list):
             out.counts.records += 1
+            out.malformed("messages not a list", str(path))
+            return
+        for i, message in enumerate(messages):
+            out.counts.records += 1
+            where = f"{path}: messages[{i}]"
             if not isinstance(message, dict):
-                out.malformed("not a JSON object", f"{path}: messages[{i}]")
+                out.malformed("not a JSON object", where)
                 continue
-            self._message(message, session, str(doc.get("projectHash") or ""), path, i, f"{path}: messages[{i}]", out)
+            guard(out, where, self._message, message, session, string(doc.get("projectHash")), path, i, where, out)
 
     def _jsonl(self, path: Path, pos: FileState, out: ScrapeOutput) -> None:
         reset_if_replaced(path, pos)
@@ -92,17 +106,15 @@ class GeminiScraper:
                 out.ignored()
             elif "sessionId" in rec and "type" not in rec:
                 extra["session"] = str(rec["sessionId"])
-                extra["project_hash"] = str(rec.get("projectHash") or "")
+                extra["project_hash"] = string(rec.get("projectHash"))
                 self._meta(rec, path, out)
                 out.ignored()
             elif "type" in rec and "id" in rec:
-                if not extra.get("session"):
-                    out.malformed("message before the session header", f"{path}:{offset}")
-                    continue
-                self._message(rec, extra["session"], extra.get("project_hash", ""), path, offset,
-                              f"{path}:{offset}", out)
+                # A message before (or without) the session header is kept under the file's name.
+                session = extra.get("session") or path.stem
+                self._message(rec, session, extra.get("project_hash", ""), path, offset, f"{path}:{offset}", out)
             else:
-                out.unknown(",".join(sorted(rec)[:3]))
+                out.unknown(",".join(sorted(rec)[:3]) or "{}")
 
     def _meta(self, doc: dict[str, Any], path: Path, out: ScrapeOutput) -> None:
         hint = f"sha256:{doc['projectHash']}" if isinstance(doc.get("projectHash"), str) else ""
@@ -114,7 +126,7 @@ class GeminiScraper:
                  out: ScrapeOutput) -> None:
         mtype = m.get("type")
         if mtype not in ("user", "gemini", "model", *NOTICES):
-            out.unknown(f"message:{mtype}")
+            out.unknown(f"message:{label(mtype)}")
             return
         ts = parse_ts(m.get("timestamp"))
         mid = m.get("id")
@@ -134,7 +146,7 @@ class GeminiScraper:
         if mtype in NOTICES:
             out.emit(Msg(role="system", kind=NOTICES[str(mtype)], text=text, timestamp=ts, key=mid, **base))
             return
-        calls = [c for c in m.get("toolCalls") or [] if isinstance(c, dict)]
+        calls = dicts(m.get("toolCalls"))
         tokens = obj(m.get("tokens"))
         files = [f for c in calls for f in files_in(c.get("args"))]
         out.emit(Msg(
@@ -161,8 +173,8 @@ def _int(value: Any) -> int | None:
 
 
 def _result_text(call: dict[str, Any]) -> str:
-    for item in call.get("result") or []:
-        response = item.get("functionResponse", {}).get("response") if isinstance(item, dict) else None
+    for item in items(call.get("result")):
+        response = obj(obj(item).get("functionResponse")).get("response")
         if isinstance(response, dict):
             text = response.get("output") or response.get("error")
             if isinstance(text, str):

@@ -157,7 +157,7 @@ def in_process_queries(tree: Path, env: dict[str, str]) -> dict[str, Any]:
 import json, os, statistics, time
 from pathlib import Path
 from ctxlake.schemas.config import load_settings
-from ctxlake.serve import queries
+from ctxlake.serve.api import queries
 lake = queries.Lake(load_settings(Path({str(tree)!r})))
 qs = {QUERIES!r}
 queries.search(lake, qs[0], mode="hybrid", check_stale=False)  # loads the model

@@ -233,7 +233,7 @@ def recent_sessions_latency(project: Path, env: dict[str, str], calls: int) -> d
 import asyncio, json, statistics, time
 from pathlib import Path
 from ctxlake.schemas.config import load_settings
-from ctxlake.serve import context
+from ctxlake.serve.api import context
 settings = load_settings(Path({str(project)!r}))
 t = time.perf_counter(); lake = context.MemoryLake(settings); first = context.list_sessions(lake, limit=3)
 out = {{"first": time.perf_counter() - t}}
@@ -245,7 +245,7 @@ times.sort()
 out["median"] = statistics.median(times); out["p95"] = times[int(0.95 * (len(times) - 1))]
 from mcp import Client
 from mcp.server import MCPServer
-from ctxlake.serve.mcp_memory import register_memory_tools
+from ctxlake.serve.mcp.memory import register_memory_tools
 server = MCPServer("bench"); register_memory_tools(server, settings)
 async def go():
     async with Client(server) as c:

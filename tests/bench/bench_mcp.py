@@ -114,7 +114,7 @@ def cold_starts(root: Path, runs: int) -> list[tuple[float, float, float, float]
         server.initialize()
         init_ms = (time.perf_counter() - server.started) * 1000
         cpu = server.cpu_s()
-        server.call("search_code", {"query": "get_object_or_404", "search_type": "bm25"})
+        server.call("search_code", {"query": "get_object_or_404", "search_type": "keyword"})
         first_ms = (time.perf_counter() - server.started) * 1000
         first_cpu = server.cpu_s()
         server.close()
@@ -154,7 +154,7 @@ def main() -> int:
     root = args.project.resolve()
 
     from ctxlake.schemas.config import load_settings
-    from ctxlake.serve.queries import status
+    from ctxlake.serve.api.queries import status
 
     settings = load_settings(root)
     st = status(settings, check_stale=False)
@@ -168,10 +168,10 @@ def main() -> int:
     server.initialize()
     results: dict[str, list[float]] = {}
     # Warm-up: lake open, FTS index read, query embedder loaded.
-    for mode in ("hybrid", "bm25", "vector", "fuzzy"):
+    for mode in ("hybrid", "keyword", "semantic", "fuzzy"):
         server.call("search_code", {"query": "warm up the model", "search_type": mode})
     server.call("fuzzy_find", {"symbol_name": "warm_up"})
-    for mode in ("hybrid", "bm25", "vector", "fuzzy"):
+    for mode in ("hybrid", "keyword", "semantic", "fuzzy"):
         results[f"search_code {mode} (top_k=10)"] = [
             server.call("search_code", {"query": q, "search_type": mode})
             for _ in range(args.rounds) for q in SEARCHES]
@@ -190,7 +190,7 @@ def main() -> int:
     print("|" + "|".join("-" * (len(cell) + 0) for cell in HEADER.split("|")[1:-1]) + "|")
     print(row("cold: initialize answered (wall)", [c[0] for c in cold], "<= 2000 start to 1st answer"))
     print(row("cold: process CPU until initialize", [c[1] * 1000 for c in cold], "CPU ms, not wall"))
-    print(row("cold: first search_code bm25 (wall)", [c[2] for c in cold], "opens the lake first"))
+    print(row("cold: first search_code keyword (wall)", [c[2] for c in cold], "opens the lake first"))
     print(row("cold: process CPU until that answer", [c[3] * 1000 for c in cold], "CPU ms, not wall"))
     targets = {"search_code hybrid (top_k=10)": "p50 <= 30, p99 <= 150"}
     for name, values in results.items():

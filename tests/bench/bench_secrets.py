@@ -298,7 +298,7 @@ def write_logs(base: Path, project: Path, logs: list[Planting]) -> dict[str, Pat
 
 def ctx(*args: str, cwd: Path) -> str:
     """`ctx ARGS` in this process (one Prefect server for the whole run); its stdout."""
-    from ctxlake.serve.cli import run
+    from ctxlake.serve.cli.app import run
 
     old = Path.cwd()
     os.chdir(cwd)
@@ -322,7 +322,7 @@ def mcp_outputs(project: Path, files: list[Planting], logs: list[Planting], sess
     from mcp import Client
 
     from ctxlake.schemas.config import load_settings
-    from ctxlake.serve.mcp import build_server
+    from ctxlake.serve.mcp.server import build_server
 
     settings = load_settings(project, {"mcp": {"stale_check_s": 0}}, env=dict(os.environ))
     answers: list[str] = []

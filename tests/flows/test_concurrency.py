@@ -12,7 +12,7 @@ import pytest
 from helpers import write_files
 
 from ctxlake.schemas.config import load_settings
-from ctxlake.serve import queries
+from ctxlake.serve.api import queries
 
 pytestmark = pytest.mark.usefixtures("prefect_server", "fake_embedder")
 

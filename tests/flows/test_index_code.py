@@ -246,7 +246,9 @@ def test_interrupted_run_is_repaired_by_the_next(project: Path, cli: Callable[..
 def test_config_file_and_env_precedence(project: Path, cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
     assert cli("run", "index", cwd=project).exit_code == 0
     config = project / ".ctx" / "config.toml"
-    config.write_text(config.read_text().replace('# mode = "hybrid"', 'mode = "keyword"').replace("# limit = 10", "limit = 1"))
+    # Section lines are commented in the generated file too (so appended tables never clash).
+    config.write_text(config.read_text().replace("# [search]", "[search]")
+                      .replace('# mode = "hybrid"', 'mode = "keyword"').replace("# limit = 10", "limit = 1"))
     settings = load_settings(project)
     assert (settings.search.mode, settings.search.limit) == ("keyword", 1)
     monkeypatch.setenv("CTX_SEARCH_LIMIT", "2")

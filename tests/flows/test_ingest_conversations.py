@@ -74,7 +74,7 @@ def test_ingest_counts_sessions_and_no_op(cli: Callable[..., Any], env: dict[str
     def no_flow(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("the flow must not run when nothing changed")
 
-    monkeypatch.setattr("ctxlake.serve.cli_memory._run_flow", no_flow)
+    monkeypatch.setattr("ctxlake.serve.cli.memory._run_flow", no_flow)
     again = ingest(cli, env)
     assert again["up_to_date"] is True and again["files_seen"] == 5
 

@@ -262,6 +262,7 @@ def test_ask_and_chat_with_a_stub_agent(
         f'[agents]\ndefault_agent = "stub"\nsandbox_dir = "{tmp_path / "sandboxes"}"\n\n'
         '[agents.commands]\nstub = "stub-agent {prompt_file}"\n\n'
         '[agents.chat_commands]\nstub = "stub-agent {prompt_file} --interactive"\n')
+    assert cli("trust", cwd=project).exit_code == 0  # agent commands from the project file need it
 
     answer = ok_json(cli("ask", "-s", "lib", "-q", "How do I create a custom tool?", "--json", cwd=project))
     assert answer["agent"] == "stub" and answer["answer"].strip() == "ANSWER from stub: see lib"

@@ -32,3 +32,5 @@ def test_notebook_executes(path: Path, make_repo: Callable[..., Path], cli: Call
     assert not [o for o in outputs if o.get("output_type") == "error"]
     text = "".join(str(o.get("data", {}).get("text/plain", "")) + str(o.get("text", "")) for o in outputs)
     assert "python" in text and "markdown" in text  # the per-language table saw the fixture's files
+    images = [o for o in outputs if "image/png" in o.get("data", {})]
+    assert images, "the histogram cell rendered no image"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from ctxlake.serve.queries import build_filter, glob_to_regex, keyword_query
+from ctxlake.serve.api.queries import build_filter, glob_to_regex, keyword_query
 
 
 def test_glob_and_filter_translation() -> None:

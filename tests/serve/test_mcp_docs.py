@@ -13,8 +13,8 @@ from mcp_helpers import PROJECT, call_error, call_ok
 
 from ctxlake.errors import ConfigError, InputError
 from ctxlake.schemas.config import DocsSettings, load_settings
-from ctxlake.serve.docs import DocsReader, clean_relative
-from ctxlake.serve.mcp import build_server
+from ctxlake.serve.api.docs import DocsReader, clean_relative
+from ctxlake.serve.mcp.server import build_server
 
 
 @pytest.fixture

@@ -121,7 +121,7 @@ def test_the_registered_command_starts_a_working_server(
 
     async def main() -> None:
         async with Client(params) as client:
-            result = await client.call_tool("search_code", {"query": "getUserById", "search_type": "bm25"})
+            result = await client.call_tool("search_code", {"query": "getUserById", "search_type": "keyword"})
             assert not result.is_error and result.structured_content is not None
             assert result.structured_content["hits"][0]["path"] == "src/users/service.py"
 

@@ -64,7 +64,7 @@ def test_inspector_lists_and_calls_tools(
             "project_knowledge"} == names
 
     called = inspect(env, repo, "--method", "tools/call", "--tool-name", "search_code",
-                     "--tool-arg", "query=getUserById", "--tool-arg", "search_type=bm25", "--format", "json")
+                     "--tool-arg", "query=getUserById", "--tool-arg", "search_type=keyword", "--format", "json")
     assert called.returncode == 0, called.stderr[-2000:]
     result = json.loads(called.stdout)["result"]
     assert result["structuredContent"]["hits"][0]["path"] == "src/users/service.py"

@@ -19,7 +19,7 @@ from mcp.server import MCPServer
 from memlogs import build_stores
 
 from ctxlake.schemas.config import Settings, load_settings
-from ctxlake.serve.mcp_memory import register_memory_tools
+from ctxlake.serve.mcp.memory import register_memory_tools
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 
@@ -27,7 +27,7 @@ SNAPSHOTS = Path(__file__).parent / "snapshots"
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory: pytest.TempPathFactory, prefect_server: None) -> Iterator[dict[str, Any]]:
     """One ingest for the module: a project repo and three tools' stores, under a private HOME."""
-    from ctxlake.serve.cli import run
+    from ctxlake.serve.cli.app import run
 
     base = tmp_path_factory.mktemp("mcp")
     repo = base / "app"
@@ -147,8 +147,9 @@ def test_save_tools_write_files_only(lake: dict[str, Any]) -> None:
     fix = ok(call(s, "save_error_solution", {"error": "permission denied (publickey)", "solution": "ssh-add the deploy key"},
                   allow_writes=True))
     assert fix["status"] == "created" and fix["path"].startswith(".ctx/knowledge/errors/")
-    # Files only: the tables are unchanged until the next `ctx run ingest`.
-    assert ok(call(s, "project_knowledge", {})) == before
+    # Files only (the tables are unchanged until the next `ctx run ingest`), yet listed at once.
+    after = ok(call(s, "project_knowledge", {}))
+    assert {r["id"] for r in after["records"]} == {r["id"] for r in before["records"]} | {saved["id"], fix["id"]}
     assert {p.name: len(list(p.rglob("*.manifest"))) for p in s.memory_dir.glob("*.lance")} == memory_versions
     refused = call(s, "save_insight", {"title": "x"}, allow_writes=False)
     assert refused.is_error
@@ -161,7 +162,7 @@ from pathlib import Path
 from mcp import Client
 from mcp.server import MCPServer
 from ctxlake.schemas.config import load_settings
-from ctxlake.serve.mcp_memory import register_memory_tools
+from ctxlake.serve.mcp.memory import register_memory_tools
 server = MCPServer("t")
 register_memory_tools(server, load_settings(Path({str(lake['repo'])!r})))
 async def go():

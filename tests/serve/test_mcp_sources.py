@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 from stub_agent import install_stub, read_record
 
-from ctxlake.schemas.config import Settings, load_settings
+from ctxlake.schemas import trust
+from ctxlake.schemas.config import Settings, default_home, load_settings
 from ctxlake.schemas.sources import SourceSpec, save_source
-from ctxlake.serve.mcp_sources import register_source_tools
+from ctxlake.serve.mcp.sources import register_source_tools
 
 CONFIG = """[agents]
 default_agent = "stub"
@@ -36,6 +37,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
     root = tmp_path / "proj"
     (root / ".ctx").mkdir(parents=True)
     (root / ".ctx" / "config.toml").write_text(CONFIG.format(sandboxes=tmp_path / "sandboxes"))
+    trust.trust(root / ".ctx" / "config.toml", default_home())  # agent commands need a trusted config
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "tools.md").write_text("# Tools\n\nmake_tool builds a tool.\n")
@@ -99,7 +101,7 @@ def test_mcp_ask_path_never_imports_prefect(project: Settings, tmp_path: Path) -
         from mcp import Client
         from mcp.server import MCPServer
         from ctxlake.schemas.config import load_settings
-        from ctxlake.serve.mcp_sources import register_source_tools
+        from ctxlake.serve.mcp.sources import register_source_tools
 
         async def main():
             server = MCPServer("t")
@@ -111,6 +113,6 @@ def test_mcp_ask_path_never_imports_prefect(project: Settings, tmp_path: Path) -
         asyncio.run(main())
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "CTX_HOME": str(tmp_path / "home")})
+                          env={**os.environ, "CTX_HOME": str(project.home)})  # where the config is trusted
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"error": False, "prefect": False}

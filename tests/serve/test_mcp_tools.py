@@ -17,8 +17,8 @@ from mcp import Client, MCPError
 from mcp_helpers import PROJECT, call_error, call_ok, check_snapshot, scrub
 
 from ctxlake.schemas.config import Settings, load_settings
-from ctxlake.serve.mcp import ServeOptions, build_server
-from ctxlake.serve.tool_models import decode_cursor
+from ctxlake.serve.api.tool_models import decode_cursor
+from ctxlake.serve.mcp.server import ServeOptions, build_server
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -34,6 +34,7 @@ CONTRACT = {
     "search_context": {"query", "mode", "depth", "source_filter", "type_filter", "time_range", "limit"},
     "recent_sessions": {"limit", "tool_filter"},
     "session_detail": {"session_ref", "offset", "limit"},
+    "handoff_brief": {"from_tool", "session_ref", "budget"},
     "project_knowledge": {"type", "query", "limit"},
 }
 SAVE_TOOLS = {"save_decision", "save_error_solution", "save_insight"}
@@ -41,7 +42,7 @@ SAVE_TOOLS = {"save_decision", "save_error_solution", "save_insight"}
 
 def index_project(root: Path, env: dict[str, str]) -> None:
     """`ctx run index` in this process (the session's Prefect server) with the given environment."""
-    from ctxlake.serve.cli import run
+    from ctxlake.serve.cli.app import run
 
     with pytest.MonkeyPatch.context() as mp:
         for key, value in env.items():
@@ -98,7 +99,7 @@ def test_tool_list_is_the_contract(shop: tuple[Path, dict[str, str]]) -> None:
             assert ann is not None and ann.read_only_hint and ann.idempotent_hint, name
             assert ann.open_world_hint is False and ann.destructive_hint is False, name
         search = tools["search_code"].input_schema["properties"]
-        assert search["search_type"]["enum"] == ["hybrid", "vector", "bm25", "fuzzy"]
+        assert search["search_type"]["enum"] == ["hybrid", "keyword", "semantic", "fuzzy"]  # the CLI's --mode words
         assert search["top_k"]["default"] == 10 and search["fuzziness"]["anyOf"][0]["maximum"] == 2
         check_snapshot("mcp_tools_list", [t.model_dump(mode="json", by_alias=True, exclude_none=True)
                                           for t in sorted(tools.values(), key=lambda t: t.name)])
@@ -130,24 +131,26 @@ def test_search_code_modes_and_snapshot(shop: tuple[Path, dict[str, str]]) -> No
     server = build_server(settings_for(root, env))
 
     async def body(client: Client) -> None:
-        bm25 = await call_ok(client, "search_code", {"query": "invoice total tax", "search_type": "bm25", "top_k": 3})
-        assert bm25["search_type"] == "bm25" and bm25["mode"] == "keyword" and bm25["stale"] is False
-        check_snapshot("mcp_search_code_bm25", scrub(bm25, root))
+        keyword = await call_ok(client, "search_code", {"query": "invoice total tax", "search_type": "keyword", "top_k": 3})
+        assert keyword["mode"] == "keyword" and keyword["stale"] is False
+        check_snapshot("mcp_search_code_keyword", scrub(keyword, root))
         hybrid = await call_ok(client, "search_code", {"query": "compute the invoice total with tax"})
         assert hybrid["hits"][0]["path"] == "src/billing/invoice.py" and hybrid["embedded_fraction"] == 1.0
-        vector = await call_ok(client, "search_code", {"query": "compute invoice total", "search_type": "vector"})
-        assert vector["hits"][0]["path"] == "src/billing/invoice.py" and vector["mode"] == "semantic"
+        semantic = await call_ok(client, "search_code", {"query": "compute invoice total", "search_type": "semantic"})
+        assert semantic["hits"][0]["path"] == "src/billing/invoice.py" and semantic["mode"] == "semantic"
         fuzzy = await call_ok(client, "search_code", {"query": "getUsrByld", "search_type": "fuzzy"})
         assert "UserRepository.getUserById" in fuzzy["hits"][0]["symbol"]
         # One typo per word: found with fuzziness 1, not with exact words.
-        exact = await call_ok(client, "search_code", {"query": "invoise", "search_type": "bm25"})
+        exact = await call_ok(client, "search_code", {"query": "invoise", "search_type": "keyword"})
         assert exact["hits"] == []
-        typo = await call_ok(client, "search_code", {"query": "invoise", "search_type": "bm25", "fuzziness": 1})
+        typo = await call_ok(client, "search_code", {"query": "invoise", "search_type": "keyword", "fuzziness": 1})
         assert any(h["path"] == "src/billing/invoice.py" for h in typo["hits"])
-        only_js = await call_ok(client, "search_code", {"query": "invoice", "file_filter": "*.js", "search_type": "bm25"})
+        only_js = await call_ok(client, "search_code", {"query": "invoice", "file_filter": "*.js", "search_type": "keyword"})
         assert {h["path"] for h in only_js["hits"]} == {"web/app.js"}
-        none = await call_ok(client, "search_code", {"query": "invoice", "sources": ["elsewhere"]})
-        assert none["hits"] == []
+        # The CLI's check (`ctx search --sources`): a typo is an error, not an empty answer.
+        for tool in ("search_code", "find_files"):
+            assert "unknown source(s): elsewhere" in await call_error(client, tool, {"query": "invoice",
+                                                                                     "sources": ["elsewhere"]})
 
     with_client(server, body)
 
@@ -159,10 +162,10 @@ def test_find_files_ranks_files_for_an_issue_text(shop: tuple[Path, dict[str, st
 
     async def body(client: Client) -> None:
         ranked = await call_ok(client, "find_files", {"query": issue, "top_k": 3})
-        assert ranked["files"][0]["path"] == "src/billing/invoice.py" and ranked["search_type"] == "hybrid"
+        assert ranked["files"][0]["path"] == "src/billing/invoice.py" and ranked["mode"] == "hybrid"
         assert ranked["files"][0]["start_line"] is not None and len(ranked["files"]) <= 3
         users = await call_ok(client, "find_files", {"query": "UserRepository.getUserById returns None",
-                                                     "search_type": "bm25"})
+                                                     "search_type": "keyword"})
         assert users["files"][0]["path"] == "src/users/service.py" and users["stale"] is False
         js = await call_ok(client, "find_files", {"query": "invoice", "file_filter": "*.js"})
         assert {f["path"] for f in js["files"]} == {"web/app.js"}
@@ -178,7 +181,7 @@ def test_search_code_rejects_bad_input(shop: tuple[Path, dict[str, str]]) -> Non
             ({"query": "   "}, "empty query"),
             ({"query": "x", "top_k": 0}, "greater than or equal to 1"),
             ({"query": "x", "top_k": 51}, "less than or equal to 50"),
-            ({"query": "x", "search_type": "semantic"}, "'hybrid', 'vector', 'bm25' or 'fuzzy'"),
+            ({"query": "x", "search_type": "vector"}, "'hybrid', 'keyword', 'semantic' or 'fuzzy'"),
             ({"query": "x", "bm25_weight": 2}, "less than or equal to 1"),
             ({"query": "x", "fuzziness": 3}, "less than or equal to 2"),
             ({"query": "x", "file_filter": "src/[abc"}, "unbalanced '['"),
@@ -287,8 +290,8 @@ def test_resources(shop: tuple[Path, dict[str, str]]) -> None:
 
 
 def test_file_listing_pages(shop: tuple[Path, dict[str, str]]) -> None:
-    from ctxlake.serve.explore import list_files
-    from ctxlake.serve.queries import Lake
+    from ctxlake.serve.api.explore import list_files
+    from ctxlake.serve.api.queries import Lake
 
     lake = Lake(settings_for(*shop))
     pages, cursor = [], None
@@ -308,7 +311,7 @@ def test_prompts(shop: tuple[Path, dict[str, str]]) -> None:
 
     async def body(client: Client) -> None:
         prompts = {p.name: p for p in (await client.list_prompts()).prompts}
-        assert set(prompts) == {"code_review", "explain_codebase", "find_similar"}
+        assert set(prompts) == {"code_review", "explain_codebase", "find_similar", "continue_work"}
         assert [a.name for a in prompts["code_review"].arguments or []] == ["filepath"]
         review = (await client.get_prompt("code_review", {"filepath": "src/billing/invoice.py"})).messages[0]
         assert "`src/billing/invoice.py`" in review.content.text and "def compute_invoice_total" in review.content.text
@@ -372,7 +375,7 @@ def test_embedder_loads_on_first_semantic_query_only(shop: tuple[Path, dict[str,
     FakeEmbedder.reset_counters()
 
     async def body(client: Client) -> None:
-        await call_ok(client, "search_code", {"query": "invoice", "search_type": "bm25"})
+        await call_ok(client, "search_code", {"query": "invoice", "search_type": "keyword"})
         await call_ok(client, "fuzzy_find", {"symbol_name": "render"})
         await call_ok(client, "get_file_context", {"filepath": "web/app.js", "include_related": True})
         assert FakeEmbedder.queries == 0
@@ -393,7 +396,7 @@ def test_indexing_while_serving_needs_no_restart(
         assert "not indexed yet" in await call_error(client, "search_code", {"query": "invoice"})
         assert (await call_ok(client, "get_stale_status"))["indexed"] is False
         assert cli("run", "index", cwd=repo).exit_code == 0
-        found = await call_ok(client, "search_code", {"query": "invoice", "search_type": "bm25"})
+        found = await call_ok(client, "search_code", {"query": "invoice", "search_type": "keyword"})
         assert found["hits"][0]["path"] == "src/billing/invoice.py"
 
     with_client(server, body)
@@ -453,7 +456,7 @@ def test_index_codebase_only_when_allowed(
             assert time.monotonic() < deadline, Path(answer["log_file"]).read_text()[-2000:]
             await anyio.sleep(1.0)
         assert status["root_hash_match"]
-        found = await call_ok(client, "search_code", {"query": "compute_invoice_total", "search_type": "bm25"})
+        found = await call_ok(client, "search_code", {"query": "compute_invoice_total", "search_type": "keyword"})
         assert found["hits"][0]["snippet"].startswith("def compute_invoice_total():")
 
     with_client(server, body)
@@ -475,7 +478,7 @@ def test_real_model_semantic_search_over_mcp(
 
     async def body(client: Client) -> None:
         found = await call_ok(client, "search_code", {
-            "query": "add the tax rate to the sum of the invoice lines", "search_type": "vector", "top_k": 3})
+            "query": "add the tax rate to the sum of the invoice lines", "search_type": "semantic", "top_k": 3})
         assert found["hits"][0]["symbol"] == "compute_invoice_total"
         # Tools run on worker threads; torch's count is per thread, inherited by new threads.
         seen: list[int] = []

@@ -76,7 +76,7 @@ def test_stdio_starts_fast_and_stdout_carries_only_protocol(indexed: Path) -> No
         assert cpu_s < 2.0, f"start-up took {cpu_s:.2f} s of CPU"
         assert wall < 20
         _send(proc, {"jsonrpc": "2.0", "method": "notifications/initialized"})
-        for i, (mode, query) in enumerate([("hybrid", "invoice"), ("fuzzy", "getUsrByld"), ("vector", "tax")], 2):
+        for i, (mode, query) in enumerate([("hybrid", "invoice"), ("fuzzy", "getUsrByld"), ("semantic", "tax")], 2):
             _send(proc, {"jsonrpc": "2.0", "id": i, "method": "tools/call",
                          "params": {"name": "search_code", "arguments": {"query": query, "search_type": mode}}})
         _send(proc, {"jsonrpc": "2.0", "id": 9, "method": "tools/call",
@@ -109,16 +109,16 @@ import json, sys
 from pathlib import Path
 import anyio
 from mcp import Client
-from ctxlake.serve.cli import app  # the entry point `ctx serve` runs through
+from ctxlake.serve.cli.app import app  # the entry point `ctx serve` runs through
 from ctxlake.schemas.config import load_settings
-from ctxlake.serve.mcp import build_server
+from ctxlake.serve.mcp.server import build_server
 
 root = Path(sys.argv[1])
 server = build_server(load_settings(root))
 
 async def main():
     async with Client(server) as c:
-        for mode in ("hybrid", "vector", "bm25", "fuzzy"):
+        for mode in ("hybrid", "semantic", "keyword", "fuzzy"):
             r = await c.call_tool("search_code", {"query": "invoice", "search_type": mode})
             assert not r.is_error, r
         calls = [("fuzzy_find", {"symbol_name": "render"}), ("get_stale_status", {}), ("list_sources", {}),
@@ -172,7 +172,7 @@ def test_streamable_http_on_localhost_only(indexed: Path) -> None:
 
         async def main() -> None:
             async with Client(f"http://127.0.0.1:{port}/mcp") as client:
-                found = await call_ok(client, "search_code", {"query": "getUserById", "search_type": "bm25"})
+                found = await call_ok(client, "search_code", {"query": "getUserById", "search_type": "keyword"})
                 assert found["hits"][0]["path"] == "src/users/service.py"
 
         anyio.run(main)

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from ctxlake.serve.ranking import (
+from ctxlake.serve.api.query_terms import analyse
+from ctxlake.serve.api.ranking import (
     VARIANTS,
     LakeCatalog,
     RankOptions,
@@ -21,7 +22,6 @@ from ctxlake.serve.ranking import (
     symbol_scores,
     wants_tests,
 )
-from ctxlake.tasks.query_terms import analyse
 
 P = "project"
 CATALOG = LakeCatalog.build([

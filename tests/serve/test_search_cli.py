@@ -162,7 +162,7 @@ def test_errors_are_one_line_with_exit_codes(tmp_path: Path, indexed: Path, cli:
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     missing = cli("search", "x", cwd=outside)
-    assert missing.exit_code == 3 and missing.stderr.startswith("ctx: error: no ctxlake index in")
+    assert missing.exit_code == 4 and missing.stderr.startswith("ctx: error: no ctxlake index in")
     assert "Traceback" not in missing.stderr
     bad_mode = cli("search", "x", "--mode", "magic", cwd=indexed)
     assert bad_mode.exit_code == 2 and "unknown --mode 'magic'" in bad_mode.stderr

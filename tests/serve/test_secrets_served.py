@@ -17,7 +17,7 @@ from mcp_helpers import call_ok
 from memlogs import CANARY, claude, tool_result, tool_use, write_jsonl
 
 from ctxlake.schemas.config import load_settings
-from ctxlake.serve.mcp import build_server
+from ctxlake.serve.mcp.server import build_server
 
 pytestmark = pytest.mark.usefixtures("prefect_server", "fake_embedder")
 

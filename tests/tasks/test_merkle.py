@@ -130,6 +130,30 @@ def test_diff_reports_added_modified_removed_and_skips_unchanged_subtrees(tmp_pa
     assert not diff_trees(new, new)
 
 
+def test_generated_text_is_skipped_and_counted(tmp_path: Path) -> None:
+    # Short lines: skipped by its extension, not by the line-length rules.
+    paths = "".join(f'<path d="M{i},{i % 97} L{i + 1},{i % 89} Z"/>\n' for i in range(30_000))
+    svg = f'<svg xmlns="http://www.w3.org/2000/svg">\n{paths}</svg>\n'
+    minified = ";".join(f"var a{i}=function(b){{return b*{i}}}" for i in range(2_000))
+    normal = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(600))
+    one_long_line = normal + "BLOB = '" + "ab" * 40_000 + "'\n" + normal
+    write_files(tmp_path, {
+        "assets/logo.svg": svg,                 # like the 883 KB one that was indexed as text
+        "static/app.min.js": "var a=1;\n",     # by name, however small
+        "static/app.js.map": '{"version":3}\n',
+        "vendor/lib.js": minified,              # by content: one line averaging far over 300
+        "src/data.py": one_long_line,           # by content: one 80,000-character line
+        "src/app.py": normal,                   # long file, short lines: kept
+        "src/table.md": "| a |\n" + "| " + "x" * 2_000 + " |\n" * 3,  # one long-ish line: kept
+        "pnpm-lock.yaml": "lockfileVersion: 6\n" * 5_000,  # a lock file over 64 KB
+        "go.sum": "example.com/m v1.0.0 h1:abc=\n",         # a small one stays
+    })
+    tree, stats = scan_tree(tmp_path, IndexSettings())
+    assert indexed(tree) == {"src/app.py", "src/table.md", "go.sum"}
+    assert stats.skipped == {"generated": 6}
+    assert len(svg) > 800_000
+
+
 def test_file_becoming_binary_counts_as_removed(tmp_path: Path) -> None:
     write_files(tmp_path, {"data.txt": "text"})
     old = scan(tmp_path)

@@ -30,10 +30,11 @@ CASES = [
      {"user": 1, "assistant": 1, "tool": 1}),
     # Codex small, records 0-25: user msg-1; custom_tool_call, function_call, tool_search_call,
     # web_search_call; their 3 outputs (+ tool_search_output); assistant msg-2; compacted. Event
-    # copies (user_message, agent_message) and reasoning are ignored. Records 26-117 have trimmed
-    # timestamps; 31 are types we use: 8 turn_context, 6 session_meta, 5 compacted, 2 token_count,
-    # 1 error event, 9 response items (calls, outputs, agent messages, image generation).
-    ("codex", "codex/small.jsonl", 10, 31, {"user": 1, "assistant": 5, "tool": 3, "system": 1}),
+    # copies (user_message, agent_message) of response items and reasoning are ignored. Records
+    # 26-117 have trimmed timestamps; 33 are types we use: 8 turn_context, 6 session_meta, 5
+    # compacted, 2 token_count, 1 error event, 2 user_message events (kept when no response item
+    # repeats them), 9 response items (calls, outputs, agent messages, image generation).
+    ("codex", "codex/small.jsonl", 10, 33, {"user": 1, "assistant": 5, "tool": 3, "system": 1}),
     # Codex large: Start, Acknowledged., tool_call, tool_result, Captured..., Step 1-5 / Ok x5; the
     # <environment_context> message is injected context, not the user's words.
     ("codex", "codex/large.jsonl", 15, 0, {"user": 6, "assistant": 8, "tool": 1}),

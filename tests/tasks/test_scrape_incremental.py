@@ -93,7 +93,7 @@ def test_malformed_and_unknown_records_are_counted_and_skipped(claude_root: Path
     ])
     out = run("claude", claude_root, ScrapeState())
     assert texts(out) == ["kept"]
-    assert out.counts.malformed == {"not JSON": 2, "not a JSON object": 1, "no uuid": 1}
+    assert out.counts.malformed == {"truncated JSON": 1, "not JSON": 1, "not a JSON object": 1, "no uuid": 1}
     assert out.counts.unknown == {"future-record": 1}
     assert out.counts.records == 6
 

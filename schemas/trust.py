@@ -1,0 +1,144 @@
+"""Trust for a project's `.ctx/config.toml`: the settings in it that run commands are ignored until
+the user trusts that exact file content (`ctx trust`), the way direnv's `allow` works.
+
+A committed config arrives with `git clone`, so a repository's author would otherwise choose what
+runs on the machine of whoever indexes it. The user's own settings (CTX_* environment, CLI flags)
+are never gated: they cannot arrive from someone else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TRUST_FILE = "trusted-configs.json"
+
+# section -> keys that run a command or code, or send the user's API key to a chosen endpoint.
+GATED: dict[str, tuple[str, ...]] = {
+    "memory": ("llm_command", "llm_url"),
+    "agents": ("commands", "chat_commands"),
+    "embed": ("trust_remote_code", "base_url"),
+}
+# memory.llm mode -> the gated key it needs. Without that key the mode falls back to "off", so an
+# untrusted `llm = "command"` turns LLM compaction off instead of failing every ingest.
+_LLM_NEEDS = {"command": "llm_command", "ollama": "llm_url", "openai": "llm_url"}
+
+_warned: set[tuple[str, str]] = set()
+
+
+@dataclass
+class TrustState:
+    """How far a project config is trusted, for `ctx status` and `ctx trust --show`."""
+
+    path: str
+    exists: bool
+    trusted: bool
+    sha256: str = ""
+    gated_keys: list[str] = field(default_factory=list)
+
+    @property
+    def summary(self) -> str:
+        if not self.exists:
+            return "no project config"
+        if self.trusted:
+            return "trusted (`ctx trust --revoke` to undo)"
+        if not self.gated_keys:
+            return "not trusted; sets no command settings"
+        return f"not trusted: ignoring {', '.join(self.gated_keys)} (`ctx trust` after reviewing it)"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "exists": self.exists, "trusted": self.trusted,
+                "sha256": self.sha256, "gated_keys": self.gated_keys}
+
+
+def store_path(home: Path) -> Path:
+    return home / TRUST_FILE
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _load(home: Path) -> dict[str, str]:
+    try:
+        data = json.loads(store_path(home).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}  # no store yet, or a damaged one: nothing is trusted
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def _save(home: Path, entries: dict[str, str]) -> None:
+    home.mkdir(parents=True, exist_ok=True)
+    target = store_path(home)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(entries, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, target)  # a crash never leaves a half-written store
+
+
+def _key(config_path: Path) -> str:
+    return str(config_path.resolve())
+
+
+def gated_keys(data: dict[str, Any]) -> list[str]:
+    """The gated `section.key` names a parsed config sets."""
+    return [f"{section}.{key}" for section, keys in GATED.items()
+            if isinstance(data.get(section), dict) for key in keys if key in data[section]]
+
+
+def is_trusted(config_path: Path, content: bytes, home: Path) -> bool:
+    return _load(home).get(_key(config_path)) == digest(content)
+
+
+def trust(config_path: Path, home: Path, content: bytes | None = None) -> str:
+    """Record the file's content (as read now, or the bytes given) as trusted; returns its sha256."""
+    value = digest(config_path.read_bytes() if content is None else content)
+    entries = _load(home)
+    entries[_key(config_path)] = value
+    _save(home, entries)
+    return value
+
+
+def revoke(config_path: Path, home: Path) -> bool:
+    """Forget the file; True when it was trusted (at any content)."""
+    entries = _load(home)
+    if entries.pop(_key(config_path), None) is None:
+        return False
+    _save(home, entries)
+    return True
+
+
+def state(config_path: Path, data: dict[str, Any], home: Path) -> TrustState:
+    if not config_path.is_file():
+        return TrustState(path=str(config_path), exists=False, trusted=False)
+    content = config_path.read_bytes()
+    return TrustState(path=str(config_path), exists=True, trusted=is_trusted(config_path, content, home),
+                      sha256=digest(content), gated_keys=gated_keys(data))
+
+
+def filter_untrusted(data: dict[str, Any], config_path: Path, content: bytes, home: Path) -> dict[str, Any]:
+    """`data` (the parsed project config) without its gated keys unless the content is trusted.
+
+    Warns once per process and file content on stderr, naming the ignored keys.
+    """
+    names = gated_keys(data)
+    if not names or is_trusted(config_path, content, home):
+        return data
+    out = {name: dict(value) if isinstance(value, dict) else value for name, value in data.items()}
+    for section, keys in GATED.items():
+        for key in keys:
+            if isinstance(out.get(section), dict):
+                out[section].pop(key, None)
+    memory = out.get("memory")
+    if isinstance(memory, dict) and f"memory.{_LLM_NEEDS.get(str(memory.get('llm')), '-')}" in names:
+        memory.pop("llm", None)
+    seen = (_key(config_path), digest(content))
+    if seen not in _warned:
+        _warned.add(seen)
+        sys.stderr.write(f"ctx: warning: ignoring {', '.join(names)} from {config_path}: the file is not "
+                         "trusted (review it, then run `ctx trust`)\n")
+    return out

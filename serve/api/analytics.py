@@ -1,0 +1,106 @@
+"""DuckDB over the lake: every Lance table of a project as a read-only SQL view (`ctx sql`, notebooks)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from ctxlake.errors import InputError, NotIndexedError
+from ctxlake.tasks.lake import connect
+
+if TYPE_CHECKING:
+    import duckdb
+    from lancedb.table import Table
+
+# Statements that read; DuckDB would happily write files or attach databases otherwise.
+_READ_TYPES = ("SELECT", "EXPLAIN", "PRAGMA")
+_READ_ONLY = re.compile(r"^\s*(WITH|SELECT|FROM|DESCRIBE|SHOW|SUMMARIZE|EXPLAIN|PRAGMA\s+table_info)\b", re.I)
+
+
+def lake_tables(lake_dir: Path, with_vectors: bool = False) -> dict[str, pa.Table]:
+    """Every table of the lake as Arrow; vector columns left out unless asked (they are bulky)."""
+    if not (lake_dir / "state.json").exists() and not any(lake_dir.glob("*.lance")):
+        return {}
+    db = connect(lake_dir)
+    out: dict[str, pa.Table] = {}
+    for name in sorted(db.list_tables().tables):
+        out[name] = _read(db.open_table(name), with_vectors)
+    return out
+
+
+def _read(table: Table, with_vectors: bool) -> pa.Table:
+    # Only the columns asked for are read: vectors are most of a lake's bytes.
+    drop = set() if with_vectors else set(_bulky(table.schema))
+    return table.search().select([f.name for f in table.schema if f.name not in drop]).limit(None).to_arrow()
+
+
+def _bulky(schema: pa.Schema) -> list[str]:
+    return [f.name for f in schema
+            if (pa.types.is_list(f.type) or pa.types.is_fixed_size_list(f.type))
+            and (f.name == "vector" or f.name.endswith("_vector"))]
+
+
+def duck(lake_dir: Path, with_vectors: bool = False, memory_dir: Path | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with one view per lake table (files, chunks, knowledge, ...)
+    and, given the user-wide memory lake, its messages and sessions."""
+    import duckdb
+
+    con = duckdb.connect(":memory:")
+    for name, table in lake_tables(lake_dir, with_vectors).items():
+        con.register(name, table)
+    if memory_dir is not None and any(memory_dir.glob("*.lance")):
+        db = connect(memory_dir)
+        taken = set(lake_tables_names(con))
+        for name in sorted(set(db.list_tables().tables) - taken):
+            con.register(name, _read(db.open_table(name), with_vectors))
+    if not lake_tables_names(con):
+        raise NotIndexedError(f"the lake at {lake_dir} has no tables", hint="run `ctx run index` first")
+    _lock_down(con)
+    return con
+
+
+def _lock_down(con: duckdb.DuckDBPyConnection) -> None:
+    """Only the registered lake tables stay reachable: no file reads or writes (COPY, read_text,
+    ATTACH), no extension install or load (network), no Python variables as tables, and the
+    configuration frozen so a query cannot turn any of it back on."""
+    for setting in ("enable_external_access", "autoinstall_known_extensions", "autoload_known_extensions",
+                    "allow_community_extensions", "python_enable_replacements"):
+        con.execute(f"SET {setting} = false")
+    con.execute("SET lock_configuration = true")
+
+
+def run_sql(lake_dir: Path, sql: str, limit: int = 1000, memory_dir: Path | None = None) -> dict[str, Any]:
+    """One read-only statement over the lake -> {columns, rows, row_count, truncated}."""
+    import duckdb
+
+    if limit < 1:
+        raise InputError(f"--limit must be at least 1, not {limit}")
+    con = duck(lake_dir, memory_dir=memory_dir)
+    try:
+        statements = con.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise InputError(f"SQL error: {str(exc).splitlines()[0]}") from exc
+    if len(statements) != 1:
+        raise InputError(f"ctx sql runs exactly one statement, not {len(statements)}")
+    if statements[0].type.name not in _READ_TYPES or not _READ_ONLY.match(sql):
+        raise InputError("ctx sql runs read-only statements (SELECT, WITH, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN)")
+    try:
+        result = con.execute(statements[0])
+    except duckdb.Error as exc:
+        raise InputError(f"SQL error: {str(exc).splitlines()[0]}",
+                         hint=f"tables: {', '.join(sorted(lake_tables_names(con)))}") from exc
+    columns = [d[0] for d in result.description or []]
+    rows = result.fetchmany(limit + 1)
+    return {
+        "columns": columns,
+        "rows": [list(r) for r in rows[:limit]],
+        "row_count": min(len(rows), limit),
+        "truncated": len(rows) > limit,
+    }
+
+
+def lake_tables_names(con: duckdb.DuckDBPyConnection) -> list[str]:
+    return [row[0] for row in con.execute("SHOW TABLES").fetchall()]

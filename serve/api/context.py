@@ -1,0 +1,424 @@
+"""Read-side queries over conversation memory (MESSAGES, SESSIONS, KNOWLEDGE), shared by the CLI and the MCP memory tools."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, cast
+
+from ctxlake.errors import InputError, NotIndexedError
+from ctxlake.schemas.config import Settings
+from ctxlake.serve.api.memory_models import (
+    ContextHit,
+    ContextMode,
+    ContextResult,
+    ContextType,
+    Depth,
+    KnowledgeList,
+    KnowledgeOut,
+    MessageOut,
+    RememberResult,
+    SessionDetail,
+    SessionSummary,
+    ToolCallOut,
+)
+from ctxlake.serve.api.queries import fuse, keyword_query
+from ctxlake.tasks.knowledge import inbox_records
+from ctxlake.tasks.lake import IndexState, connect, open_table
+from ctxlake.tasks.memory_state import MANIFEST_FILE
+from ctxlake.tasks.memory_store import KNOWLEDGE_TABLE, MESSAGES_TABLE, SESSIONS_TABLE
+from ctxlake.tasks.sessionize import project_filter
+from ctxlake.tasks.store import sql_str
+
+if TYPE_CHECKING:
+    from lancedb.query import LanceVectorQueryBuilder
+    from lancedb.table import Table
+
+    from ctxlake.tasks.embedders import Embedder
+
+READ_CONSISTENCY = timedelta(seconds=1)
+TYPES: tuple[ContextType, ...] = ("message", "session", "decision", "error", "insight")
+KNOWLEDGE_KINDS = ("decision", "error", "insight")
+SUMMARY_CHARS = 1200
+SNIPPET_CHARS = 400
+DETAIL_CHARS = 2000
+SESSION_COLUMNS = ["id", "tool", "title", "project_path", "started_at", "ended_at", "n_messages", "decisions",
+                   "open_tasks", "errors", "files", "commits", "tokens_in", "tokens_out", "llm_summary", "text"]
+MESSAGE_COLUMNS = ["id", "tool", "session_id", "timestamp", "seq", "role", "kind", "text", "tool_calls", "files",
+                   "agent", "source_file"]
+KNOWLEDGE_COLUMNS = ["id", "type", "title", "body", "created_at", "supersedes", "superseded_by", "source_tool",
+                     "source_session", "files", "tags", "path", "text"]
+RELATIVE = re.compile(r"^(\d+)\s*([dhm])$")
+
+
+class MemoryLake:
+    """Conversation memory opened for reading: the user-wide lake and this project's knowledge table.
+
+    Rows are scoped to the project (its folder and below) unless `all_projects` is asked for.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.state = IndexState.read(settings.memory_dir)
+        self.messages: Table | None = None
+        self.sessions: Table | None = None
+        if self.state is not None:
+            db = connect(settings.memory_dir, read_consistency=READ_CONSISTENCY)
+            self.messages = open_table(db, MESSAGES_TABLE)
+            self.sessions = open_table(db, SESSIONS_TABLE)
+        self.knowledge: Table | None = None
+        self.knowledge_model = ""
+        if settings.lake_dir.is_dir():
+            kdb = connect(settings.lake_dir, read_consistency=READ_CONSISTENCY)
+            self.knowledge = open_table(kdb, KNOWLEDGE_TABLE)
+            try:
+                self.knowledge_model = json.loads((settings.lake_dir / MANIFEST_FILE).read_text(encoding="utf-8")).get("model_id", "")
+            except (OSError, ValueError):
+                self.knowledge_model = ""
+        self._embedder: Embedder | None = None
+
+    def require_memory(self) -> tuple[Table, Table]:
+        if self.messages is None or self.sessions is None:
+            raise NotIndexedError("no agent conversations ingested yet", hint="run `ctx run ingest`")
+        return self.messages, self.sessions
+
+    def embedder(self) -> Embedder:
+        if self._embedder is None:
+            from ctxlake.tasks.embedders import make_embedder
+
+            self._embedder = make_embedder(self.settings.embed, self.settings.models_dir)
+        return self._embedder
+
+    def scope(self, all_projects: bool) -> str | None:
+        return None if all_projects else project_filter(self.settings.root)
+
+
+# -- filters -------------------------------------------------------------------------------------
+
+
+def parse_when(value: str | None, name: str) -> datetime | None:
+    """An ISO date/time, or a relative age like 7d, 12h, 30m (that long ago)."""
+    if value is None or not value.strip():
+        return None
+    text = value.strip()
+    match = RELATIVE.match(text)
+    if match:
+        n, unit = int(match.group(1)), match.group(2)
+        return datetime.now(UTC) - {"d": timedelta(days=n), "h": timedelta(hours=n), "m": timedelta(minutes=n)}[unit]
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise InputError(f"{name}: not a date, time or age: {value!r}", hint="e.g. 2025-12-01, 2025-12-01T14:00, 7d, 12h") from None
+    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+
+
+def _ts(when: datetime) -> str:
+    return f"CAST('{when.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%S.%f')}' AS TIMESTAMP)"
+
+
+def _since(column: str, when: datetime | None) -> str | None:
+    return f"{column} >= {_ts(when)}" if when else None
+
+
+def _until(column: str, when: datetime | None) -> str | None:
+    return f"{column} <= {_ts(when)}" if when else None
+
+
+def _and(*parts: str | None) -> str | None:
+    kept = [p for p in parts if p]
+    return " AND ".join(f"({p})" for p in kept) or None
+
+
+def _in(column: str, values: Sequence[str] | None) -> str | None:
+    return f"{column} IN ({', '.join(sql_str(v) for v in values)})" if values else None
+
+
+def _trim(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+# -- sessions ------------------------------------------------------------------------------------
+
+
+def _summary(row: dict[str, Any]) -> SessionSummary:
+    return SessionSummary(
+        session_ref=row["id"], tool=row["tool"], title=row["title"], project_path=row["project_path"],
+        started_at=row["started_at"], last_active=row["ended_at"], n_messages=row["n_messages"],
+        summary=row["llm_summary"] or row["text"], decisions=row["decisions"] or [], open_tasks=row["open_tasks"] or [],
+        errors=row["errors"] or [], files=row["files"] or [], commits=row["commits"] or [],
+        tokens_in=row["tokens_in"], tokens_out=row["tokens_out"],
+    )
+
+
+def list_sessions(lake: MemoryLake, limit: int = 20, tools: Sequence[str] | None = None, all_projects: bool = False,
+                  after: datetime | None = None, before: datetime | None = None) -> list[SessionSummary]:
+    """Sessions, most recently active first."""
+    if limit < 1:
+        raise InputError(f"limit must be at least 1, got {limit}")
+    _, sessions = lake.require_memory()
+    where = _and(lake.scope(all_projects), _in("tool", tools), _since("ended_at", after),
+                 _until("started_at", before))
+    query = sessions.search()
+    if where:
+        query = query.where(where)
+    table = query.select(SESSION_COLUMNS).limit(None).to_arrow()
+    if table.num_rows == 0:
+        return []
+    import pyarrow.compute as pc
+
+    order = pc.sort_indices(table, sort_keys=[("ended_at", "descending")])
+    return [_summary(r) for r in table.take(order[:limit]).to_pylist()]
+
+
+def resolve_ref(lake: MemoryLake, ref: str) -> dict[str, Any]:
+    """A session row from its ref, a unique prefix of it, or a unique prefix of the tool's session id."""
+    _, sessions = lake.require_memory()
+    ref = ref.strip()
+    if not ref:
+        raise InputError("empty session ref")
+    exact = sessions.search().where(f"id = {sql_str(ref)}").select([*SESSION_COLUMNS, "session_id"]).limit(1).to_list()
+    if exact:
+        return dict(exact[0])
+    like = ref.replace("%", "\\%").replace("_", "\\_").replace("'", "''")
+    found = sessions.search().where(f"id LIKE '{like}%' ESCAPE '\\' OR session_id LIKE '{like}%' ESCAPE '\\'") \
+        .select([*SESSION_COLUMNS, "session_id"]).limit(20).to_list()
+    if not found:
+        raise InputError(f"no session matches {ref!r}", hint="`ctx sessions` lists them")
+    if len(found) > 1:
+        names = ", ".join(sorted(r["id"] for r in found)[:8])
+        raise InputError(f"{ref!r} matches {len(found)} sessions: {names}", hint="give more of the ref")
+    return dict(found[0])
+
+
+def _message(row: dict[str, Any], limit: int | None = None) -> MessageOut:
+    text = row["text"] if limit is None else _trim(row["text"], limit)
+    return MessageOut(id=row["id"], timestamp=row["timestamp"], role=row["role"], kind=row["kind"], text=text,
+                      tool_calls=[ToolCallOut(name=c.get("name") or "unknown", input=c.get("input") or "",
+                                              is_error=c.get("is_error")) for c in row["tool_calls"] or []],
+                      files=row["files"] or [], agent=row["agent"])
+
+
+def session_detail(lake: MemoryLake, ref: str, offset: int = 0, limit: int = 50) -> SessionDetail:
+    """A session's summary and one page of its messages in order."""
+    if offset < 0 or limit < 1:
+        raise InputError("offset must be >= 0 and limit >= 1")
+    messages, _ = lake.require_memory()
+    row = resolve_ref(lake, ref)
+    where = (f"tool = {sql_str(row['tool'])} AND session_id = {sql_str(row['session_id'])} "
+             f"AND timestamp >= {_ts(row['started_at'])} AND timestamp <= {_ts(row['ended_at'])}")
+    items = messages.search().where(where).select(MESSAGE_COLUMNS).limit(None).to_list()
+    items.sort(key=lambda r: (r["timestamp"], r["source_file"], r["seq"]))
+    page = items[offset : offset + limit]
+    end = offset + len(page)
+    return SessionDetail(session=_summary(row), messages=[_message(r) for r in page], total=len(items), offset=offset,
+                         next_offset=end if end < len(items) else None)
+
+
+# -- search --------------------------------------------------------------------------------------
+
+
+def _fts(table: Table, query: str, where: str | None, columns: list[str], limit: int) -> list[dict[str, Any]]:
+    from lancedb.query import MatchQuery, MultiMatchQuery
+
+    text = keyword_query(query)
+    indexed = {c for i in table.list_indices() if i.index_type == "FTS" for c in i.columns}
+    if not re.search(r"[A-Za-z0-9]", text) or "text" not in indexed:
+        return []
+    # lancedb declares these options as Field(default, kw_only=True), which mypy reads as required.
+    fts = MultiMatchQuery(text, ["text", "terms"]) if "terms" in indexed else MatchQuery(text, "text")  # type: ignore[call-arg]
+    search = table.search(fts, query_type="fts")
+    if where:
+        search = search.where(where, prefilter=True)
+    rows: list[dict[str, Any]] = search.select(columns).limit(limit).to_list()
+    return rows
+
+
+def _vector(table: Table, vector: list[float], where: str | None, columns: list[str], limit: int) -> list[dict[str, Any]]:
+    builder = cast("LanceVectorQueryBuilder", table.search(vector, vector_column_name="vector"))
+    condition = "vector IS NOT NULL" + (f" AND ({where})" if where else "")
+    rows: list[dict[str, Any]] = (builder.distance_type("cosine").where(condition, prefilter=True).select(columns)
+                                  .limit(limit).to_list())
+    return rows
+
+
+def search_context(
+    lake: MemoryLake, query: str, mode: ContextMode = "hybrid", depth: Depth = "summary",
+    types: Sequence[str] | None = None, tools: Sequence[str] | None = None, after: datetime | None = None,
+    before: datetime | None = None, limit: int = 10, all_projects: bool = False,
+) -> ContextResult:
+    """Messages, session summaries and knowledge matching `query`, fused across tables."""
+    started = time.perf_counter()
+    query = query.strip()
+    if not query:
+        raise InputError("empty query")
+    if mode not in ("hybrid", "keyword", "semantic"):
+        raise InputError(f"unknown mode {mode!r}", hint="hybrid, keyword or semantic")
+    if depth not in ("summary", "detail", "raw"):
+        raise InputError(f"unknown depth {depth!r}", hint="summary, detail or raw")
+    if not 1 <= limit <= 200:
+        raise InputError(f"limit must be between 1 and 200, got {limit}")
+    wanted = set(types or TYPES)
+    unknown = wanted - set(TYPES) - {"knowledge"}
+    if unknown:
+        raise InputError(f"unknown type(s) {', '.join(sorted(unknown))}", hint=f"one of {', '.join(TYPES)}, knowledge")
+    if "knowledge" in wanted:
+        wanted = (wanted - {"knowledge"}) | set(KNOWLEDGE_KINDS)
+    warnings: list[str] = []
+    pool = max(limit * 3, 20)
+    weight = lake.settings.search.bm25_weight if mode == "hybrid" else 1.0
+    scope = lake.scope(all_projects)
+    lists: list[tuple[list[dict[str, Any]], float]] = []
+    qvec: list[float] | None = None
+
+    def semantic(model_id: str, what: str) -> list[float] | None:
+        nonlocal qvec
+        if mode == "keyword":
+            return None
+        embedder = lake.embedder()
+        if model_id != embedder.model_id:
+            warnings.append(f"semantic search of {what} skipped: its vectors were made with {model_id or 'no model'}, "
+                            f"the configuration says {embedder.model_id} (run `ctx run ingest`)")
+            return None
+        if qvec is None:
+            qvec = embedder.embed_query(query).tolist()
+        return qvec
+
+    def add(rows: list[dict[str, Any]], kind: str, w: float) -> None:
+        for r in rows:
+            r["_type"] = kind if kind != "knowledge" else r["type"]
+            r["id"] = f"{r['_type']}:{r['id']}"
+        lists.append((rows, w))
+
+    memory_ready = lake.messages is not None and lake.sessions is not None
+    if ("message" in wanted or "session" in wanted) and not memory_ready:
+        warnings.append("no agent conversations ingested yet (run `ctx run ingest`)")
+    if memory_ready and lake.messages is not None and lake.sessions is not None:
+        model = lake.state.model_id if lake.state else ""
+        tool_where = _in("tool", tools)
+        if "message" in wanted:
+            where = _and(scope, tool_where, _since("timestamp", after), _until("timestamp", before))
+            if mode != "semantic":
+                add(_fts(lake.messages, query, where, MESSAGE_COLUMNS, pool), "message", weight)
+            vec = semantic(model, "messages")
+            if vec is not None:
+                add(_vector(lake.messages, vec, where, MESSAGE_COLUMNS, pool), "message", 1.0 - weight if mode == "hybrid" else 1.0)
+        if "session" in wanted:
+            where = _and(scope, tool_where, _since("ended_at", after), _until("started_at", before))
+            cols = [*SESSION_COLUMNS, "session_id"]
+            if mode != "semantic":
+                add(_fts(lake.sessions, query, where, cols, pool), "session", weight)
+            vec = semantic(model, "sessions")
+            if vec is not None:
+                add(_vector(lake.sessions, vec, where, cols, pool), "session", 1.0 - weight if mode == "hybrid" else 1.0)
+    kinds = [k for k in KNOWLEDGE_KINDS if k in wanted]
+    if kinds and lake.knowledge is not None and not tools and lake.knowledge.count_rows() > 0:
+        where = _and("superseded_by IS NULL", _in("type", kinds), _since("created_at", after),
+                     _until("created_at", before))
+        if mode != "semantic":
+            add(_fts(lake.knowledge, query, where, KNOWLEDGE_COLUMNS, pool), "knowledge", weight)
+        vec = semantic(lake.knowledge_model, "knowledge")
+        if vec is not None:
+            add(_vector(lake.knowledge, vec, where, KNOWLEDGE_COLUMNS, pool), "knowledge", 1.0 - weight if mode == "hybrid" else 1.0)
+    fused = fuse(lists, lake.settings.search.rrf_k)[:limit]
+    hits = [_hit(r, depth) for r in fused]
+    return ContextResult(query=query, mode=mode, depth=depth, hits=hits, warnings=warnings,
+                         took_ms=round((time.perf_counter() - started) * 1000, 1))
+
+
+def _hit(row: dict[str, Any], depth: Depth) -> ContextHit:
+    kind = row["_type"]
+    score = round(float(row["_rank_score"]), 6)
+    ref = row["id"].split(":", 1)[1]
+    if kind == "message":
+        calls = "".join(f"\n[{c.get('name')}] {c.get('input') or ''}" + (" (error)" if c.get("is_error") else "")
+                        for c in row["tool_calls"] or [])
+        full = row["text"] + (calls if depth == "raw" else "")
+        text = {"summary": _trim(row["text"], SNIPPET_CHARS), "detail": _trim(row["text"], DETAIL_CHARS), "raw": full}[depth]
+        return ContextHit(type="message", ref=ref, session_ref=f"{row['tool']}:{row['session_id']}", tool=row["tool"],
+                          timestamp=row["timestamp"], role=row["role"], text=text or calls.strip(), score=score)
+    if kind == "session":
+        summary = row["llm_summary"] or row["text"]
+        text = {"summary": _trim(summary, SUMMARY_CHARS), "detail": row["text"], "raw": row["text"]}[depth]
+        return ContextHit(type="session", ref=ref, session_ref=ref, tool=row["tool"], timestamp=row["ended_at"],
+                          title=row["title"], text=text, score=score)
+    body = {"summary": _trim(row["body"], SNIPPET_CHARS), "detail": row["body"], "raw": row["text"]}[depth]
+    return ContextHit(type=kind, ref=ref, session_ref=row["source_session"], tool=row["source_tool"],
+                      timestamp=row["created_at"], title=row["title"], text=body, score=score)
+
+
+# -- knowledge -----------------------------------------------------------------------------------
+
+
+def _knowledge(row: dict[str, Any]) -> KnowledgeOut:
+    return KnowledgeOut(**{k: row[k] for k in ("id", "type", "title", "body", "created_at", "supersedes", "superseded_by",
+                                               "source_tool", "source_session", "path")},
+                        files=row["files"] or [], tags=row["tags"] or [])
+
+
+def project_knowledge(lake: MemoryLake, kind: str | None = None, query: str | None = None, limit: int = 20,
+                      include_superseded: bool = False) -> KnowledgeList:
+    """This project's knowledge records (current ones unless asked), newest first, or the best matches for `query`."""
+    if kind is not None and kind not in KNOWLEDGE_KINDS:
+        raise InputError(f"unknown knowledge type {kind!r}", hint=f"one of {', '.join(KNOWLEDGE_KINDS)}")
+    inbox = len(inbox_records(lake.settings.knowledge_dir, lake.settings.root))
+    pending, replaced = _pending_files(lake, kind, query)
+    if lake.knowledge is None or lake.knowledge.count_rows() == 0:
+        return KnowledgeList(records=pending[:limit], inbox=inbox)
+    if query:
+        result = search_context(lake, query, types=[kind] if kind else ["knowledge"], limit=limit)
+        ids = [h.ref for h in result.hits]
+        if not ids:
+            return KnowledgeList(records=pending[:limit], inbox=inbox)
+        by_id = {r["id"]: r for r in lake.knowledge.search().where(_in("id", ids) or "").select(KNOWLEDGE_COLUMNS).limit(None).to_list()}
+        found = [_knowledge(by_id[i]) for i in ids if i in by_id and i not in replaced]
+        return KnowledgeList(records=(pending + found)[:limit], inbox=inbox)
+    where = _and(None if include_superseded else "superseded_by IS NULL", kind and f"type = {sql_str(kind)}")
+    search = lake.knowledge.search()
+    if where:
+        search = search.where(where)
+    rows = [r for r in search.select(KNOWLEDGE_COLUMNS).limit(None).to_list()
+            if include_superseded or r["id"] not in replaced]
+    merged = sorted([*map(_knowledge, rows), *pending], key=lambda k: k.created_at, reverse=True)
+    return KnowledgeList(records=merged[:limit], inbox=inbox)
+
+
+def _pending_files(lake: MemoryLake, kind: str | None, query: str | None) -> tuple[list[KnowledgeOut], set[str]]:
+    """Knowledge files written since the last ingest (`ctx remember`, save_*), so they show at once;
+    and the ids they supersede. A query is matched as words in the title/body (they have no vectors yet)."""
+    from ctxlake.tasks.knowledge import heads, load_records
+
+    records, _ = load_records(lake.settings.knowledge_dir, lake.settings.root)
+    if not records:
+        return [], set()
+    stored: set[str] = set()
+    if lake.knowledge is not None and lake.knowledge.count_rows() > 0:
+        ids = lake.knowledge.search().select(["id"]).limit(None).to_arrow().column("id").to_pylist()
+        stored = set(ids)
+    new = [r for r in heads(records) if r.id not in stored and (kind is None or r.type == kind)]
+    if query:
+        words = [w for w in re.findall(r"\w+", query.lower()) if len(w) > 2]
+        new = [r for r in new if words and all(w in r.text.lower() for w in words)]
+    out = [KnowledgeOut(id=r.id, type=r.type, title=r.title, body=r.body, created_at=r.created_at,
+                        supersedes=r.supersedes, superseded_by=None, source_tool=r.source_tool,
+                        source_session=r.source_session, path=r.path, files=r.files, tags=r.tags) for r in new]
+    return out, {r.supersedes for r in new if r.supersedes}
+
+
+def remember(settings: Settings, kind: str, title: str, body: str = "", files: Sequence[str] = (),
+             tags: Sequence[str] = (), source_tool: str | None = None, source_session: str | None = None) -> RememberResult:
+    """Write a knowledge file (never a table): created, superseded (a similar record replaced) or duplicate."""
+    from ctxlake.tasks.embed import EmbeddingCache
+    from ctxlake.tasks.embedders import make_embedder
+    from ctxlake.tasks.knowledge import write_record
+
+    embedder = make_embedder(settings.embed, settings.models_dir)
+    cache = EmbeddingCache(settings.cache_dir, embedder.model_id, embedder.dims)
+    mem = settings.memory
+    result = write_record(settings.knowledge_dir, settings.root, kind, title, body, cache=cache, embedder=embedder,
+                          duplicate_above=mem.duplicate_threshold, supersede_from=mem.supersede_threshold,
+                          files=files, tags=tags, source_tool=source_tool, source_session=source_session)
+    return RememberResult(status=result.status, id=result.id, path=result.path, similar_to=result.similar_to,
+                          similarity=result.similarity)

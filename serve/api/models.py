@@ -1,0 +1,84 @@
+"""Wire formats of the read side: what `--json` prints and what MCP tools return."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, Field
+
+# One vocabulary for every face: the CLI's --mode, MCP's search_type and the eval harness.
+SearchMode = Literal["hybrid", "keyword", "semantic", "fuzzy"]
+SEARCH_MODES: tuple[SearchMode, ...] = get_args(SearchMode)
+
+
+class Hit(BaseModel):
+    """One search result: a chunk of a file."""
+
+    source: str = Field(description="which indexed source the file belongs to ('project' = this repository)")
+    path: str = Field(description="file path relative to the source root")
+    start_line: int = Field(description="first line of the chunk, 1-based")
+    end_line: int = Field(description="last line of the chunk, inclusive")
+    symbol: str | None = Field(None, description="qualified name of the function/class/section, if any")
+    kind: str = Field(description="function, method, class, section, lines ...")
+    lang: str | None = Field(None, description="language of the file")
+    score: float = Field(description="relevance; higher is better; comparable within one result list only")
+    snippet: str = Field(description="the start of the chunk's text, trimmed")
+
+
+class SearchResult(BaseModel):
+    query: str
+    mode: SearchMode
+    hits: list[Hit]
+    stale: bool = Field(description="true when files changed since the last index run")
+    stale_paths: list[str] = Field(default_factory=list, description="changed files (first 50)")
+    embedded_fraction: float = Field(description="share of chunks with vectors (semantic coverage)")
+    warnings: list[str] = Field(default_factory=list)
+    took_ms: float = 0.0
+
+
+class Status(BaseModel):
+    root: str
+    lake_dir: str
+    indexed: bool
+    files: int = 0
+    chunks: int = 0
+    embedded: int = 0
+    pending_vectors: int = 0
+    languages: dict[str, int] = Field(default_factory=dict, description="files per language")
+    sources: dict[str, int] = Field(default_factory=dict, description="chunks per source")
+    provider: str = ""
+    model: str = ""
+    model_id: str = ""
+    dims: int = 0
+    last_run: dict[str, Any] | None = None
+    clean: bool = True
+    stale: bool = False
+    stale_count: int = 0
+    stale_paths: list[str] = Field(default_factory=list)
+    lake_bytes: int = 0
+    writer: dict[str, Any] | None = Field(None, description="the indexer holding the lake, if one runs")
+    config_trust: dict[str, Any] | None = Field(
+        None, description="whether .ctx/config.toml is trusted to run commands (`ctx trust`), and what it sets")
+    memory_malformed: dict[str, dict[str, int]] = Field(
+        default_factory=dict, description="conversation logs: malformed records and skipped files per scraper and reason")
+    secret_files_skipped: int = Field(0, description="files not indexed because their name says they hold secrets")
+    masked_chunks: int = Field(0, description="chunks in which the secrets stage masked a value")
+
+
+class FileHit(BaseModel):
+    """One file in a file-level ranking, with the chunk that matched best."""
+
+    source: str = Field(description="which indexed source the file belongs to ('project' = this repository)")
+    path: str = Field(description="file path relative to the source root")
+    score: float = Field(description="fused relevance; higher is better; comparable within one result list only")
+    start_line: int | None = Field(None, description="first line of the best-matching chunk, if a chunk matched")
+    end_line: int | None = Field(None, description="last line of that chunk")
+    symbol: str | None = Field(None, description="symbol of that chunk, if any")
+
+
+class FileSearchResult(BaseModel):
+    query: str
+    mode: SearchMode
+    files: list[FileHit]
+    warnings: list[str] = Field(default_factory=list)
+    took_ms: float = 0.0

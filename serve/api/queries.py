@@ -1,0 +1,572 @@
+"""Read-side queries over the lake (CHUNKS, FILES): search and status, shared by the CLI and the MCP server."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import pyarrow as pa
+
+from ctxlake.errors import InputError, ModelMismatchError, NotIndexedError
+from ctxlake.schemas.config import Settings
+from ctxlake.schemas.tables import PROJECT_SOURCE
+from ctxlake.serve.api.models import Hit, SearchMode, SearchResult, Status
+from ctxlake.serve.api.query_terms import analyse, query_title, squeeze_repeats
+from ctxlake.serve.api.ranking import (
+    TEST_PATH,
+    LakeCatalog,
+    RankOptions,
+    assigned_names,
+    is_test_path,
+    wants_tests,
+)
+from ctxlake.serve.api.symbols import normalise, symbol_index
+from ctxlake.serve.api.tool_models import FileRanking
+from ctxlake.tasks import freshness
+from ctxlake.tasks.lake import (
+    CHUNKS_TABLE,
+    FILES_TABLE,
+    IndexState,
+    WriterLock,
+    connect,
+    open_table,
+)
+from ctxlake.tasks.secrets import MASK_PREFIX
+from ctxlake.tasks.terms import split_identifier
+
+if TYPE_CHECKING:
+    from lancedb.query import LanceVectorQueryBuilder
+    from lancedb.table import Table
+
+    from ctxlake.tasks.embedders import Embedder
+
+HIT_COLUMNS = ["id", "source", "path", "start_line", "end_line", "symbol", "kind", "lang", "text"]
+SNIPPET_LINES = 12
+SNIPPET_CHARS = 800
+# Candidates each ranked list contributes before fusion, per result asked for.
+CANDIDATES_PER_HIT = 4
+FUZZY_MIN_SCORE = 70.0
+# A long-lived reader (the MCP server) checks for a newer table version on every query: a cheap
+# manifest read, and an edit seen by the watcher is searchable at once.
+READ_CONSISTENCY = timedelta(0)
+
+
+class Lake:
+    """The lake opened for reading, once per CLI command or once per MCP server.
+
+    Readers see the last committed version of each table (Lance snapshots), never a half-written
+    one, and pick up newer versions as soon as they are committed.
+    """
+
+    def __init__(self, settings: Settings, embedder: Embedder | None = None) -> None:
+        self.settings = settings
+        self.state = IndexState.read(settings.lake_dir)
+        if self.state is None:
+            raise NotIndexedError(
+                f"{settings.root} is not indexed yet", hint="run `ctx run index` there first"
+            )
+        self.db = connect(settings.lake_dir, read_consistency=READ_CONSISTENCY)
+        chunks = open_table(self.db, CHUNKS_TABLE)
+        files = open_table(self.db, FILES_TABLE)
+        if chunks is None or files is None:
+            raise NotIndexedError(f"the lake at {settings.lake_dir} has no tables yet",
+                                  hint="run `ctx run index` to build it")
+        self.chunks: Table = chunks
+        self.files: Table = files
+        self._embedder: Embedder | None = None
+        if embedder is not None:
+            self._check_model(embedder)
+            self._embedder = embedder
+        self._fraction: tuple[int, float] | None = None  # (table version, embedded share)
+        self._catalogs: dict[str | None, tuple[int, LakeCatalog]] = {}
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def embedder(self) -> Embedder:
+        """The query embedder, loaded on first semantic query; it must match the index's model."""
+        if self._embedder is None:
+            from ctxlake.tasks.embedders import make_embedder
+
+            embedder = make_embedder(self.settings.embed, self.settings.models_dir)
+            self._check_model(embedder)
+            self._embedder = embedder
+        return self._embedder
+
+    def _check_model(self, embedder: Embedder) -> None:
+        if self.state is not None and self.state.model_id and self.state.model_id != embedder.model_id:
+            raise ModelMismatchError(
+                f"index was built with {self.state.model_id}, config says {embedder.model_id}",
+                hint="run `ctx run index --force`, or search with --mode keyword",
+            )
+
+    def catalog(self, where: str | None = None) -> LakeCatalog:
+        """Files and the names they define (chunks matching `where`), cached per table version."""
+        version = self.chunks.version
+        cached = self._catalogs.get(where)
+        if cached is None or cached[0] != version:
+            search = self.chunks.search()
+            if where:
+                search = search.where(where)
+            table = search.select(["source", "path", "symbol"]).to_arrow()
+            # Module-level code (constants, settings) has no symbol: read its names from the text.
+            module = self.chunks.search().where(f"kind = 'module'{f' AND {where}' if where else ''}")
+            mod = module.select(["source", "path", "text"]).to_arrow()
+            assigned = [(src, path, name) for src, path, text in zip(
+                mod.column("source").to_pylist(), mod.column("path").to_pylist(),
+                mod.column("text").to_pylist(), strict=True) for name in assigned_names(text)]
+            catalog = LakeCatalog.build(zip(
+                table.column("source").to_pylist(), table.column("path").to_pylist(),
+                table.column("symbol").to_pylist(), strict=True), assigned)
+            cached = self._catalogs[where] = (version, catalog)
+        return cached[1]
+
+    def refresh(self) -> None:
+        self.state = IndexState.read(self.settings.lake_dir) or self.state
+        for table in (self.chunks, self.files):
+            table.checkout_latest()
+
+
+# -- filters -------------------------------------------------------------------------------------
+
+
+def glob_to_regex(glob: str) -> str:
+    """A path glob as an anchored regex: `**` spans folders, `*` and `?` stay inside one; a glob
+    without a slash matches the file name at any depth, as in .gitignore."""
+    if not glob:
+        raise InputError("empty --path glob")
+    out = []
+    i = 0
+    while i < len(glob):
+        c = glob[i]
+        if glob.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+            continue
+        if glob.startswith("**", i):
+            out.append(".*")
+            i += 2
+            continue
+        if c == "*":
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[":
+            end = glob.find("]", i + 1)
+            if end == -1:
+                raise InputError(f"unbalanced '[' in glob {glob!r}")
+            body = glob[i + 1 : end].replace("\\", "\\\\")
+            out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
+            i = end + 1
+            continue
+        else:
+            out.append(re.escape(c))
+        i += 1
+    body = "".join(out)
+    prefix = "^(?:.*/)?" if "/" not in glob.rstrip("/") else "^"
+    return prefix + body + "$"
+
+
+def _sql(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def build_filter(
+    path_glob: str | None = None,
+    lang: str | None = None,
+    sources: Sequence[str] | None = None,
+    exclude_tests: bool = False,
+) -> str | None:
+    parts = []
+    if exclude_tests:
+        parts.append(f"NOT regexp_like(path, {_sql(TEST_PATH.pattern)})")
+    if path_glob:
+        parts.append(f"regexp_like(path, {_sql(glob_to_regex(path_glob))})")
+    if lang:
+        parts.append(f"lang = {_sql(lang.lower())}")
+    if sources:
+        parts.append(f"source IN ({', '.join(_sql(s) for s in sources)})")
+    return " AND ".join(parts) or None
+
+
+# -- ranked lists --------------------------------------------------------------------------------
+
+
+def keyword_query(query: str) -> str:
+    """The query plus the words hidden in its identifiers (`getUserById` -> get user by id), so
+    it matches both the raw text and the split `terms` field."""
+    extra: list[str] = []
+    for token in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", query):
+        parts = split_identifier(token)
+        if len(parts) > 1:
+            extra.extend(parts)
+    return query if not extra else f"{query} {' '.join(extra)}"
+
+
+def keyword_rows(
+    lake: Lake, query: str, limit: int, where: str | None, fuzziness: int = 0, squeeze: bool = False
+) -> list[dict[str, Any]]:
+    """BM25 over text and terms; `fuzziness` > 0 lets each query word match within that many edits."""
+    from lancedb.query import BooleanQuery, FullTextQuery, MatchQuery, MultiMatchQuery, Occur
+
+    text = keyword_query(squeeze_repeats(query) if squeeze else query)
+    if not re.search(r"[A-Za-z0-9]", text):
+        return []
+    fts: FullTextQuery
+    if fuzziness:
+        # MultiMatchQuery has no fuzziness: the same OR over both fields, one fuzzy match each.
+        fts = BooleanQuery([(Occur.SHOULD, MatchQuery(text, column, fuzziness=fuzziness))  # type: ignore[call-arg]
+                            for column in ("text", "terms")])
+    else:
+        # lancedb declares these options as Field(default, kw_only=True), which mypy reads as required.
+        fts = MultiMatchQuery(text, ["text", "terms"])  # type: ignore[call-arg]
+    search = lake.chunks.search(fts, query_type="fts")
+    if where:
+        search = search.where(where, prefilter=True)
+    rows: list[dict[str, Any]] = search.select(HIT_COLUMNS).limit(limit).to_list()
+    for row in rows:
+        row["_rank_score"] = float(row.get("_score", 0.0))
+    return rows
+
+
+def identifier_rows(
+    lake: Lake, identifiers: Sequence[str], limit: int, where: str | None
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Chunks containing the query's code names exactly: `ordering_parts` as the phrase
+    "ordering parts", `SQLCompiler` as the token `sqlcompiler` (the tokenizer splits on
+    punctuation only). Returns (rows, warning); an index built without positions gets a warning."""
+    from lancedb.query import BooleanQuery, FullTextQuery, MatchQuery, Occur, PhraseQuery
+
+    clauses: list[tuple[Occur, FullTextQuery]] = []
+    for name in identifiers:
+        words = [w.lower() for w in re.split(r"[^A-Za-z0-9]+", name) if w]
+        if len(words) == 1:
+            clauses.append((Occur.SHOULD, MatchQuery(words[0], "text")))  # type: ignore[call-arg]
+        elif words:
+            clauses.append((Occur.SHOULD, PhraseQuery(" ".join(words), "text")))  # type: ignore[call-arg]
+    if not clauses:
+        return [], None
+    search = lake.chunks.search(BooleanQuery(clauses), query_type="fts")
+    if where:
+        search = search.where(where, prefilter=True)
+    try:
+        rows: list[dict[str, Any]] = search.select(HIT_COLUMNS).limit(limit).to_list()
+    except ValueError as exc:
+        if "position" not in str(exc):
+            raise
+        return [], "exact identifier matching is off: this index predates it (`ctx run index` rebuilds it)"
+    for row in rows:
+        row["_rank_score"] = float(row.get("_score", 0.0))
+    return rows, None
+
+
+def semantic_rows(lake: Lake, query: str, limit: int, where: str | None) -> list[dict[str, Any]]:
+    vector = lake.embedder().embed_query(query)
+    # The null test reads every vector (4x the cost of the search on 50k chunks): only a lake
+    # that is still being embedded needs it.
+    complete = embedded_fraction(lake) == 1.0
+    rows = _nearest(lake, vector.tolist(), limit, ([] if complete else ["vector IS NOT NULL"]) + ([where] if where else []))
+    if complete and len(rows) < limit:
+        # The fraction was counted on a version an indexer has since replaced with chunks still
+        # waiting for vectors; unfiltered, the nearest rows may all be those.
+        rows = _nearest(lake, vector.tolist(), limit, ["vector IS NOT NULL"] + ([where] if where else []))
+    for row in rows:
+        row["_rank_score"] = 1.0 - float(row.get("_distance", 1.0))
+    return rows
+
+
+def _nearest(lake: Lake, vector: list[float], limit: int, conditions: list[str]) -> list[dict[str, Any]]:
+    builder = cast("LanceVectorQueryBuilder", lake.chunks.search(vector, vector_column_name="vector"))
+    builder = builder.distance_type("cosine")
+    if conditions:
+        builder = builder.where(" AND ".join(conditions), prefilter=True)
+    rows: list[dict[str, Any]] = builder.select(HIT_COLUMNS).limit(limit).to_list()
+    return rows
+
+
+def fuzzy_rows(
+    lake: Lake, query: str, limit: int, where: str | None, fuzziness: int = 2
+) -> list[dict[str, Any]]:
+    """Typo-tolerant: symbol names by edit similarity, then term matches within `fuzziness` edits."""
+    from lancedb.query import MatchQuery
+    from rapidfuzz import fuzz, process
+
+    index = symbol_index(lake)
+    names, keys = index.distinct, index.distinct_keys
+    needle = normalise(query)
+    # One pass of the C scorer over both key lists (a Python scorer took ~0.2 s on django's 60k
+    # names); a name scores the better of its two keys.
+    best: dict[int, float] = {}
+    for _, score, i in process.extract(needle, keys, scorer=fuzz.ratio, limit=2 * limit):
+        best[i % len(names)] = max(best.get(i % len(names), 0.0), float(score))
+    scored = sorted(best.items(), key=lambda kv: -kv[1])[:limit]
+    out: list[dict[str, Any]] = []
+    good = [(names[i], score) for i, score in scored if score >= FUZZY_MIN_SCORE]
+    if good:
+        listed = ", ".join(_sql(n) for n, _ in good)
+        # Merged chunks list several names; match those too.
+        cond = f"(symbol IN ({listed}) OR " + " OR ".join(
+            f"symbol LIKE {_sql('%' + n + '%')}" for n, _ in good[:10]) + ")"
+        if where:
+            cond += f" AND {where}"
+        rows = lake.chunks.search().where(cond).select(HIT_COLUMNS).limit(limit * 4).to_list()
+        rank = {n: s for n, s in good}
+        for row in rows:
+            names_in = [n.strip() for n in (row["symbol"] or "").split(",")]
+            row["_rank_score"] = max((rank.get(n, 0.0) for n in names_in), default=0.0) / 100.0
+        out = sorted(rows, key=lambda r: -r["_rank_score"])[:limit]
+    words = [w for w in re.findall(r"[A-Za-z0-9_]+", query) if len(w) > 2]
+    if words and len(out) < limit:
+        fuzzy = MatchQuery(" ".join(words), "text", fuzziness=fuzziness)  # type: ignore[call-arg]
+        search = lake.chunks.search(fuzzy, query_type="fts")
+        if where:
+            search = search.where(where, prefilter=True)
+        for row in search.select(HIT_COLUMNS).limit(limit).to_list():
+            row["_rank_score"] = float(row.get("_score", 0.0)) / 100.0
+            out.append(row)
+    return out
+
+
+def lexical_rows(
+    lake: Lake, query: str, limit: int, where: str | None, k: int, fuzziness: int = 0
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """BM25 of the query; when the query names code or has a title line (an issue text), fused
+    with the chunks holding those names exactly and with the title's BM25, test files weighed
+    down. The techniques and weights are those `ctx eval` measured (serve/api/ranking.py)."""
+    options = RankOptions()
+    rows = keyword_rows(lake, query, limit, where, fuzziness)
+    lists = [(rows, options.keyword_weight)]
+    warnings: list[str] = []
+    names = [n for n, _ in analyse(query).identifiers.most_common(options.max_identifiers)]
+    if names:
+        exact, warning = identifier_rows(lake, names, limit, where)
+        lists.append((exact, options.identifier_weight))
+        warnings += [warning] if warning else []
+    title = query_title(query)
+    if title:
+        lists.append((keyword_rows(lake, title, limit, where, fuzziness), options.title_weight))
+    if len(lists) == 1:
+        return rows, warnings
+    fused = fuse(lists, k)
+    if not wants_tests(query):
+        for row in fused:
+            if is_test_path(row["path"]):
+                row["_rank_score"] *= options.test_weight
+        fused.sort(key=lambda r: -r["_rank_score"])
+    return fused, warnings
+
+
+def fuse(lists: Sequence[tuple[list[dict[str, Any]], float]], k: int) -> list[dict[str, Any]]:
+    """Weighted reciprocal-rank fusion: each list adds weight / (k + rank) to its rows' scores."""
+    scores: dict[str, float] = {}
+    rows: dict[str, dict[str, Any]] = {}
+    for ranked, weight in lists:
+        for rank, row in enumerate(ranked, start=1):
+            scores[row["id"]] = scores.get(row["id"], 0.0) + weight / (k + rank)
+            rows.setdefault(row["id"], row)
+    ordered = sorted(scores, key=lambda i: -scores[i])
+    return [{**rows[i], "_rank_score": scores[i]} for i in ordered]
+
+
+# -- public queries ------------------------------------------------------------------------------
+
+
+def snippet(text: str) -> str:
+    lines = text.splitlines()
+    out = "\n".join(lines[:SNIPPET_LINES])
+    if len(out) > SNIPPET_CHARS:
+        out = out[:SNIPPET_CHARS].rstrip() + " …"
+    elif len(lines) > SNIPPET_LINES:
+        out += "\n…"
+    return out
+
+
+def embedded_fraction(lake: Lake) -> float:
+    """Share of chunks with a vector; counted once per table version (the null count scans the
+    whole vector column, tens of milliseconds on a big lake)."""
+    version = lake.chunks.version
+    if lake._fraction is not None and lake._fraction[0] == version:
+        return lake._fraction[1]
+    total = lake.chunks.count_rows()
+    fraction = 0.0 if total == 0 else 1.0 - lake.chunks.count_rows("vector IS NULL") / total
+    lake._fraction = (version, fraction)
+    return fraction
+
+
+def search(
+    lake: Lake,
+    query: str,
+    mode: SearchMode | None = None,
+    limit: int | None = None,
+    path_glob: str | None = None,
+    lang: str | None = None,
+    sources: Sequence[str] | None = None,
+    bm25_weight: float | None = None,
+    check_stale: bool = True,
+    fuzziness: int | None = None,
+    exclude_tests: bool = False,
+) -> SearchResult:
+    """Search the lake's chunks; the one query behind `ctx search` and the MCP `search_code`.
+
+    `fuzziness` (0-2 edits per word) widens the keyword matching: keyword and hybrid default to
+    exact words (0), fuzzy mode's word fallback to 2.
+    """
+    started = time.perf_counter()
+    query = query.strip()
+    if not query:
+        raise InputError("empty query")
+    cfg = lake.settings.search
+    mode = mode or cfg.mode
+    limit = limit or cfg.limit
+    weight = cfg.bm25_weight if bm25_weight is None else bm25_weight
+    if not 0.0 <= weight <= 1.0:
+        raise InputError(f"bm25_weight must be between 0 and 1, got {weight}")
+    if fuzziness is not None and fuzziness not in (0, 1, 2):
+        raise InputError(f"fuzziness must be 0, 1 or 2 (edits per word), got {fuzziness}")
+    edits = fuzziness or 0
+    where = build_filter(path_glob, lang, sources, exclude_tests)
+    pool = max(limit * CANDIDATES_PER_HIT, 20)
+    warnings: list[str] = []
+    fraction = embedded_fraction(lake)
+
+    if mode == "keyword":
+        rows, notes = lexical_rows(lake, query, pool, where, cfg.rrf_k, edits)
+        warnings += notes
+    elif mode == "semantic":
+        # Not an error: during a (re-)index vectors arrive after their chunks; say so instead.
+        if fraction == 0.0:
+            warnings.append("no chunk has a vector yet: wait for `ctx run index` to embed, or use --mode keyword")
+            rows = []
+        else:
+            rows = semantic_rows(lake, query, limit, where)
+            if not rows and embedded_fraction(lake) == 0.0:  # a re-index began meanwhile
+                warnings.append("no chunk has a vector yet: wait for `ctx run index` to embed, or use --mode keyword")
+    elif mode == "fuzzy":
+        rows = fuzzy_rows(lake, query, limit, where, 2 if fuzziness is None else fuzziness)
+    elif mode == "hybrid":
+        lexical, notes = lexical_rows(lake, query, pool, where, cfg.rrf_k, edits)
+        warnings += notes
+        if fraction == 0.0:
+            warnings.append("semantic part skipped: no chunk is embedded yet")
+            rows = lexical
+        else:
+            rows = fuse([(lexical, weight), (semantic_rows(lake, query, pool, where), 1.0 - weight)], cfg.rrf_k)
+    else:
+        raise InputError(f"unknown mode {mode!r}", hint="hybrid, keyword, semantic or fuzzy")
+    if 0.0 < fraction < 1.0 and mode in ("hybrid", "semantic"):
+        warnings.append(f"only {fraction:.0%} of chunks are embedded so far")
+
+    hits = [
+        Hit(
+            source=r["source"], path=r["path"], start_line=r["start_line"], end_line=r["end_line"],
+            symbol=r["symbol"], kind=r["kind"], lang=r["lang"],
+            score=round(float(r["_rank_score"]), 6), snippet=snippet(r["text"]),
+        )
+        for r in rows[:limit]
+    ]
+    result = SearchResult(
+        query=query, mode=mode, hits=hits, stale=False, embedded_fraction=round(fraction, 4),
+        warnings=warnings, took_ms=round((time.perf_counter() - started) * 1000, 1),
+    )
+    if check_stale:
+        mark_stale(result, project_freshness(lake.settings))
+    return result
+
+
+STALE_SHOWN = 50  # changed files an answer lists
+
+
+def project_freshness(settings: Settings) -> freshness.Freshness:
+    """The one freshness check of the read side: the project's files now against the last index
+    run (the MCP server caches its result; the CLI calls it per command)."""
+    return freshness.check(settings.lake_dir, PROJECT_SOURCE, settings.root, settings.index)
+
+
+def mark_stale(result: SearchResult | FileRanking | Status, fresh: freshness.Freshness) -> None:
+    """The one staleness rule every face shows: the changed files, and a warning when the index
+    is behind for another reason (an unfinished run, another model) with no file changed."""
+    result.stale = bool(fresh.stale_paths)
+    result.stale_paths = fresh.stale_paths[:STALE_SHOWN]
+    if isinstance(result, Status):
+        result.stale_count = len(fresh.stale_paths)
+    elif isinstance(result, SearchResult) and not fresh.up_to_date and not fresh.stale_paths \
+            and fresh.reason != "up to date":
+        result.warnings.append(f"index may be behind: {fresh.reason}")
+
+
+def _folder_bytes(folder: Path) -> int:
+    total = 0
+    for dirpath, _, names in os.walk(folder):
+        for name in names:
+            with contextlib.suppress(OSError):  # vanished while we walked
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+def memory_malformed(memory_dir: Path) -> dict[str, dict[str, int]]:
+    """Malformed records in the conversation logs as of the last `ctx run ingest` (read from its saved positions)."""
+    from ctxlake.errors import LakeError
+    from ctxlake.tasks.scrape import ScrapeState, malformed_totals
+
+    try:
+        return malformed_totals(ScrapeState.load(memory_dir))
+    except (LakeError, TypeError, ValueError):  # a damaged state file: status still answers
+        return {}
+
+
+def status(settings: Settings, check_stale: bool = True) -> Status:
+    """What is indexed, with which model, how fresh, and whether an indexer is running."""
+    lake_dir = settings.lake_dir
+    out = Status(root=str(settings.root), lake_dir=str(lake_dir), indexed=False)
+    out.config_trust = _config_trust(settings)
+    out.writer = WriterLock(lake_dir).held_by_other() if lake_dir.is_dir() else None
+    out.memory_malformed = memory_malformed(settings.memory_dir)
+    state = IndexState.read(lake_dir) if lake_dir.is_dir() else None
+    if state is None:
+        return out
+    out.provider, out.model, out.model_id, out.dims = state.provider, state.model, state.model_id, state.dims
+    out.last_run, out.clean = state.last_run, state.clean
+    db = connect(lake_dir)
+    chunks, files = open_table(db, CHUNKS_TABLE), open_table(db, FILES_TABLE)
+    if chunks is not None and files is not None:
+        out.indexed = True
+        out.chunks = chunks.count_rows()
+        out.pending_vectors = chunks.count_rows("vector IS NULL")
+        out.embedded = out.chunks - out.pending_vectors
+        file_rows = files.search().select(["lang", "source"]).to_arrow()
+        out.files = file_rows.num_rows
+        out.languages = _counts(file_rows.column("lang"))
+        chunk_sources = chunks.search().select(["source"]).to_arrow()
+        out.sources = _counts(chunk_sources.column("source"))
+        out.masked_chunks = chunks.count_rows(f"text LIKE '%{MASK_PREFIX}%'")
+    # The scan counts every secret-named file on each run, not only the changed ones.
+    out.secret_files_skipped = int(((state.last_run or {}).get("skipped") or {}).get("secret", 0))
+    if check_stale:
+        mark_stale(out, project_freshness(settings))
+    out.lake_bytes = _folder_bytes(lake_dir)
+    return out
+
+
+def _config_trust(settings: Settings) -> dict[str, Any]:
+    import tomllib
+
+    from ctxlake.schemas import trust
+
+    try:
+        parsed = tomllib.loads(settings.config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        parsed = {}  # absent (reported as such) or unparsable (load_settings already said so)
+    st = trust.state(settings.config_path, parsed, settings.home)
+    return {**st.as_dict(), "summary": st.summary}
+
+
+def _counts(column: pa.ChunkedArray) -> dict[str, int]:
+    import pyarrow.compute as pc
+
+    counts = pc.value_counts(column.fill_null("(unknown)")).to_pylist()
+    return dict(sorted(((c["values"], c["counts"]) for c in counts), key=lambda kv: -kv[1]))

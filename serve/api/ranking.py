@@ -1,0 +1,310 @@
+"""Ranking internals of the read side: query evidence (symbols, paths, frames) and chunk -> file scores over CHUNKS/FILES."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeAlias
+
+from ctxlake.serve.api.query_terms import QueryAnalysis, dotted_to_paths
+from ctxlake.tasks.terms import split_identifier
+
+# A path is a test file when a folder is named like a test folder or the file like a test module.
+TEST_PATH = re.compile(
+    r"(?:^|/)(?:tests?|testing|__tests__|spec|specs)/|(?:^|/)(?:test_[^/]*|[^/]*_tests?\.[A-Za-z]+|"
+    r"conftest\.py|[^/]*\.(?:test|spec)\.[A-Za-z]+)$"
+)
+# Words that ask for tests: a query saying these keeps test files at full weight.
+_TEST_WORDS = re.compile(r"\b(?:tests?|testing|unittest|pytest|fixtures?|conftest|spec)\b", re.I)
+
+
+# A file of the lake: (source, path), since two sources may hold the same path.
+FileKey: TypeAlias = tuple[str, str]
+
+
+# `NAME = ...` or `NAME: type = ...` at the start of a line: a module-level definition.
+_ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s*(?::[^=\n]*)?=(?!=)", re.M)
+
+
+def assigned_names(text: str) -> list[str]:
+    """Names bound at module level in a chunk of code (`FILE_UPLOAD_PERMISSIONS = 0o644`)."""
+    return list(dict.fromkeys(m.group(1) for m in _ASSIGNMENT.finditer(text) if len(m.group(1)) >= 3))
+
+
+def is_test_path(path: str) -> bool:
+    return bool(TEST_PATH.search(path))
+
+
+@dataclass(frozen=True)
+class RankOptions:
+    """How a query becomes a ranking of files. Each switch is one retrieval technique: those on by
+    default are in because the dev-set eval showed they help, the others were tried and showed no
+    gain (ablation table: data/eval/swebench_lite_dev.md; `ctx eval --ablate` turns each one over
+    in turn). Weights are round numbers, not fitted to the dev set."""
+
+    title_list: bool = True  # BM25 of a multi-line query's first line (an issue's title) as its own list
+    identifier_list: bool = True  # exact occurrences of the query's code names (phrase queries)
+    symbol_evidence: bool = True  # bonus: files that define the names the query mentions
+    path_evidence: bool = True  # bonus: files the query names (paths, traceback frames, dotted modules)
+    stem_evidence: bool = True  # bonus: files named like a word of the query
+    test_weight: float = 0.5  # score factor for test files when the query does not ask for tests
+    squeeze_logs: bool = False  # tried: drop repeated log lines from the keyword query
+    file_sum_weight: float = 0.0  # tried: file score = best chunk + this share of its next chunks
+    folder_share: float = 0.0  # tried: a folder named like a query word counts this much of a file name
+    file_sum_chunks: int = 3
+    rrf_k: int = 60
+    keyword_weight: float = 1.0
+    title_weight: float = 1.0
+    identifier_weight: float = 1.0
+    semantic_weight: float = 0.3
+    # A bonus is weight * s / (s + scale) / (k + 1): `scale` is one typical strong piece of
+    # evidence (a name defined in a handful of files ~ idf 5; one mention of a path), so weak
+    # evidence adds little and strong evidence at most what a first place in a list adds.
+    symbol_weight: float = 1.0
+    symbol_scale: float = 5.0
+    path_weight: float = 1.0
+    path_scale: float = 1.0
+    stem_weight: float = 0.5
+    stem_scale: float = 5.0
+    pool: int = 300  # chunks each ranked list contributes before aggregation
+    max_identifiers: int = 40
+
+    def variant(self, name: str) -> RankOptions:
+        """`-X`: these options with technique X switched off; `+X`: with tried technique X on."""
+        changes: dict[str, dict[str, Any]] = {
+            "-title_list": {"title_list": False},
+            "-identifier_list": {"identifier_list": False},
+            "-symbol_evidence": {"symbol_evidence": False},
+            "-path_evidence": {"path_evidence": False},
+            "-stem_evidence": {"stem_evidence": False},
+            "-test_weight": {"test_weight": 1.0},
+            "-semantic": {"semantic_weight": 0.0},
+            "+squeeze_logs": {"squeeze_logs": True},
+            "+file_sum": {"file_sum_weight": 0.2},
+            "+folder_names": {"folder_share": 0.5},
+        }
+        if name not in changes:
+            raise ValueError(f"unknown variant {name!r}; known: {', '.join(changes)}")
+        return replace(self, **changes[name])
+
+    def plain(self) -> RankOptions:
+        """Plain BM25 collapsed to files (each file's best chunk): every technique off."""
+        return replace(self, title_list=False, identifier_list=False, symbol_evidence=False,
+                       path_evidence=False, stem_evidence=False, test_weight=1.0, squeeze_logs=False,
+                       file_sum_weight=0.0, folder_share=0.0)
+
+
+TECHNIQUES = ("title_list", "identifier_list", "symbol_evidence", "path_evidence", "stem_evidence",
+              "test_weight", "semantic")
+TRIED = ("squeeze_logs", "file_sum", "folder_names")
+VARIANTS = tuple(f"-{t}" for t in TECHNIQUES) + tuple(f"+{t}" for t in TRIED)
+
+
+# -- what the lake defines -------------------------------------------------------------------------
+
+
+@dataclass
+class LakeCatalog:
+    """Every file path of a lake and the names each file defines, for exact-match evidence."""
+
+    files: list[FileKey]
+    defines: dict[str, set[FileKey]] = field(default_factory=dict)  # name -> files defining it
+    by_stem: dict[str, set[FileKey]] = field(default_factory=dict)  # lower-case file stem -> files
+    by_name: dict[str, set[FileKey]] = field(default_factory=dict)  # lower-case file name -> files
+    by_folder: dict[str, set[FileKey]] = field(default_factory=dict)  # lower-case folder name -> files under it
+
+    @classmethod
+    def build(
+        cls, symbols: Iterable[tuple[str, str, str | None]], assigned: Iterable[tuple[str, str, str]] = ()
+    ) -> LakeCatalog:
+        """(source, path, symbol) of every chunk, and (source, path, name) of module-level
+        assignments (constants, settings, aliases) -> the catalog."""
+        rows = list(symbols)
+        catalog = cls(sorted({(source, path) for source, path, _ in rows}))
+        defines: dict[str, set[FileKey]] = defaultdict(set)
+        for source, path, name in assigned:
+            defines[name].add((source, path))
+        for source, path, symbol in rows:
+            if not symbol:
+                continue
+            for qualified in symbol.split(","):
+                qualified = qualified.strip()
+                if not qualified:
+                    continue
+                defines[qualified].add((source, path))
+                for part in qualified.split("."):
+                    defines[part].add((source, path))
+        by_stem: dict[str, set[FileKey]] = defaultdict(set)
+        by_name: dict[str, set[FileKey]] = defaultdict(set)
+        by_folder: dict[str, set[FileKey]] = defaultdict(set)
+        for key in catalog.files:
+            path = key[1]
+            *folders, name = path.split("/")
+            by_name[name.lower()].add(key)
+            for folder in folders:
+                by_folder[folder.lower()].add(key)
+            stem = name.rsplit(".", 1)[0].lower()
+            if stem == "__init__" and "/" in path:
+                # A package's __init__ is named by its folder.
+                stem = path.rsplit("/", 2)[-2].lower()
+            by_stem[stem].add(key)
+        catalog.defines, catalog.by_stem, catalog.by_name = dict(defines), dict(by_stem), dict(by_name)
+        catalog.by_folder = dict(by_folder)
+        return catalog
+
+    def idf(self, df: int) -> float:
+        return math.log(1.0 + len(self.files) / max(df, 1))
+
+
+def symbol_scores(analysis: QueryAnalysis, catalog: LakeCatalog) -> dict[FileKey, float]:
+    """Files defining the identifiers the query mentions, weighted by how rare each name is."""
+    scores: dict[FileKey, float] = defaultdict(float)
+    for name, count in analysis.identifiers.items():
+        paths = catalog.defines.get(name)
+        if not paths:
+            continue
+        weight = catalog.idf(len(paths)) * (1.0 + math.log(count))
+        for path in paths:
+            scores[path] += weight
+    for dotted in analysis.dotted:
+        # Class.method or module.function written out in full: a definition, named exactly.
+        parts = dotted.split(".")
+        for start in range(len(parts) - 1):
+            paths = catalog.defines.get(".".join(parts[start:]))
+            if paths:
+                for path in paths:
+                    scores[path] += catalog.idf(len(paths))
+                break
+    return dict(scores)
+
+
+def _suffix_matches(query_path: str, catalog: LakeCatalog) -> dict[FileKey, int]:
+    """Lake files whose path ends with the query path's trailing parts -> parts matched."""
+    parts = [p for p in query_path.split("/") if p and p not in (".", "..")]
+    if not parts or "<" in query_path:
+        return {}
+    candidates = catalog.by_name.get(parts[-1].lower(), set())
+    out: dict[FileKey, int] = {}
+    for key in candidates:
+        theirs = key[1].lower().split("/")
+        matched = 0
+        for a, b in zip(reversed(theirs), reversed([p.lower() for p in parts]), strict=False):
+            if a != b:
+                break
+            matched += 1
+        if matched:
+            out[key] = matched
+    return out
+
+
+def path_scores(analysis: QueryAnalysis, catalog: LakeCatalog) -> dict[FileKey, float]:
+    """Files the query names: by path (a traceback frame, a file name) or as a dotted module."""
+    scores: dict[FileKey, float] = defaultdict(float)
+    for query_path in analysis.paths:
+        matches = _suffix_matches(query_path, catalog)
+        if not matches:
+            continue
+        best = max(matches.values())
+        winners = [p for p, m in matches.items() if m == best]
+        # Each mention counts once, shared among the files it may mean: a bare name shared by
+        # many files (base.py, __init__.py) says little about each.
+        for path in winners:
+            scores[path] += 1.0 / len(winners)
+    for dotted in analysis.dotted:
+        for candidate in dotted_to_paths(dotted):
+            matches = {p: m for p, m in _suffix_matches(candidate, catalog).items()
+                       if m == len(candidate.split("/"))}
+            if matches:
+                for path in matches:
+                    scores[path] += 1.0 / len(matches)
+                break
+    return dict(scores)
+
+
+def _mentioned_words(analysis: QueryAnalysis) -> dict[str, int]:
+    """Lower-cased names and words of the query that could name a file or folder, with counts."""
+    mentioned: dict[str, int] = defaultdict(int)
+    for name, count in analysis.identifiers.items():
+        mentioned[name.lower()] += count
+        for part in split_identifier(name):
+            if len(part) >= 4:
+                mentioned[part] += count
+    for word, count in analysis.words.items():
+        if len(word) >= 4:
+            mentioned[word] += count
+    return mentioned
+
+
+def _name_scores(mentioned: Mapping[str, int], index: Mapping[str, set[FileKey]], catalog: LakeCatalog) -> dict[FileKey, float]:
+    scores: dict[FileKey, float] = defaultdict(float)
+    for word, count in mentioned.items():
+        paths = index.get(word)
+        if not paths:
+            continue
+        weight = catalog.idf(len(paths)) * (1.0 + math.log(count))
+        for path in paths:
+            scores[path] += weight
+    return dict(scores)
+
+
+def stem_scores(analysis: QueryAnalysis, catalog: LakeCatalog) -> dict[FileKey, float]:
+    """Files named like a word or identifier of the query (`latex` -> printing/latex.py)."""
+    return _name_scores(_mentioned_words(analysis), catalog.by_stem, catalog)
+
+
+def folder_scores(analysis: QueryAnalysis, catalog: LakeCatalog) -> dict[FileKey, float]:
+    """Files under a folder named like a word of the query (`autodoc_typehints` -> ext/autodoc/)."""
+    return _name_scores(_mentioned_words(analysis), catalog.by_folder, catalog)
+
+
+# -- chunks -> files --------------------------------------------------------------------------------
+
+
+def file_scores(rows: Sequence[Mapping[str, Any]], sum_weight: float, sum_chunks: int) -> dict[FileKey, float]:
+    """Ranked chunk rows -> one score per file: its best chunk plus a share of the next few."""
+    by_file: dict[FileKey, list[float]] = defaultdict(list)
+    for row in rows:
+        by_file[(row["source"], row["path"])].append(float(row["_rank_score"]))
+    out: dict[FileKey, float] = {}
+    for path, scores in by_file.items():
+        scores.sort(reverse=True)
+        out[path] = scores[0] + sum_weight * sum(scores[1 : 1 + sum_chunks])
+    return out
+
+
+def rrf(lists: Sequence[tuple[Mapping[FileKey, float], float]], k: int) -> dict[FileKey, float]:
+    """Weighted reciprocal-rank fusion of scored lists: each adds weight / (k + rank)."""
+    fused: dict[FileKey, float] = defaultdict(float)
+    for scores, weight in lists:
+        if weight <= 0 or not scores:
+            continue
+        for rank, key in enumerate(sorted(scores, key=lambda p: (-scores[p], p)), start=1):
+            fused[key] += weight / (k + rank)
+    return dict(fused)
+
+
+def add_bonus(
+    fused: dict[FileKey, float], evidence: Mapping[FileKey, float], weight: float, scale: float, k: int
+) -> None:
+    """Add saturating evidence: weight * s / (s + scale), in units of a first place in RRF."""
+    if weight <= 0:
+        return
+    for key, s in evidence.items():
+        if s > 0:
+            fused[key] = fused.get(key, 0.0) + weight * (s / (s + scale)) / (k + 1)
+
+
+def wants_tests(query: str) -> bool:
+    """True when the query asks about tests themselves (a short query naming them)."""
+    return len(query.split()) <= 12 and bool(_TEST_WORDS.search(query))
+
+
+def down_weight_tests(scores: Mapping[FileKey, float], factor: float) -> dict[FileKey, float]:
+    return {key: s * factor if is_test_path(key[1]) else s for key, s in scores.items()}
+
+
+def ordered(scores: Mapping[FileKey, float]) -> list[tuple[FileKey, float]]:
+    return sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))

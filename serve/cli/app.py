@@ -1,0 +1,457 @@
+"""The `ctx` command: parses arguments, calls serve/api/queries.py or starts a flow, renders the answer."""
+
+from __future__ import annotations
+
+import errno
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ctxlake import __version__
+from ctxlake.errors import ConfigError, CtxError, InputError, LakeError
+from ctxlake.schemas.config import (
+    CTX_DIR,
+    Settings,
+    load_settings,
+    resolve_root,
+)
+from ctxlake.serve.cli import eval as cli_eval
+from ctxlake.serve.cli import handoff as cli_handoff
+from ctxlake.serve.cli import mcp as cli_mcp
+from ctxlake.serve.cli import memory as cli_memory
+from ctxlake.serve.cli.base import _prefect_quietly, ensure_project
+from ctxlake.serve.cli.schedule import schedule_app
+from ctxlake.serve.cli.service import print_service_status, service_status
+from ctxlake.serve.cli.service import register as register_service
+from ctxlake.serve.cli.sources import register as register_sources
+
+# When this command started (epoch seconds); run() sets it, main() moves it to the process start.
+_started_at = time.time()
+
+app = typer.Typer(
+    name="ctx",
+    help="ctxlake: a local context lake for AI coding agents.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+run_app = typer.Typer(help="Run a pipeline (a Prefect flow).", no_args_is_help=True)
+app.add_typer(run_app, name="run")
+cli_mcp.register(app)
+register_sources(app)
+app.add_typer(schedule_app, name="schedule")
+register_service(app)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")]
+
+
+WATCH_PURPOSE = "ctx run index --watch"
+
+
+def _overrides(**sections: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {name: {k: v for k, v in values.items() if v is not None} for name, values in sections.items()}
+
+
+@run_app.command("index")
+def run_index(
+    path: Annotated[Path | None, typer.Argument(help="project folder (default: this project)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="rebuild and re-embed everything")] = False,
+    watch: Annotated[bool, typer.Option("--watch", help="after indexing, keep the index fresh until Ctrl-C")] = False,
+    wait: Annotated[float, typer.Option("--wait", min=0, help="seconds to wait for another indexer")] = 0.0,
+    no_embed: Annotated[bool, typer.Option("--no-embed", help="chunk and keyword-index only")] = False,
+    model: Annotated[str | None, typer.Option("--model", help="embedding profile or model")] = None,
+    provider: Annotated[str | None, typer.Option("--provider", help="local, openai, gemini")] = None,
+    as_json: JsonOpt = False,
+    verbose: Annotated[bool, typer.Option("-v", "--verbose", help="show Prefect's logs")] = False,
+) -> None:
+    """Index the project (incremental: only changed files are chunked and embedded)."""
+    started = time.perf_counter()
+    root = resolve_root(path, for_write=True)
+    if ensure_project(root):
+        typer.echo(f"Created {root / CTX_DIR}/ (config.toml, knowledge/; the lake is gitignored).", err=True)
+    settings = load_settings(root, _overrides(embed={"model": model, "provider": provider}))
+    from ctxlake.schemas.tables import PROJECT_SOURCE
+    from ctxlake.tasks import freshness
+    from ctxlake.tasks.embedders import make_embedder
+    from ctxlake.tasks.lake import IndexState, WriterLock
+
+    lock = WriterLock(settings.lake_dir, purpose=WATCH_PURPOSE if watch else "ctx run index")
+    watcher = lock.held_by_other()
+    if watcher and watcher.get("purpose") == WATCH_PURPOSE and not (force or watch):
+        typer.echo(f"A watcher (pid {watcher.get('pid')}) keeps {root} up to date; nothing to do.")
+        return
+    lock.acquire(wait_s=wait)
+    try:
+        if lock.took_over_from:
+            typer.echo(f"Took over the lock of a finished indexer (pid {lock.took_over_from}).", err=True)
+        if watch:
+            import signal
+
+            # A shell starts background jobs with SIGINT ignored and Python keeps that; a watcher
+            # must still stop on Ctrl-C or `kill -INT`, whoever started it.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            report = _run_flow(settings, force=force, embed=not no_embed, verbose=verbose, watch=True)
+        elif not force:
+            # Decided before Prefect starts (its temporary server costs ~10 s): a no-op run
+            # must return at once.
+            fresh = freshness.check(settings.lake_dir, PROJECT_SOURCE, root, settings.index)
+            state = IndexState.read(settings.lake_dir)
+            same_model = state is not None and state.model_id == make_embedder(
+                settings.embed, settings.models_dir).model_id
+            # With --no-embed, chunks waiting for vectors are expected, not work to do.
+            only_vectors_pending = no_embed and fresh.reason.endswith("still to embed")
+            from ctxlake.tasks.store import FTS_TAG
+
+            fts_current = state is not None and state.fts == FTS_TAG  # else the BM25 index needs a rebuild
+            if same_model and fts_current and (fresh.up_to_date or only_vectors_pending):
+                took = time.perf_counter() - started
+                if as_json:
+                    from ctxlake.serve.cli.render import print_json
+
+                    print_json({"up_to_date": True, "root": str(root), "seconds": round(took, 3)})
+                else:
+                    typer.echo(f"Up to date: nothing changed in {root} (checked in {took:.2f} s).")
+                return
+            report = _run_flow(settings, force=force, embed=not no_embed, verbose=verbose)
+        else:
+            report = _run_flow(settings, force=force, embed=not no_embed, verbose=verbose)
+    finally:
+        lock.release()
+    wall = _since_process_start()
+    if as_json:
+        from ctxlake.serve.cli.render import print_json
+
+        print_json({**report.as_dict(), "wall_seconds": round(wall, 3),
+                    "startup_seconds": round(_startup(report, wall), 3)})
+        return
+    if watch:
+        typer.echo(f"Watched {report.root} for {report.seconds:.0f} s: +{report.added} new, ~{report.modified} "
+                   f"changed, -{report.removed} removed files; {report.embedded:,} chunks embedded.")
+        return
+    _print_report(report, wall)
+
+
+def _since_process_start() -> float:
+    """Wall time since `ctx` started (for the console script: the process, interpreter start and
+    imports included): what a user waited, unlike the flow's own clock."""
+    return max(0.0, time.time() - _started_at)
+
+
+def _startup(report: Any, wall: float) -> float:
+    """What the run's own clock did not see: Python and Prefect starting, the lock, the scan
+    before the flow; the one-time model distillation is reported on its own."""
+    return max(0.0, wall - report.seconds - report.model_setup_s)
+
+
+def _run_flow(settings: Settings, *, force: bool, embed: bool, verbose: bool, watch: bool = False) -> Any:
+    _prefect_quietly(verbose)
+    from ctxlake.serve.cli.render import RichReporter
+    from ctxlake.tasks.progress import use_reporter
+
+    with RichReporter() as rich, use_reporter(rich):
+        rich.start("prefect", None, "starting")
+        from ctxlake.flows.index_code import index_code
+
+        rich.finish("prefect")
+        if watch:
+            from ctxlake.flows.watch_code import watch_code
+
+            return watch_code(settings)
+        return index_code(settings, force=force, embed=embed)
+
+
+def _print_report(report: Any, wall: float) -> None:
+    skipped = ", ".join(f"{n} {why}" for why, n in sorted(report.skipped.items())) or "none"
+    typer.echo(
+        f"Indexed {report.root}: {report.files_seen:,} files seen "
+        f"(+{report.added} new, ~{report.modified} changed, -{report.removed} removed; skipped: {skipped})."
+    )
+    typer.echo(
+        f"Chunks: {report.chunks_inserted:,} written, {report.chunks_deleted:,} removed; vectors: "
+        f"{report.embedded:,} embedded, {report.vectors_from_cache:,} from cache."
+    )
+    setup = f", {report.model_setup_s:.1f} s distilling the static model once" if report.model_setup_s >= 0.05 else ""
+    typer.echo(f"Done in {wall:.1f} s: {report.seconds:.1f} s indexing (keyword search ready after "
+               f"{report.keyword_ready_s:.1f} s), {_startup(report, wall):.1f} s starting Python and Prefect{setup}.")
+    secret_files = report.skipped.get("secret", 0)
+    if secret_files or report.secrets_masked:
+        typer.echo(f"Secrets: {secret_files:,} file(s) skipped by name (.env*, keys, credentials; "
+                   f"[index] secret_files = \"mask\" indexes them masked), "
+                   f"{report.secrets_masked:,} value(s) masked in the files indexed.")
+    for warning in report.warnings[:10]:
+        typer.echo(f"warning: {warning}", err=True)
+    if len(report.warnings) > 10:
+        typer.echo(f"warning: … and {len(report.warnings) - 10} more (see `ctx status --json`)", err=True)
+
+
+@app.command()
+def search(
+    query: Annotated[str, typer.Argument(help="what to look for: words, identifiers, a question")],
+    limit: Annotated[int | None, typer.Option("-n", "--limit", min=1, help="number of results")] = None,
+    mode: Annotated[str | None, typer.Option("--mode", help="hybrid | keyword | semantic | fuzzy")] = None,
+    path_glob: Annotated[str | None, typer.Option("--path", help="only paths matching this glob, e.g. 'src/**/*.py'")] = None,
+    lang: Annotated[str | None, typer.Option("--lang", help="only this language, e.g. python")] = None,
+    sources: Annotated[str | None, typer.Option("--sources", help="comma-separated source names")] = None,
+    bm25_weight: Annotated[float | None, typer.Option("--bm25-weight", min=0.0, max=1.0, help="keyword share in hybrid, 0..1")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Search the project's index."""
+    from ctxlake.serve.api.models import SEARCH_MODES
+
+    if mode is not None and mode not in SEARCH_MODES:
+        raise InputError(f"unknown --mode {mode!r}", hint=", ".join(SEARCH_MODES))
+    settings = load_settings(resolve_root(None, for_write=False))
+    from ctxlake.serve.api import queries
+    from ctxlake.serve.api.source_queries import check_names, parse_names
+    from ctxlake.serve.service.engine import open_lake
+
+    lake = open_lake(settings)  # the service's warm lake when run there, else a fresh one
+
+    names = parse_names(sources)
+    check_names(settings, names)
+    result = queries.search(
+        lake, query, mode=mode, limit=limit, path_glob=path_glob, lang=lang,
+        sources=names,
+        bm25_weight=bm25_weight,
+    )
+    if as_json:
+        from ctxlake.serve.cli.render import print_json
+
+        print_json(result.model_dump())
+        return
+    from ctxlake.serve.cli.render import print_search, stdout_console
+
+    print_search(result, stdout_console())
+    for warning in result.warnings:
+        typer.echo(f"warning: {warning}", err=True)
+    if result.stale:
+        shown = ", ".join(result.stale_paths[:5]) + (" …" if len(result.stale_paths) > 5 else "")
+        typer.echo(f"warning: {len(result.stale_paths)} file(s) changed since the last index "
+                   f"(run `ctx run index`): {shown}", err=True)
+
+
+@app.command()
+def status(as_json: JsonOpt = False) -> None:
+    """Files, chunks, languages, model, last run, stale files, lake size."""
+    settings = load_settings(resolve_root(None, for_write=False))
+    from ctxlake.serve.api import queries
+
+    st = queries.status(settings)
+    if as_json:
+        from ctxlake.serve.cli.render import print_json
+
+        print_json({**st.model_dump(), "service": service_status()})
+        return
+    from ctxlake.serve.cli.render import print_status, stdout_console
+
+    print_status(st, stdout_console())
+    print_service_status()
+
+
+@app.command()
+def clean(yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] = False) -> None:
+    """Remove this project's lake (.ctx/lake); config.toml and knowledge/ stay."""
+    import shutil
+
+    from ctxlake.serve.cli.render import human_bytes
+
+    settings = load_settings(resolve_root(None, for_write=False))
+    lake = settings.lake_dir
+    if not lake.exists():
+        typer.echo(f"Nothing to remove: {lake} does not exist.")
+        return
+    from ctxlake.serve.api.queries import _folder_bytes
+    from ctxlake.tasks.lake import WriterLock, reset_lake
+
+    size = human_bytes(_folder_bytes(lake))
+    if not yes:
+        if not sys.stdin.isatty():
+            raise InputError(f"refusing to remove {lake} without --yes (no terminal to ask)")
+        if not typer.confirm(f"Remove the index at {lake} ({size})?", default=False):
+            typer.echo("Kept.")
+            return
+    lock = WriterLock(lake, purpose="ctx clean").acquire()
+    try:
+        reset_lake(lake)
+    finally:
+        lock.release()
+    shutil.rmtree(lake, ignore_errors=True)
+    typer.echo(f"Removed {lake} ({size}).")
+
+
+cli_eval.register(app)
+
+
+@app.command()
+def sql(
+    statement: Annotated[str, typer.Argument(help="a read-only SQL statement, e.g. \"SELECT lang, count(*) FROM files GROUP BY 1\"")],
+    limit: Annotated[int, typer.Option("-n", "--limit", min=1, help="at most this many rows")] = 1000,
+    as_json: JsonOpt = False,
+) -> None:
+    """Query the lake's tables with DuckDB (files, chunks, knowledge, ...; memory's messages, sessions)."""
+    settings = load_settings(resolve_root(None, for_write=False))
+    from ctxlake.serve.api.analytics import run_sql
+
+    result = run_sql(settings.lake_dir, statement, limit, memory_dir=settings.memory_dir)
+    if as_json:
+        from ctxlake.serve.cli.render import print_json
+
+        print_json(result)
+        return
+    from rich.table import Table
+
+    from ctxlake.serve.cli.render import stdout_console
+
+    table = Table(*result["columns"], show_lines=False)
+    for row in result["rows"]:
+        table.add_row(*("" if v is None else str(v) for v in row))
+    console = stdout_console()
+    console.print(table)
+    if result["truncated"]:
+        typer.echo(f"(first {result['row_count']} rows; raise --limit for more)", err=True)
+
+
+@app.command()
+def trust(
+    show: Annotated[bool, typer.Option("--show", help="say whether the config is trusted; change nothing")] = False,
+    revoke: Annotated[bool, typer.Option("--revoke", help="stop trusting it")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Trust this project's .ctx/config.toml as it is now, so its commands may run (like direnv allow)."""
+    from ctxlake.schemas import trust as trust_store
+    from ctxlake.schemas.config import default_home, read_project_config
+
+    if show and revoke:
+        raise InputError("--show and --revoke cannot be used together")
+    root = resolve_root(None, for_write=False)
+    home = default_home()
+    path = root / CTX_DIR / "config.toml"
+    if not path.is_file():
+        raise ConfigError(f"no config file at {path}", hint="`ctx run index` writes one")
+    import tomllib
+
+    content = path.read_bytes()  # one read: the bytes shown and hashed are the same
+    try:
+        parsed = tomllib.loads(content.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError):
+        read_project_config(root, home)  # raises the loader's one-line parse error
+        raise
+    message = ""
+    if revoke:
+        message = "Revoked" if trust_store.revoke(path, home) else "Was not trusted"
+        message += f": {path}; its command settings are ignored."
+    elif not show:
+        # A file that cannot load is not left recorded as reviewed.
+        digest = trust_store.trust(path, home, content)
+        try:
+            load_settings(root)
+        except CtxError:
+            trust_store.revoke(path, home)
+            raise
+        message = f"Trusted {path} (sha256 {digest[:12]}); any change to the file untrusts it."
+    if message and not as_json:
+        typer.echo(message)
+    st = trust_store.state(path, parsed, home)
+    if as_json:
+        from ctxlake.serve.cli.render import print_json
+
+        print_json(st.as_dict())
+    elif show:
+        typer.echo(f"{path}: {st.summary}")
+        for key in st.gated_keys:
+            section, name = key.split(".", 1)
+            typer.echo(f"  {key} = {parsed[section][name]!r}")
+
+
+@app.command()
+def version() -> None:
+    """Print the version."""
+    typer.echo(f"ctxlake {__version__}")
+
+
+cli_memory.register(app, run_app)
+cli_handoff.register(app)
+
+
+def run(argv: list[str] | None = None, started_at: float | None = None) -> int:
+    """Run the CLI on `argv`; domain errors become one stderr line and a documented exit code."""
+    import click
+
+    global _started_at
+    _started_at = time.time() if started_at is None else started_at
+
+    try:
+        # Non-standalone typer returns an exit code for Exit, and turns Ctrl-C into Exit(130).
+        code = app(args=argv, standalone_mode=False)
+    except CtxError as exc:
+        typer.echo(f"ctx: error: {exc.message}", err=True)
+        if exc.hint:
+            typer.echo(f"ctx: hint: {exc.hint}", err=True)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        typer.echo("ctx: interrupted; the next run picks up where this one stopped.", err=True)
+        return 130
+    except (click.exceptions.Exit, typer.Exit) as exc:
+        return exc.exit_code
+    except (click.exceptions.Abort, typer.Abort):
+        typer.echo("ctx: aborted.", err=True)
+        return 130
+    except (click.exceptions.ClickException, typer.TyperException) as exc:
+        # typer vendors its own click: its usage errors (unknown option or command, missing or
+        # out-of-range argument) derive from TyperException, not from click's ClickException.
+        show = getattr(exc, "show", None)
+        if callable(show):
+            show()
+        else:
+            typer.echo(f"ctx: error: {exc}", err=True)
+        return int(getattr(exc, "exit_code", 2))
+    except OSError as exc:
+        lake_error = _as_lake_error(exc)
+        if lake_error is None:
+            raise  # not a storage failure: a bug, keep its traceback
+        typer.echo(f"ctx: error: {lake_error.message}", err=True)
+        if lake_error.hint:
+            typer.echo(f"ctx: hint: {lake_error.hint}", err=True)
+        return lake_error.exit_code
+    if code == 130:
+        typer.echo("ctx: interrupted; the next run picks up where this one stopped.", err=True)
+    return code if isinstance(code, int) else 0
+
+
+_STORAGE_ERRNOS = {
+    errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
+    errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+}
+
+
+def _as_lake_error(exc: BaseException) -> LakeError | None:
+    """A full, read-only or forbidden disk under any layer (Lance, Arrow, Prefect) -> LakeError.
+
+    Lance and Arrow wrap the errno in their own exceptions, so the chain is searched too.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _STORAGE_ERRNOS:
+            where = f": {current.filename}" if current.filename else ""
+            return LakeError(f"storage error, {_STORAGE_ERRNOS[current.errno]}{where}",
+                             hint="free space or fix permissions, then run the command again; "
+                                  "the next run repairs a half-written lake")
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def main() -> None:
+    """Console entry point (`ctx`)."""
+    import psutil
+
+    try:
+        started = psutil.Process().create_time()
+    except psutil.Error:
+        started = None
+    sys.exit(run(started_at=started))

@@ -1,0 +1,37 @@
+"""What the `ctx` entry module (`app.py`) and its command modules share; it imports neither."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ctxlake.schemas.config import CTX_DIR, default_config_toml
+
+
+def ensure_project(root: Path) -> bool:
+    """Create .ctx/ with a commented config and a .gitignore for the lake; True when created now."""
+    ctx_dir = root / CTX_DIR
+    created = not ctx_dir.exists()
+    (ctx_dir / "knowledge").mkdir(parents=True, exist_ok=True)
+    config = ctx_dir / "config.toml"
+    if not config.exists():
+        config.write_text(default_config_toml(), encoding="utf-8")
+    ignore = ctx_dir / ".gitignore"
+    if not ignore.exists():
+        # The lake is a build artefact; config.toml and knowledge/ are meant to be committed.
+        ignore.write_text("lake/\n", encoding="utf-8")
+    return created
+
+
+def _prefect_quietly(verbose: bool) -> None:
+    """Prefect reads these at import: keep its INFO chatter and analytics off unless asked."""
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
+    # Only the terminal handler: a failed stage is one `ctx: error:` line here (a bug still
+    # prints its traceback), while a Prefect server a user runs still receives the logs.
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "INFO" if verbose else "CRITICAL")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "WARNING" if verbose else "CRITICAL")
+    os.environ.setdefault("PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT", "false")
+    # The first run in a new PREFECT_HOME migrates its database; on a busy 2-core machine the
+    # temporary server's start then overruns Prefect's 20 s default and the run fails.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")

@@ -1,0 +1,170 @@
+"""Terminal rendering for the CLI: Rich progress on stderr, results on stdout (plain when piped)."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+from ctxlake.serve.api.models import SearchResult, Status
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress, TaskID
+
+
+def stderr_console() -> Console:
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def stdout_console() -> Console:
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=True)
+
+
+class RichReporter:
+    """Progress bars for the index stages on stderr; silent when stderr is not a terminal."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.console = console or stderr_console()
+        self.enabled = self.console.is_terminal
+        self.progress: Progress = Progress(
+            SpinnerColumn(),
+            TextColumn("[bold]{task.description:<12}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=False,
+            disable=not self.enabled,
+        )
+        self.tasks: dict[str, TaskID] = {}
+
+    def __enter__(self) -> RichReporter:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def start(self, stage: str, total: int | None, description: str = "") -> None:
+        if stage in self.tasks:
+            self.progress.reset(self.tasks[stage], total=total)
+            return
+        self.tasks[stage] = self.progress.add_task(description or stage, total=total)
+
+    def advance(self, stage: str, n: int = 1) -> None:
+        if stage in self.tasks:
+            self.progress.advance(self.tasks[stage], n)
+
+    def finish(self, stage: str) -> None:
+        task = self.tasks.get(stage)
+        if task is not None:
+            current = self.progress.tasks[task]
+            total = current.total if current.total is not None else max(current.completed, 1)
+            self.progress.update(task, total=total, completed=total)
+
+    def note(self, message: str) -> None:
+        if self.enabled:
+            self.progress.console.print(f"[green]•[/] {message}")
+
+
+def print_search(result: SearchResult, console: Console) -> None:
+    from rich.markup import escape
+
+    if not result.hits:
+        console.print(f"No results for {result.query!r} ({result.mode}).")
+    for i, hit in enumerate(result.hits, start=1):
+        where = f"{hit.path}:{hit.start_line}-{hit.end_line}"
+        if hit.source != "project":
+            where = f"[{hit.source}] {where}"
+        # Escaped: Rich would read "[name]" (a source, a path) as a style tag and drop it.
+        where = escape(where)
+        symbol = f"  {hit.symbol}" if hit.symbol else ""
+        console.print(f"[bold]{i:>2}. {where}[/]{symbol}  [dim]({hit.kind}, {hit.lang or 'text'}) {hit.score:.4f}[/]",
+                      markup=True, highlight=False)
+        for line in hit.snippet.splitlines():
+            console.print("      " + line, style="dim", markup=False, highlight=False)
+        console.print()
+
+
+def human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def _writer_kind(writer: dict[str, Any]) -> str:
+    return "watcher" if "--watch" in str(writer.get("purpose", "")) else "indexer"
+
+
+def _print_malformed(st: Status, console: Console) -> None:
+    for tool, reasons in st.memory_malformed.items():
+        shown = ", ".join(f"{reason} {n:,}" for reason, n in list(reasons.items())[:6])
+        console.print(f"memory: {tool} logs: {sum(reasons.values()):,} malformed record(s) skipped ({shown})",
+                      highlight=False)
+
+
+def print_status(st: Status, console: Console) -> None:
+    if not st.indexed:
+        console.print(f"{st.root}: not indexed yet (run `ctx run index`).")
+        if st.config_trust:
+            console.print(f"config: {st.config_trust.get('summary', '')}", highlight=False)
+        if st.writer:
+            console.print(f"A {_writer_kind(st.writer)} is running: pid {st.writer.get('pid')} "
+                          f"since {st.writer.get('since')}.")
+        _print_malformed(st, console)
+        return
+    pct = (st.embedded / st.chunks * 100) if st.chunks else 100.0
+    rows: list[tuple[str, Any]] = [
+        ("root", st.root),
+        ("files", f"{st.files:,}"),
+        ("chunks", f"{st.chunks:,}"),
+        ("embedded", f"{st.embedded:,} ({pct:.1f}%)" + (f", {st.pending_vectors:,} pending" if st.pending_vectors else "")),
+        ("languages", ", ".join(f"{k} {v}" for k, v in list(st.languages.items())[:8]) or "-"),
+        ("sources", ", ".join(f"{k} {v}" for k, v in st.sources.items()) or "-"),
+        ("model", f"{st.provider}/{st.model} ({st.model_id}, {st.dims}d)"),
+        ("lake", f"{st.lake_dir} ({human_bytes(st.lake_bytes)})"),
+    ]
+    if st.last_run:
+        lr = st.last_run
+        rows.append(("last run", f"{lr.get('finished_at', '?')}: +{lr.get('added', 0)} ~{lr.get('modified', 0)} "
+                     f"-{lr.get('removed', 0)} files in {lr.get('seconds', 0):.1f} s"))
+    if st.secret_files_skipped or st.masked_chunks:
+        rows.append(("secrets", f"{st.secret_files_skipped:,} file(s) skipped by name, "
+                                f"{st.masked_chunks:,} chunk(s) with masked values"))
+    if not st.clean:
+        rows.append(("state", "the last run did not finish; the next `ctx run index` repairs it"))
+    if st.writer:
+        rows.append((_writer_kind(st.writer), f"running: pid {st.writer.get('pid')} since {st.writer.get('since')}"))
+    rows.append(("fresh", "yes" if not st.stale else f"no: {st.stale_count} file(s) changed since the last run"))
+    if st.config_trust:
+        rows.append(("config", st.config_trust.get("summary", "")))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        console.print(f"[bold]{key:<{width}}[/]  {value}", highlight=False)
+    for path in st.stale_paths[:10]:
+        console.print(f"{'':<{width}}    {path}", style="yellow", highlight=False)
+    _print_malformed(st, console)
+
+
+def print_json(data: Any) -> None:
+    import json
+
+    sys.stdout.write(json.dumps(data, indent=2, default=str, ensure_ascii=False) + "\n")

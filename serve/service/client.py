@@ -1,0 +1,132 @@
+"""The `ctx` console script: forwards a command to the running service, else runs it in-process.
+
+Standard library only (plus platformdirs when CTX_HOME is unset): when the service is up a
+command costs a socket round trip, not the imports of lancedb, pyarrow, torch, prefect, pydantic,
+typer or rich. Commands that need this process (its terminal, its stdin, its lifetime) run here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from ctxlake.serve.service import protocol
+from ctxlake.serve.service.paths import ServicePaths, service_paths
+from ctxlake.serve.service.protocol import forwarded_env
+
+# Run in this process whatever the service state: they manage the service, hold the user's
+# terminal, or are the long-lived process themselves.
+LOCAL_COMMANDS = frozenset({"up", "down", "chat", "ask"})
+# Interactive unless told not to ask.
+ASKS_UNLESS = {"clean": ("-y", "--yes"), "init": ("-y", "--yes")}
+
+
+def runs_locally(argv: list[str]) -> bool:
+    """True when the command needs this process (terminal, stdin, signals), not the service's."""
+    if not argv:
+        return False
+    command = argv[0]
+    if command in LOCAL_COMMANDS or "--watch" in argv:
+        return True
+    if command in ASKS_UNLESS and not any(flag in argv for flag in ASKS_UNLESS[command]):
+        return True
+    return "-" in argv[1:]  # reads stdin, e.g. `ctx remember -`
+
+
+def autostart_enabled(cwd: Path) -> bool:
+    """`[service] autostart` from CTX_SERVICE_AUTOSTART or the nearest .ctx/config.toml (off by default)."""
+    value = os.environ.get("CTX_SERVICE_AUTOSTART")
+    if value is not None:
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    for folder in (cwd, *cwd.parents):
+        config = folder / ".ctx" / "config.toml"
+        if config.is_file():
+            try:
+                data = tomllib.loads(config.read_text(encoding="utf-8"))
+            except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError):
+                return False
+            return bool(data.get("service", {}).get("autostart", False))
+    return False
+
+
+def in_process(argv: list[str]) -> int:
+    """Today's path: import the full CLI and run the command here."""
+    from ctxlake.serve.cli.app import run
+
+    return run(argv)
+
+
+def connect(paths: ServicePaths, timeout: float = 2.0) -> socket.socket | None:
+    try:
+        return protocol.connect(str(paths.socket), timeout=timeout)
+    except OSError:
+        return None
+
+
+def request(argv: list[str], cwd: str) -> dict[str, Any]:
+    width = shutil.get_terminal_size(fallback=(80, 24)).columns
+    return {
+        "op": "cli", "v": protocol.PROTOCOL_VERSION, "argv": argv, "cwd": cwd,
+        "env": forwarded_env(), "stdout_tty": sys.stdout.isatty(), "stderr_tty": sys.stderr.isatty(),
+        "columns": width,
+    }
+
+
+def forward(sock: socket.socket, message: dict[str, Any]) -> dict[str, Any]:
+    with sock:
+        sock.settimeout(None)  # `ctx run index` may take minutes; the service answers or dies
+        protocol.send(sock, message)
+        return protocol.recv(sock)
+
+
+def run(argv: list[str]) -> int:
+    if argv and argv[0] == "serve" and not runs_locally(argv):
+        from ctxlake.serve.service.mcp_proxy import proxy_or_none
+
+        code = proxy_or_none(argv)
+        return in_process(argv) if code is None else code
+    if runs_locally(argv):
+        return in_process(argv)
+    paths = service_paths()
+    cwd = os.getcwd()
+    sock = connect(paths)
+    if sock is None and autostart_enabled(Path(cwd)):
+        from ctxlake.serve.service.lifecycle import start_detached
+
+        if start_detached(paths, quiet=True) is not None:
+            sock = connect(paths)
+    if sock is None:
+        return in_process(argv)
+    try:
+        reply = forward(sock, request(argv, cwd))
+    except (OSError, protocol.ProtocolError) as exc:
+        print(f"ctx: the service stopped answering ({exc.__class__.__name__}); running here instead.",
+              file=sys.stderr)
+        return in_process(argv)
+    if reply.get("op") == "local":  # the service cannot run it faithfully (e.g. different env)
+        return in_process(argv)
+    if reply.get("op") == "error":
+        print(f"ctx: error: {reply.get('message', 'the service refused the request')}", file=sys.stderr)
+        return int(reply.get("code", 1))
+    out, err = str(reply.get("stdout", "")), str(reply.get("stderr", ""))
+    if out:
+        sys.stdout.write(out)
+        sys.stdout.flush()
+    if err:
+        sys.stderr.write(err)
+        sys.stderr.flush()
+    return int(reply.get("code", 0))
+
+
+def main() -> None:
+    """Console entry point (`ctx`)."""
+    sys.exit(run(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,420 @@
+"""The resident service: accepts requests on a 0600 Unix socket and runs them in this warm process.
+
+Started by `ctx up` (detached, in its own session) or `ctx up --foreground`. One per user: the
+flock on service.lock is held for the process's life, so a stale pid or socket after a SIGKILL is
+recognised (the lock is free) and replaced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import fcntl
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import IO, Any
+
+from ctxlake import __version__
+from ctxlake.serve.service import capture, protocol
+from ctxlake.serve.service.paths import ServicePaths, service_paths
+from ctxlake.serve.service.protocol import Busy
+
+EXIT_DISK = 8
+HOUSEKEEPING_S = 2.0  # how often deleted project folders are dropped and idle lakes evicted
+INDEX_WAIT_S = 60
+BUSY_WAIT_S = 1.0  # a CLI request waits this long for the one before it, then runs in its client
+SETTLE_S = 0.15  # > the watcher's 50 ms quiet step plus its start of a batch
+VALUE_OPTIONS = frozenset({"--wait", "--model", "--provider"})  # `ctx run index` options taking a value
+MAX_SOCKET_PATH = 100  # sun_path holds 104-108 bytes depending on the OS  # LakeError's code: the state under $CTX_HOME cannot be written
+
+
+def log(message: str) -> None:
+    """One line in the service log (the real stderr; requests' streams are captured apart)."""
+    stream = getattr(sys.stderr, "_fallback", sys.stderr)
+    stream.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} ctx-service[{os.getpid()}] {message}\n")
+    stream.flush()
+
+
+def peer_uid(conn: socket.socket) -> int | None:
+    """The connecting process's uid (Linux SO_PEERCRED); None where the platform cannot say."""
+    option = getattr(socket, "SO_PEERCRED", None)
+    if option is None:
+        return None
+    raw = conn.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", raw)
+    return int(uid)
+
+
+class Service:
+    def __init__(self, paths: ServicePaths, watch: list[Path]) -> None:
+        self.paths = paths
+        self.started = time.time()
+        self.stopping = threading.Event()
+        self._listener: socket.socket | None = None
+        self._lock_fh: IO[str] | None = None
+        self._cli_lock = threading.Lock()  # cwd and os.environ are per process: one CLI request at a time
+        self.initial_watch = watch
+        self.orchestrator: Any = None
+        self.orchestrator_note = "not started"
+        from ctxlake.serve.service.engine import EngineCache, install
+        from ctxlake.serve.service.watchers import Watchers
+
+        self.engine = EngineCache(idle_evict_s=float(os.environ.get("CTX_SERVICE_IDLE_EVICT_S", "1800")))
+        install(self.engine)
+        self.watchers = Watchers(self.engine, on_drop=log)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def acquire(self) -> bool:
+        """Take the service lock; False when another service holds it."""
+        self.paths.ensure_dir()
+        fh = open(self.paths.lock, "a+")  # noqa: SIM115 - held for the process's life
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.close()
+            return False
+        self._lock_fh = fh
+        return True
+
+    def bind(self) -> None:
+        sock_path = self.paths.socket
+        if len(os.fsencode(sock_path)) > MAX_SOCKET_PATH:
+            raise SystemExit(f"ctx: error: the socket path {sock_path} is too long for a Unix socket; "
+                             "set CTX_HOME to a shorter folder")
+        # We hold the lock, so any socket file here is left by a dead service.
+        if sock_path.exists() or sock_path.is_symlink():
+            log(f"replacing a stale socket {sock_path}")
+            sock_path.unlink()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)  # created 0600: no window in which another user could connect
+        try:
+            listener.bind(str(sock_path))
+        finally:
+            os.umask(old)
+        os.chmod(sock_path, 0o600)
+        listener.listen(64)
+        self._listener = listener
+
+    def write_info(self) -> None:
+        info = {"pid": os.getpid(), "started": self.started, "socket": str(self.paths.socket),
+                "version": __version__, "log": str(self.paths.log),
+                # `ctx schedule` finds the persistent Prefect server here.
+                "prefect_api_url": self.orchestrator.api_url if self.orchestrator is not None else None}
+        tmp = self.paths.info.with_suffix(".tmp")
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(info))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, self.paths.info)
+
+    def start_orchestrator(self) -> None:
+        try:
+            from ctxlake.serve.service.orchestrator import Orchestrator  # type: ignore[import-not-found,unused-ignore]
+        except ImportError:
+            self.orchestrator_note = "absent (serve/service/orchestrator.py is not in this build)"
+            log(f"orchestrator {self.orchestrator_note}")
+            return
+        try:
+            from ctxlake.schemas.config import load_settings
+
+            home = self.paths.home
+            settings = load_settings(home)
+            if not settings.service.schedules:
+                self.orchestrator_note = "off ([service] schedules = false)"
+                log(f"orchestrator {self.orchestrator_note}")
+                return
+            orchestrator = Orchestrator(home, settings)
+            self.orchestrator_note = "starting"
+            orchestrator.start()
+            self.orchestrator = orchestrator
+            self.orchestrator_note = f"up at {orchestrator.api_url}"
+            self.write_info()
+            for root in self.watchers.roots():
+                orchestrator.register_project(Path(root))
+        except Exception as exc:  # the service still serves queries without schedules
+            self.orchestrator_note = f"failed: {exc}"
+            log(f"orchestrator failed to start: {exc!r}")
+
+    def serve_forever(self) -> None:
+        assert self._listener is not None
+        capture.install()
+        threading.Thread(target=self.start_orchestrator, name="orchestrator", daemon=True).start()
+        threading.Thread(target=self._housekeeping, name="housekeeping", daemon=True).start()
+        threading.Thread(target=_warm_imports, name="warm-imports", daemon=True).start()
+        for folder in self.initial_watch:
+            self.register(folder)
+        log(f"listening on {self.paths.socket}")
+        self._listener.settimeout(0.5)
+        while not self.stopping.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                if self.stopping.is_set():
+                    break
+                raise
+            threading.Thread(target=self._handle, args=(conn,), name="request", daemon=True).start()
+        self.shutdown()
+
+    def _housekeeping(self) -> None:
+        while not self.stopping.wait(HOUSEKEEPING_S):
+            for root in self.engine.evict_idle():
+                log(f"evicted idle project {root}")
+            self.watchers.drop_missing()
+
+    def shutdown(self) -> None:
+        log("stopping")
+        self.watchers.stop_all()
+        if self.orchestrator is not None:
+            try:
+                self.orchestrator.stop()
+            except Exception as exc:
+                log(f"orchestrator stop failed: {exc!r}")
+        if self._listener is not None:
+            self._listener.close()
+        for path in (self.paths.socket, self.paths.info):
+            with suppress(FileNotFoundError):
+                path.unlink()
+        stop_children()
+        log("stopped")
+        if self._lock_fh is not None:
+            self._lock_fh.close()  # releases the flock last: until here the service is "alive"
+
+    # -- requests --------------------------------------------------------------------------------
+
+    def _handle(self, conn: socket.socket) -> None:
+        try:
+            with conn:
+                uid = peer_uid(conn)
+                if uid is not None and uid != os.getuid():
+                    log(f"refused a connection from uid {uid}")
+                    protocol.send(conn, {"op": "error", "message": "refused: another user's service", "code": 2})
+                    return
+                conn.settimeout(30.0)
+                try:
+                    message = protocol.recv(conn)
+                except protocol.ProtocolError as exc:
+                    log(f"bad request: {exc}")
+                    protocol.send(conn, {"op": "error", "message": f"bad request: {exc}", "code": 2})
+                    return
+                conn.settimeout(None)
+                self._dispatch(conn, message)
+        except (OSError, protocol.ProtocolError) as exc:
+            log(f"connection ended: {exc!r}")
+        except Exception as exc:  # a bug in one request must not take the service down
+            log(f"request failed: {exc!r}")
+
+    def _dispatch(self, conn: socket.socket, message: dict[str, Any]) -> None:
+        op = message.get("op")
+        if op == "ping":
+            protocol.send(conn, {"op": "pong", **self.info()})
+        elif op == "stop":
+            protocol.send(conn, {"op": "stopping", "pid": os.getpid()})
+            self.stopping.set()
+        elif op == "cli":
+            protocol.send(conn, self.run_cli(message))
+        elif op == "watch":
+            added = [self.register(Path(p)) for p in message.get("paths", [])]
+            protocol.send(conn, {"op": "ok", "watching": added})
+        elif op == "mcp":
+            from ctxlake.serve.service.mcp_host import serve_connection
+
+            serve_connection(self, conn, message)
+        else:
+            protocol.send(conn, {"op": "error", "message": f"unknown op {op!r}", "code": 2})
+
+    def register(self, folder: Path) -> str | None:
+        """Watch a project; its root when newly added, None when already watched (or not a folder)."""
+        root = str(folder.resolve())
+        if not self.watchers.add(Path(root)):
+            return None
+        if self.orchestrator is not None:
+            try:
+                self.orchestrator.register_project(Path(root))
+            except Exception as exc:
+                log(f"could not register {root} with the orchestrator: {exc!r}")
+        return root
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(), "uptime_s": round(time.time() - self.started, 1), "rss_bytes": rss_bytes(),
+            "version": __version__, "socket": str(self.paths.socket), "watching": self.watchers.roots(),
+            "loaded": self.engine.projects(), "orchestrator": self.orchestrator_note,
+            "schedules": self._schedules(),
+        }
+
+    def _schedules(self) -> list[dict[str, Any]]:
+        if self.orchestrator is None:
+            return []
+        try:
+            return list(self.orchestrator.schedules())
+        except Exception as exc:
+            return [{"name": "?", "error": str(exc)}]
+
+    def run_cli(self, message: dict[str, Any]) -> dict[str, Any]:
+        argv = [str(a) for a in message.get("argv", [])]
+        cwd = str(message.get("cwd", ""))
+        if not os.path.isdir(cwd):
+            return {"op": "error", "message": f"working folder does not exist: {cwd}", "code": 2}
+        from ctxlake.serve.cli.app import run
+
+        if argv[:2] == ["run", "index"] and "--wait" not in argv:
+            # A watcher batch may hold the writer lock for a moment: wait for it, don't fail.
+            argv = [*argv, "--wait", str(INDEX_WAIT_S)]
+        try:
+            with self.request_env(message):
+                self._settle(argv)
+                with capture.captured(bool(message.get("stdout_tty")), False) as (out, err):
+                    try:
+                        code = run(argv)
+                    except SystemExit as exc:
+                        code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
+                    except Exception:
+                        import traceback
+
+                        traceback.print_exc()
+                        code = 1
+                watched = self._watch_after(argv, code)
+        except Busy:
+            # Another command (e.g. a long first index) holds the process's folder and environment:
+            # the client runs this one itself rather than wait behind it.
+            return {"op": "local"}
+        if watched:
+            log(f"watching {watched}")
+        return {"op": "result", "code": code, "stdout": out.getvalue(), "stderr": err.getvalue()}
+
+    @contextmanager
+    def request_env(self, message: dict[str, Any]) -> Iterator[None]:
+        """The client's folder and CTX_* environment, for one request at a time (both are per process)."""
+        env = {str(k): str(v) for k, v in dict(message.get("env", {})).items() if str(k).startswith("CTX_")}
+        if not self._cli_lock.acquire(timeout=BUSY_WAIT_S):
+            raise Busy()
+        try:
+            saved = {k: v for k, v in os.environ.items() if k.startswith("CTX_") or k == "COLUMNS"}
+            for key in saved:
+                os.environ.pop(key, None)
+            os.environ.update(env)
+            os.environ["COLUMNS"] = str(int(message.get("columns", 80)))
+            os.environ["CTX_HOME"] = str(self.paths.home)  # the socket's home is the request's home
+            try:
+                os.chdir(str(message.get("cwd", "")))
+                yield
+            finally:
+                for key in [k for k in os.environ if k.startswith("CTX_") or k == "COLUMNS"]:
+                    os.environ.pop(key, None)
+                os.environ.update(saved)
+                os.chdir(self.paths.home)
+        finally:
+            self._cli_lock.release()
+
+    def _index_root(self, argv: list[str]) -> Path | None:
+        """The project a `ctx run index` argv names (resolved from the request's folder)."""
+        if argv[:2] != ["run", "index"]:
+            return None
+        from ctxlake.schemas.config import resolve_root
+
+        positional: list[str] = []
+        skip = False
+        for arg in argv[2:]:
+            if skip:
+                skip = False
+            elif arg in VALUE_OPTIONS:
+                skip = True
+            elif not arg.startswith("-"):
+                positional.append(arg)
+        try:
+            return resolve_root(Path(positional[0]) if positional else None, for_write=False)
+        except Exception:
+            return None
+
+    def _settle(self, argv: list[str]) -> None:
+        """Before a `ctx run index` of a watched project: give the watcher time to take the batch.
+
+        The watcher applies an edit in a fraction of a second once 50 ms pass without another
+        event; a run that grabbed the writer lock first would instead run the whole flow (a scan
+        of every file: ~4 s on django). After the batch the run's no-op check finds nothing to do.
+        """
+        if "--force" in argv:
+            return
+        root = self._index_root(argv)
+        if root is not None and str(root) in self.watchers.roots():
+            time.sleep(SETTLE_S)
+
+    def _watch_after(self, argv: list[str], code: int) -> str | None:
+        """A project registers for watching on its first successful `ctx run index` here."""
+        root = self._index_root(argv) if code == 0 else None
+        return self.register(root) if root is not None else None
+
+
+def stop_children(grace_s: float = 5.0) -> None:
+    """Terminate what this process started (e.g. Prefect's temporary API server): no orphans."""
+    import psutil
+
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        with suppress(psutil.NoSuchProcess):
+            child.terminate()
+    _, alive = psutil.wait_procs(children, timeout=grace_s)
+    for child in alive:
+        with suppress(psutil.NoSuchProcess):
+            child.kill()
+    if children:
+        log(f"stopped {len(children)} child process(es)")
+
+
+def _warm_imports() -> None:
+    """Import the CLI and the read path now, so the first forwarded command does not pay for it."""
+
+
+def rss_bytes() -> int:
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ctx-service")
+    parser.add_argument("--watch", action="append", default=[], type=Path)
+    args = parser.parse_args(argv)
+    paths = service_paths()
+    service = Service(paths, list(args.watch))
+    try:
+        if not service.acquire():
+            log("another service holds the lock; not starting a second one")
+            return 0
+        service.bind()
+        service.write_info()
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            print(f"ctx: error: cannot write the service state under {paths.dir}: {exc.strerror}",
+                  file=sys.stderr)
+            return EXIT_DISK
+        raise
+    os.chdir(paths.home)
+    signal.signal(signal.SIGTERM, lambda *_: service.stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: service.stopping.set())
+    service.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

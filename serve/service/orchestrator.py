@@ -1,0 +1,326 @@
+"""The service's Prefect side: a persistent `prefect server start`, and the deployments served from it.
+
+The server is a child in its own process group (so stop() can end it and its workers together),
+bound to 127.0.0.1 on a free port, its SQLite and PREFECT_HOME under the service's home. A Runner
+in a background thread (its own event loop) polls the server and starts each scheduled flow run;
+the runs are recorded in Prefect, visible in its UI at `api_url` without `/api`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ctxlake.errors import CtxError
+from ctxlake.schemas.config import Settings
+
+if TYPE_CHECKING:
+    from prefect.deployments.runner import RunnerDeployment
+    from prefect.runner import Runner
+
+START_TIMEOUT_S = 120.0  # a busy 2-core machine needs ~10-20 s for the first start (migrations)
+MONITOR_S = 2.0
+
+
+class ServiceError(CtxError):
+    """The Prefect server could not be started or reached."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def healthy(api_url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=timeout) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+class Orchestrator:
+    """Owns the Prefect server (unless the user runs one: PREFECT_API_URL), the Runner and the log watcher."""
+
+    def __init__(self, home: Path, settings: Settings) -> None:
+        self.home = home
+        self.settings = settings
+        self._api_url: str | None = None
+        self._server: subprocess.Popen[bytes] | None = None
+        self._runner: Runner | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._monitor: threading.Thread | None = None
+        self._watcher: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._debounce: threading.Timer | None = None
+        self._lock = threading.Lock()
+        self._deployments: dict[str, Any] = {}  # name -> deployment id
+        self._backed_off: set[str] = set()
+        self.ingest_triggers = 0  # runs started by log events (after debouncing)
+        self.server_start_s: float | None = None
+
+    @property
+    def api_url(self) -> str | None:
+        return self._api_url
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._api_url is not None:
+            return
+        user_url = os.environ.get("PREFECT_API_URL")
+        if user_url:
+            if not healthy(user_url, timeout=10):
+                raise ServiceError(f"PREFECT_API_URL={user_url} does not answer", hint="start that server or unset it")
+            self._api_url = user_url
+        else:
+            self._start_server()
+        os.environ["PREFECT_API_URL"] = self._api_url or ""
+        self._start_runner()
+        from ctxlake.flows.deployments import service_deployments
+
+        for deployment in service_deployments(self.settings):
+            self.add_deployment(deployment)
+        self._monitor = threading.Thread(target=self._watch_failures, name="ctx-prefect-monitor", daemon=True)
+        self._monitor.start()
+        self._start_log_watcher()
+
+    def _start_server(self) -> None:
+        prefect_home = self.home / "prefect"
+        prefect_home.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        env = dict(os.environ)
+        env.update({
+            "PREFECT_HOME": str(prefect_home),
+            "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{prefect_home / 'prefect.db'}",
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_SERVER_API_HOST": "127.0.0.1",
+        })
+        env.pop("PREFECT_API_URL", None)
+        # The scheduler plans runs every 60 s by default: a new or changed schedule would wait that long.
+        env.setdefault("PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS", "5")
+        log = open(prefect_home / "server.log", "ab")  # noqa: SIM115 - the child keeps it open
+        started = time.perf_counter()
+        self._server = subprocess.Popen(
+            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        url = f"http://127.0.0.1:{port}/api"
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._server.poll() is not None:
+                raise ServiceError(f"prefect server exited with {self._server.returncode}",
+                                   hint=f"see {prefect_home / 'server.log'}")
+            if healthy(url, timeout=1):
+                self._api_url = url
+                self.server_start_s = time.perf_counter() - started
+                return
+            time.sleep(0.2)
+        self._kill_server()
+        raise ServiceError(f"prefect server did not answer within {START_TIMEOUT_S:.0f} s",
+                           hint=f"see {prefect_home / 'server.log'}")
+
+    def _start_runner(self) -> None:
+        from prefect.runner import Runner
+
+        ready = threading.Event()
+
+        def serve() -> None:
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            self._loop = loop
+            self._runner = Runner(name="ctxlake-service", query_seconds=1, prefetch_seconds=2, pause_on_shutdown=False)
+            ready.set()
+            try:
+                loop.run_until_complete(self._in_settings(self._runner.start()))
+            except Exception:
+                if not self._stopping.is_set():
+                    raise
+            finally:
+                loop.close()
+
+        self._thread = threading.Thread(target=serve, name="ctx-prefect-runner", daemon=True)
+        self._thread.start()
+        ready.wait(30)
+
+    def _call(self, coro: Any, timeout: float = 60) -> Any:
+        if self._loop is None:
+            raise ServiceError("the orchestrator is not started")
+        return asyncio.run_coroutine_threadsafe(self._in_settings(coro), self._loop).result(timeout)
+
+    async def _in_settings(self, coro: Any) -> Any:
+        # Prefect reads PREFECT_API_URL into a settings context once per process; a process that
+        # touched Prefect before start() would otherwise keep talking to a temporary server (and
+        # hand that to the flow-run processes the runner starts).
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings(updates={PREFECT_API_URL: self._api_url}):
+            return await coro
+
+    def add_deployment(self, deployment: RunnerDeployment) -> None:
+        """Register a deployment with the server and have the runner execute its runs."""
+        assert self._runner is not None
+        self._deployments[deployment.name] = self._call(self._runner.aadd_deployment(deployment))
+
+    def register_project(self, root: Path) -> None:
+        from ctxlake.flows.deployments import index_name, project_deployment
+
+        if index_name(root) not in self._deployments:
+            self.add_deployment(project_deployment(root, self.settings))
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._debounce is not None:
+            self._debounce.cancel()
+        if self._runner is not None and self._loop is not None and self._loop.is_running():
+            with contextlib.suppress(Exception):
+                self._call(self._runner.astop(), timeout=20)
+        if self._thread is not None:
+            self._thread.join(20)
+        self._kill_children()
+        self._kill_server()
+        if os.environ.get("PREFECT_API_URL") == self._api_url and self._server is not None:
+            os.environ.pop("PREFECT_API_URL", None)
+        self._api_url = None
+
+    def _kill_server(self) -> None:
+        if self._server is None or self._server.poll() is not None:
+            return
+        pgid = self._server.pid  # its own session: the group id is its pid
+        os.killpg(pgid, signal.SIGTERM)
+        try:
+            self._server.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(pgid, signal.SIGKILL)
+            self._server.wait(5)
+        with contextlib.suppress(ProcessLookupError):  # uvicorn workers left in the group
+            os.killpg(pgid, signal.SIGKILL)
+
+    def _kill_children(self) -> None:
+        """Flow-run processes the runner started and did not reap (a run killed mid-way)."""
+        import psutil
+
+        server = self._server.pid if self._server is not None else None
+        for child in psutil.Process().children(recursive=True):
+            if child.pid != server and (server is None or not _in_group(child, server)):
+                try:
+                    child.terminate()
+                    child.wait(5)
+                except psutil.Error:
+                    pass
+
+    # -- failures ------------------------------------------------------------------------------
+    def _watch_failures(self) -> None:
+        """Pause a deployment whose last `max_failures` runs all failed: no crash loop."""
+        while not self._stopping.wait(MONITOR_S):
+            try:
+                self._call(self._check_failures(), timeout=30)
+            except Exception:
+                continue
+
+    async def _check_failures(self) -> None:
+        from prefect.client.orchestration import get_client
+
+        n = self.settings.schedule.max_failures
+        async with get_client() as client:
+            for name, dep_id in list(self._deployments.items()):
+                runs = await _recent_runs(client, dep_id, n)
+                if len(runs) == n and all(r.state is not None and (r.state.is_failed() or r.state.is_crashed()) for r in runs):
+                    deployment = await client.read_deployment(dep_id)
+                    if not deployment.paused and name not in self._backed_off:
+                        await client.pause_deployment(dep_id)
+                        from ctxlake.serve.service.schedules import _drop_planned
+
+                        await _drop_planned(client, dep_id)
+                        self._backed_off.add(name)
+                elif runs and runs[0].state is not None and runs[0].state.is_completed():
+                    self._backed_off.discard(name)
+
+    # -- log events ----------------------------------------------------------------------------
+    def notify_logs_changed(self) -> None:
+        """Debounced: a burst of log writes within `logs_debounce_s` starts one ingest run."""
+        with self._lock:
+            if self._debounce is not None:
+                self._debounce.cancel()
+            self._debounce = threading.Timer(self.settings.schedule.logs_debounce_s, self._trigger_ingest)
+            self._debounce.daemon = True
+            self._debounce.start()
+
+    def _trigger_ingest(self) -> None:
+        from prefect.client.orchestration import get_client
+
+        from ctxlake.flows.deployments import INGEST
+
+        async def create() -> None:
+            async with get_client() as client:
+                await client.create_flow_run_from_deployment(self._deployments[INGEST], tags=["log-event"])
+
+        if self._stopping.is_set() or INGEST not in self._deployments:
+            return
+        self._call(create())
+        self.ingest_triggers += 1
+
+    def _start_log_watcher(self) -> None:
+        from ctxlake.tasks.scrape import resolve_roots
+
+        folders = [p for paths in resolve_roots(self.settings.memory, Path.home()).values() for p in paths if p.is_dir()]
+        if not folders:
+            return
+
+        def watch() -> None:
+            from watchfiles import watch as wf_watch
+
+            for _changes in wf_watch(*folders, stop_event=self._stopping, debounce=500, rust_timeout=1000):
+                self.notify_logs_changed()
+
+        self._watcher = threading.Thread(target=watch, name="ctx-log-watcher", daemon=True)
+        self._watcher.start()
+
+    # -- read side -----------------------------------------------------------------------------
+    def schedules(self) -> list[dict[str, Any]]:
+        from ctxlake.serve.service.schedules import read_schedules
+
+        if self._api_url is None:
+            return []
+        return read_schedules(self._api_url)
+
+
+def _in_group(proc: Any, pgid: int) -> bool:
+    try:
+        return os.getpgid(proc.pid) == pgid
+    except OSError:
+        return False
+
+
+async def _recent_runs(client: Any, deployment_id: Any, n: int) -> list[Any]:
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterId,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    finished = FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.COMPLETED, StateType.FAILED, StateType.CRASHED]))
+    runs = await client.read_flow_runs(
+        deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
+        flow_run_filter=FlowRunFilter(state=finished), sort=FlowRunSort.END_TIME_DESC, limit=n)
+    return list(runs)
+
+
+def utc_iso(value: datetime | None) -> str | None:
+    return value.astimezone(UTC).isoformat() if value is not None else None

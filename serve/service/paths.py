@@ -1,0 +1,65 @@
+"""Where the service keeps its state under $CTX_HOME; standard library only (the thin client uses it)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+SERVICE_DIR = "service"
+
+
+def ctx_home(env: dict[str, str] | os._Environ[str] | None = None) -> Path:
+    """Resolve the user dir exactly like schemas/config.py default_home, without importing it."""
+    source = os.environ if env is None else env
+    if source.get("CTX_HOME"):
+        return Path(source["CTX_HOME"]).expanduser().resolve()
+    # platformdirs is a small pure-Python module (a few ms); using it keeps one resolution rule.
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("ctxlake", appauthor=False))
+
+
+@dataclass(frozen=True)
+class ServicePaths:
+    """The files of one user's service: a 0700 folder holding a 0600 socket, locks, state and log."""
+
+    home: Path
+
+    @property
+    def dir(self) -> Path:
+        return self.home / SERVICE_DIR
+
+    @property
+    def socket(self) -> Path:
+        return self.dir / "ctx.sock"
+
+    @property
+    def lock(self) -> Path:
+        """Held (flock) by the running service for its whole life: proof that it is alive."""
+        return self.dir / "service.lock"
+
+    @property
+    def start_lock(self) -> Path:
+        """Held by a `ctx up` while it starts a service, so that two at once start one."""
+        return self.dir / "start.lock"
+
+    @property
+    def info(self) -> Path:
+        return self.dir / "service.json"
+
+    @property
+    def log(self) -> Path:
+        return self.dir / "service.log"
+
+    def ensure_dir(self) -> Path:
+        """Create the folder 0700 (and tighten it if someone loosened it)."""
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if sys.platform != "win32" and (self.dir.stat().st_mode & 0o777) != 0o700:
+            os.chmod(self.dir, 0o700)
+        return self.dir
+
+
+def service_paths(env: dict[str, str] | os._Environ[str] | None = None) -> ServicePaths:
+    return ServicePaths(ctx_home(env))

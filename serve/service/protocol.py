@@ -1,0 +1,78 @@
+"""Frames on the service socket: a 4-byte big-endian length, then one UTF-8 JSON object.
+
+Standard library only. A connection carries one request and its answer; an `mcp` request turns
+the rest of the connection into the MCP stdio byte stream (newline-delimited JSON-RPC).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+from typing import Any
+
+MAX_FRAME = 64 * 1024 * 1024  # an answer carries a command's whole output; 64 MiB bounds garbage
+_HEADER = struct.Struct(">I")
+PROTOCOL_VERSION = 1
+
+
+class ProtocolError(Exception):
+    """The peer sent something that is not a frame of this protocol."""
+
+
+class PeerClosed(ProtocolError):
+    """The connection ended before a whole frame arrived (e.g. the service died)."""
+
+
+def send(sock: socket.socket, message: dict[str, Any]) -> None:
+    body = json.dumps(message, ensure_ascii=False).encode("utf-8")
+    if len(body) > MAX_FRAME:
+        raise ProtocolError(f"message of {len(body):,} bytes is over the {MAX_FRAME:,}-byte limit")
+    sock.sendall(_HEADER.pack(len(body)) + body)
+
+
+def _read_exact(sock: socket.socket, n: int) -> bytes:
+    chunks: list[bytes] = []
+    left = n
+    while left:
+        chunk = sock.recv(min(left, 1 << 20))
+        if not chunk:
+            raise PeerClosed(f"connection closed with {left} of {n} bytes unread")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def recv(sock: socket.socket) -> dict[str, Any]:
+    (length,) = _HEADER.unpack(_read_exact(sock, _HEADER.size))
+    if length > MAX_FRAME:
+        raise ProtocolError(f"frame of {length:,} bytes is over the {MAX_FRAME:,}-byte limit")
+    try:
+        message = json.loads(_read_exact(sock, length).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"frame is not UTF-8 JSON: {exc}") from exc
+    if not isinstance(message, dict):
+        raise ProtocolError("frame is not a JSON object")
+    return message
+
+
+def connect(path: str, timeout: float | None = 2.0) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class Busy(Exception):
+    """The service's per-process request context (folder, environment) stayed taken too long."""
+
+
+def forwarded_env() -> dict[str, str]:
+    """The environment a client hands the service: ctxlake's own CTX_* settings, nothing else."""
+    import os
+
+    return {k: v for k, v in os.environ.items() if k.startswith("CTX_")}

@@ -1,0 +1,135 @@
+"""File watchers of the registered projects, one thread each, in the service.
+
+Each applies debounced batches with the watch flow's own steps (flows/watch_code.py apply_batch:
+rehash the changed paths, Merkle diff, upsert, embed, snapshot), holding the project's writer lock
+per batch so a `ctx run index` elsewhere and the watcher never write at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from ctxlake.serve.service.engine import EngineCache
+
+STEP_MS = 50  # quiet time that closes a batch
+NOISE = (".git/", ".ctx/")
+
+
+class ProjectWatcher(threading.Thread):
+    def __init__(self, root: Path, engine: EngineCache, log: Callable[[str], None]) -> None:
+        super().__init__(name=f"watch {root.name}", daemon=True)
+        self.root = root
+        self.engine = engine
+        self.log = log
+        self.stop_event = threading.Event()
+        self.batches = 0
+        self.error: str | None = None
+
+    def run(self) -> None:
+        try:
+            self._watch()
+        except Exception as exc:  # one project's failure is logged; the service and others go on
+            self.error = repr(exc)
+            self.log(f"watcher of {self.root} stopped: {exc!r}")
+
+    def _watch(self) -> None:
+        from watchfiles._rust_notify import RustNotify
+
+        from ctxlake.schemas.config import load_settings
+
+        settings = load_settings(self.root)
+        with RustNotify([str(self.root)], False, False, 300, True, False) as notify:
+            while not self.stop_event.is_set():
+                raw = notify.watch(settings.watch.debounce_ms, STEP_MS, 1000, self.stop_event)
+                if raw in ("signal", "stop"):
+                    break
+                if raw == "timeout":
+                    continue
+                events = cast("set[tuple[int, str]]", raw)
+                paths = {Path(p).relative_to(self.root).as_posix() for _, p in events
+                         if Path(p).is_relative_to(self.root)}
+                paths = {p for p in paths if p != "." and not p.startswith(NOISE)}
+                if paths and self.root.is_dir():
+                    self._apply(settings, paths)
+
+    def _apply(self, settings: Any, paths: set[str]) -> None:
+        from ctxlake.flows.index_code import IndexReport, Writer
+        from ctxlake.flows.watch_code import RULE_FILES, apply_batch
+        from ctxlake.schemas.tables import PROJECT_SOURCE
+        from ctxlake.tasks.lake import IndexState, WriterLock
+        from ctxlake.tasks.merkle import (
+            PathFilter,
+            Tree,
+            diff_trees,
+            load_snapshot,
+            rehash_paths,
+            scan,
+        )
+
+        lock = WriterLock(settings.lake_dir, purpose="ctx service watcher").acquire(wait_s=60.0)
+        try:
+            # Re-read each time: a `ctx run index` may have moved the lake on since the last batch.
+            state = IndexState.read(settings.lake_dir)
+            if state is None:
+                return  # not indexed yet: the first `ctx run index` builds it
+            tree = load_snapshot(settings.lake_dir, PROJECT_SOURCE) or Tree.build({})
+            if any(p.endswith(RULE_FILES) for p in paths):
+                new_tree, diff, _ = scan(self.root, settings.index, tree)
+            else:
+                keep = PathFilter(self.root, settings.index)
+                new_tree = tree.update(rehash_paths(self.root, paths, tree, keep, settings.index.max_file_bytes))
+                diff = diff_trees(tree, new_tree)
+            if not diff:
+                return
+            writer = Writer(settings, PROJECT_SOURCE, self.root, self.engine.embedder(settings), state)
+            started = time.perf_counter()
+            apply_batch(writer, tree, new_tree, diff, IndexReport(source=PROJECT_SOURCE, root=str(self.root)))
+            self.batches += 1
+            self.log(f"updated {len(paths)} path(s) in {self.root} in {time.perf_counter() - started:.2f} s")
+        finally:
+            lock.release()
+
+
+class Watchers:
+    def __init__(self, engine: EngineCache, on_drop: Callable[[str], None]) -> None:
+        self.engine = engine
+        self.log = on_drop
+        self._lock = threading.Lock()
+        self._by_root: dict[str, ProjectWatcher] = {}
+
+    def add(self, root: Path) -> bool:
+        """Start watching `root`; False when it was already watched or is not a folder."""
+        key = str(root)
+        with self._lock:
+            if key in self._by_root or not root.is_dir():
+                return False
+            watcher = ProjectWatcher(root, self.engine, self.log)
+            self._by_root[key] = watcher
+        watcher.start()
+        return True
+
+    def roots(self) -> list[str]:
+        with self._lock:
+            return sorted(self._by_root)
+
+    def drop_missing(self) -> None:
+        with self._lock:
+            gone = [k for k in self._by_root if not Path(k).is_dir()]
+            for key in gone:
+                self._by_root.pop(key).stop_event.set()
+        for key in gone:
+            self.log(f"dropped {key} from the watched projects: the folder no longer exists")
+
+    def stop_all(self) -> None:
+        with self._lock:
+            watchers = list(self._by_root.values())
+            self._by_root.clear()
+        for watcher in watchers:
+            watcher.stop_event.set()
+        for watcher in watchers:
+            watcher.join(timeout=10.0)

@@ -1,0 +1,164 @@
+"""Exit codes and messages of the real `ctx`: usage errors, counts, "not indexed", a full disk, and
+`ctx sql` locked to the lake's tables."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import ctx_subprocess
+
+pytestmark = pytest.mark.usefixtures("prefect_server", "fake_embedder")
+
+COUNTED = [("search", "x"), ("files", "x"), ("sql", "select 1"), ("sessions",), ("session", "show", "s1"),
+           ("context", "search", "x"), ("knowledge",)]
+
+
+@pytest.fixture
+def indexed(make_repo: Callable[..., Path], cli: Callable[..., Any]) -> Path:
+    repo = make_repo({"app.py": "def total(xs):\n    return sum(xs)\n", "notes.md": "# Notes\n\nTotals.\n"})
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    return repo
+
+
+@pytest.mark.parametrize("args, words", [
+    (("search", "--bogus", "x"), "No such option: --bogus"),
+    (("frobnicate",), "No such command 'frobnicate'"),
+    (("search",), "Missing argument"),
+    (("search", "x", "-n", "0"), "'-n' / '--limit'"),
+])
+def test_usage_errors_exit_2_with_clicks_message(args: tuple[str, ...], words: str, tmp_path: Path) -> None:
+    done = ctx_subprocess(*args, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "Usage: ctx" in done.stderr and words in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("command", COUNTED, ids=[" ".join(c) for c in COUNTED])
+@pytest.mark.parametrize("count", ["0", "-1"])
+def test_counts_below_one_are_rejected(command: tuple[str, ...], count: str, tmp_path: Path,
+                                       cli: Callable[..., Any]) -> None:
+    result = cli(*command, "-n", count, cwd=tmp_path)
+    assert result.exit_code == 2 and "greater than or equal to 1" in result.stderr, result.stderr
+
+
+def test_not_indexed_is_4_with_or_without_ctx_folder(tmp_path: Path, cli: Callable[..., Any]) -> None:
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    assert cli("search", "x", cwd=bare).exit_code == 4
+    assert cli("sql", "select 1", cwd=bare).exit_code == 4
+    started = tmp_path / "started"
+    (started / ".ctx").mkdir(parents=True)  # a clone with a committed config, never indexed
+    for args in (("search", "x"), ("sql", "select 1"), ("files", "x")):
+        result = cli(*args, cwd=started)
+        assert result.exit_code == 4, (args, result.stderr)
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES])
+def test_storage_errors_anywhere_are_exit_8(code: int, tmp_path: Path, cli: Callable[..., Any],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import ctxlake.serve.cli.app as cli_module
+
+    def fail(root: Path) -> bool:  # fault injection: the first write of `ctx run index`
+        raise OSError(code, os.strerror(code), str(root / ".ctx" / "config.toml"))
+
+    monkeypatch.setattr(cli_module, "ensure_project", fail)
+    repo = tmp_path / "r"
+    repo.mkdir()
+    result = cli("run", "index", str(repo), cwd=tmp_path)
+    assert result.exit_code == 8, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("ctx: error:")]
+    assert len(lines) == 1 and "config.toml" in lines[0] and "Traceback" not in result.stderr
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 600 KiB tmpfs (root only; skipped elsewhere)."""
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(mount)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_really_full_disk_is_exit_8_with_one_line(tiny_disk: Path) -> None:
+    repo = tiny_disk / "repo"
+    repo.mkdir()
+    for i in range(40):  # ~240 KB of source: the lake does not fit beside it
+        (repo / f"m{i}.py").write_text("".join(f"def f{i}_{j}(x):\n    return x * {j} + {i}.{j}\n\n" for j in range(60)))
+    done = ctx_subprocess("run", "index", str(repo), cwd=tiny_disk,
+                          env={"CTX_EMBED_PROVIDER": "fake", "CTX_EMBED_MODEL": "hash"})
+    assert done.returncode == 8, done.stderr
+    assert "No space left" in done.stderr and "Traceback" not in done.stderr
+    filler = tiny_disk / "filler"  # now fill what is left, so even .ctx/config.toml cannot be written
+    with pytest.raises(OSError), filler.open("wb") as out:
+        while True:
+            out.write(b"x" * 4096)
+            out.flush()
+    (repo / ".ctx" / "config.toml").unlink()
+    again = ctx_subprocess("run", "index", str(repo), cwd=tiny_disk,
+                           env={"CTX_EMBED_PROVIDER": "fake", "CTX_EMBED_MODEL": "hash"})
+    assert again.returncode == 8 and "disk is full" in again.stderr and "Traceback" not in again.stderr
+
+
+def test_sql_reads_the_lake_and_nothing_else(indexed: Path, tmp_path: Path, cli: Callable[..., Any]) -> None:
+    ok = cli("sql", "SELECT count(*) AS n FROM files", "--json", cwd=indexed)
+    assert ok.exit_code == 0 and json.loads(ok.stdout)["rows"] == [[2]]
+    outside = tmp_path / "outside.csv"
+    outside.write_text("secret\nvalue\n")
+    leak = tmp_path / "leak.csv"
+    for statement in [
+        f"select 1; COPY (select * from chunks) TO '{leak}'",
+        f"COPY (select * from chunks) TO '{leak}'",
+        "select 1; INSTALL httpfs",
+        "LOAD httpfs",
+        f"ATTACH '{tmp_path / 'x.db'}' AS x",
+        "select * from read_text('/etc/hostname')",
+        f"select * from read_csv('{outside}')",
+        f"select * from '{outside}'",
+        "SET enable_external_access = true",
+    ]:
+        result = cli("sql", statement, cwd=indexed)
+        assert result.exit_code == 2, (statement, result.stdout, result.stderr)
+        assert result.stderr.startswith("ctx: error:") and "Traceback" not in result.stderr
+        assert "secret" not in result.stdout
+    assert not leak.exists() and not (tmp_path / "x.db").exists()
+    assert cli("sql", "select 1;", cwd=indexed).exit_code == 0
+    two = cli("sql", "select 1; select 2", cwd=indexed)
+    assert two.exit_code == 2 and "exactly one statement" in two.stderr
+
+
+def test_index_reports_wall_time_from_process_start(make_repo: Callable[..., Path]) -> None:
+    import time
+
+    repo = make_repo({"app.py": "def total(xs):\n    return sum(xs)\n"})
+    env = {"CTX_EMBED_PROVIDER": "fake", "CTX_EMBED_MODEL": "hash"}
+    assert ctx_subprocess("run", "index", cwd=repo, env=env).returncode == 0
+    (repo / "more.py").write_text("def more():\n    return 1\n")  # a one-file re-index
+    began = time.time()
+    done = ctx_subprocess("run", "index", "--json", cwd=repo, env=env)
+    waited = time.time() - began
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    # The wall time is what the user waited (less the exit after printing), and it is made of
+    # the run's own seconds plus start-up; the run's own clock alone is far shorter.
+    assert report["wall_seconds"] <= waited
+    assert report["wall_seconds"] >= waited - max(3.0, 0.25 * waited), (report, waited)
+    assert report["wall_seconds"] == pytest.approx(
+        report["seconds"] + report["startup_seconds"] + report["model_setup_s"], abs=0.01)
+    assert report["startup_seconds"] > report["seconds"]
+    human = ctx_subprocess("run", "index", "--force", cwd=repo, env=env)
+    assert "s starting Python and Prefect" in human.stdout and human.stdout.count("Done in ") == 1

@@ -1,0 +1,157 @@
+"""The service's Prefect side with a real `prefect server start` in a tmp home (one server per module)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from memlogs import claude, write_jsonl
+
+from ctxlake.schemas.config import load_settings
+from ctxlake.serve.service.orchestrator import Orchestrator, healthy
+from ctxlake.serve.service.schedules import pause_schedule, set_schedule
+
+CONFIG = """
+[embed]
+provider = "fake"
+model = "hash"
+
+[memory]
+tools = ["claude"]
+roots = {{ claude = "{logs}" }}
+
+[schedule]
+ingest_every_s = 3600
+index_every_s = 3600
+logs_debounce_s = 1.0
+max_failures = 2
+"""
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def schedule(orch: Orchestrator, name: str) -> dict[str, Any]:
+    return next(s for s in orch.schedules() if s["name"] == name)
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Orchestrator, Path]]:
+    base = tmp_path_factory.mktemp("orch")
+    project, logs, home = base / "proj", base / "logs" / "projects", base / "home"
+    (project / ".ctx").mkdir(parents=True)
+    logs.mkdir(parents=True)
+    (project / ".ctx" / "config.toml").write_text(CONFIG.format(logs=logs), encoding="utf-8")
+    saved = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "CTX_HOME")}
+    os.environ.pop("PREFECT_API_URL", None)
+    os.environ["CTX_HOME"] = str(home)  # the flow-run processes inherit it
+    orch = Orchestrator(home, load_settings(project))
+    orch.start()
+    try:
+        yield orch, logs
+    finally:
+        orch.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture(autouse=True)
+def ctx_home() -> None:
+    """The module's service owns CTX_HOME (overrides the per-test home of conftest)."""
+
+
+def test_server_starts_and_serves_default_deployments(service: tuple[Orchestrator, Path]) -> None:
+    orch, _ = service
+    assert orch.api_url and healthy(orch.api_url)
+    assert os.environ["PREFECT_API_URL"] == orch.api_url
+    print(f"prefect server start: {orch.server_start_s:.1f} s")
+    names = {s["name"]: s for s in orch.schedules()}
+    assert names["ingest_conversations"]["kind"] == "interval"
+    assert names["ingest_conversations"]["spec"] == "3600s"
+    assert names["sync_sources"] == names["sync_sources"] | {"kind": "cron", "spec": "0 3 * * *", "paused": False}
+    wait_for(lambda: schedule(orch, "sync_sources")["next_run"], 30, "the scheduler to plan the next sync run")
+
+
+def test_interval_fires_then_pause_and_set(service: tuple[Orchestrator, Path], tmp_path: Path) -> None:
+    from schedule_flows import quick
+
+    orch, _ = service
+    marker = tmp_path / "marker.txt"
+    orch.add_deployment(quick.to_deployment("quick", interval=timedelta(seconds=3),
+                                            parameters={"marker": str(marker)}))
+    done = wait_for(lambda: (schedule(orch, "quick")["last_run"] or {}).get("state") == "COMPLETED", 120,
+                    "a completed run of the 3 s schedule")
+    assert done and marker.read_text().startswith("ran")
+
+    pause_schedule(orch.api_url or "", "quick", paused=True)
+    assert schedule(orch, "quick")["paused"] and schedule(orch, "quick")["next_run"] is None
+    time.sleep(8)  # runs already under way (each takes a few seconds) may still finish
+    count = len(marker.read_text().splitlines())
+    time.sleep(8)
+    assert len(marker.read_text().splitlines()) == count, "a paused schedule still ran"
+
+    set_schedule(orch.api_url or "", "quick", cron="0 4 * * *")
+    pause_schedule(orch.api_url or "", "quick", paused=False)
+    row = schedule(orch, "quick")
+    assert (row["kind"], row["spec"], row["paused"]) == ("cron", "0 4 * * *", False)
+
+
+def test_failing_deployment_is_recorded_and_paused(service: tuple[Orchestrator, Path]) -> None:
+    from schedule_flows import always_fails
+
+    orch, _ = service
+    orch.add_deployment(always_fails.to_deployment("fails", interval=timedelta(seconds=2)))
+    row = wait_for(lambda: (r := schedule(orch, "fails"))["paused"] and r, 180, "the failing schedule to be paused")
+    assert row["last_run"]["state"] == "FAILED"
+    assert "deliberate failure" in (row["last_run"]["error"] or "")
+    assert healthy(orch.api_url or "")  # the service survived
+
+
+def test_log_events_make_one_debounced_ingest_run(service: tuple[Orchestrator, Path]) -> None:
+    orch, logs = service
+    before = orch.ingest_triggers
+    session = logs / "-srv-u-proj" / "sess-a.jsonl"
+    session.parent.mkdir(parents=True, exist_ok=True)
+    for i in range(4):  # a burst of appends, as an agent writes
+        write_jsonl(session, [claude("user", f"u{i}", i, f"message {i}")], mode="a")
+        time.sleep(0.2)
+    wait_for(lambda: orch.ingest_triggers > before, 30, "the debounced ingest trigger")
+    time.sleep(3)
+    assert orch.ingest_triggers == before + 1
+    row = wait_for(lambda: (r := schedule(orch, "ingest_conversations"))["last_run"] and r, 180, "the ingest run")
+    assert row["last_run"]["state"] == "COMPLETED", row["last_run"]
+
+
+def test_stop_leaves_no_child_process(tmp_path: Path) -> None:
+    project = tmp_path / "p"
+    (project / ".ctx").mkdir(parents=True)
+    (project / ".ctx" / "config.toml").write_text('[memory]\ntools = ["claude"]\nroots = { claude = "%s" }\n'
+                                                  % (tmp_path / "none"), encoding="utf-8")
+    saved = os.environ.pop("PREFECT_API_URL", None)
+    orch = Orchestrator(tmp_path / "home", load_settings(project))
+    orch.start()
+    url = orch.api_url
+    children = psutil.Process().children(recursive=True)
+    assert children, "the server should be a child process"
+    orch.stop()
+    _gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, [p.cmdline() for p in alive]
+    assert url and not healthy(url)
+    if saved:
+        os.environ["PREFECT_API_URL"] = saved

@@ -1,0 +1,274 @@
+"""The always-on service as real processes in a tmp $CTX_HOME: start, forward, fall back, watch,
+recover from SIGKILL, refuse garbage, stop without orphans, and MCP through the stdlib proxy."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psutil
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp_helpers import PROJECT, call_ok
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+
+CTX = str(Path(sys.executable).parent / "ctx")
+HEAVY = ("lancedb", "pyarrow", "torch", "prefect", "pydantic", "typer", "rich")
+
+
+def ctx(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CTX, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def service_dir(home: Path) -> Path:
+    return home / "service"
+
+
+def service_pid(home: Path) -> int:
+    return int(json.loads((service_dir(home) / "service.json").read_text())["pid"])
+
+
+@pytest.fixture(autouse=True)
+def no_schedules(ctx_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Most tests here are about the transport: their services skip the Prefect server (~10 s each);
+    test_service_runs_the_schedules_and_stops_them_with_it turns it back on."""
+    monkeypatch.setenv("CTX_SERVICE_SCHEDULES", "false")
+
+
+@pytest.fixture
+def indexed(make_repo: Callable[..., Path], cli: Callable[..., Any], fake_embedder: Any) -> Path:
+    repo = make_repo(PROJECT)
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    return repo
+
+
+@pytest.fixture
+def service(indexed: Path, ctx_home: Path) -> Iterator[Path]:
+    """A running service for this test's home; stopped (forcibly if need be) afterwards."""
+    started = ctx("up", cwd=indexed)
+    assert started.returncode == 0, started.stderr
+    yield ctx_home
+    ctx("down", cwd=indexed)
+    info = service_dir(ctx_home) / "service.json"
+    if info.exists():  # a test that killed it and did not restart: leave nothing running
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(service_pid(ctx_home), signal.SIGKILL)
+
+
+def test_forwarded_output_equals_in_process_and_files_are_private(indexed: Path, service: Path) -> None:
+    via_service = ctx("search", "invoice total", cwd=indexed)
+    as_json = ctx("search", "invoice total", "--json", cwd=indexed)
+    assert via_service.returncode == 0, via_service.stderr
+    assert json.loads(as_json.stdout)["hits"][0]["path"] == "src/billing/invoice.py"
+    folder = service_dir(service)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert stat.S_IMODE((folder / "ctx.sock").stat().st_mode) == 0o600
+    assert stat.S_IMODE((folder / "service.json").stat().st_mode) == 0o600
+    # A domain error keeps its exit code and message through the service.
+    bad = ctx("search", "x", "--mode", "nope", cwd=indexed)
+    assert bad.returncode == 2 and "unknown --mode" in bad.stderr
+    assert ctx("down", cwd=indexed).returncode == 0
+    in_process = ctx("search", "invoice total", cwd=indexed)
+    assert in_process.returncode == 0
+    assert in_process.stdout == via_service.stdout and in_process.stderr == via_service.stderr
+
+
+def test_thin_client_imports_nothing_heavy(indexed: Path, service: Path) -> None:
+    run = subprocess.run([sys.executable, "-X", "importtime", "-m", "ctxlake.serve.service.client", "search",
+                          "invoice"], cwd=indexed, capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 0 and "invoice.py" in run.stdout
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in run.stderr.splitlines() if "|" in line}
+    assert not imported & set(HEAVY), sorted(imported & set(HEAVY))
+
+
+def test_edit_is_searchable_through_the_watcher(indexed: Path, ctx_home: Path) -> None:
+    assert ctx("up", "--watch", str(indexed), cwd=indexed).returncode == 0
+    try:
+        status = ctx("status", cwd=indexed)
+        assert "Service: up" in status.stdout and str(indexed) in status.stdout
+        (indexed / "src" / "billing" / "refund.py").write_text("def issue_refund_voucher(order):\n    return order\n")
+        deadline, found = time.monotonic() + 20, False
+        while time.monotonic() < deadline and not found:
+            out = ctx("search", "issue_refund_voucher", "--mode", "keyword", "--json", cwd=indexed)
+            found = any(h["path"] == "src/billing/refund.py" for h in json.loads(out.stdout)["hits"])
+            time.sleep(0.1)
+        assert found, "the edit never became searchable"
+    finally:
+        ctx("down", cwd=indexed)
+
+
+def test_kill_9_falls_back_then_up_recovers(indexed: Path, service: Path) -> None:
+    first = service_pid(service)
+    os.kill(first, signal.SIGKILL)
+    psutil.Process(first).wait(10) if psutil.pid_exists(first) else None
+    assert (service_dir(service) / "ctx.sock").exists()  # stale socket left behind
+    fallback = ctx("search", "invoice", "--json", cwd=indexed)
+    assert fallback.returncode == 0 and json.loads(fallback.stdout)["hits"]
+    again = ctx("up", cwd=indexed)
+    assert again.returncode == 0 and "started" in again.stdout, again.stderr
+    assert service_pid(service) != first
+    assert ctx("search", "invoice", "--json", cwd=indexed).returncode == 0
+
+
+def test_two_concurrent_ups_start_one_service(indexed: Path, ctx_home: Path) -> None:
+    procs = [subprocess.Popen([CTX, "up"], cwd=indexed, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+        assert all(p.returncode == 0 for p in procs)
+        pids = {line.split("pid ")[1].split(",")[0] for line in outs for line in line.splitlines()}
+        assert len(pids) == 1, outs
+        daemons = [p for p in psutil.process_iter(["cmdline", "environ"])
+                   if "ctxlake.serve.service.daemon" in " ".join(p.info["cmdline"] or [])
+                   and (p.info["environ"] or {}).get("CTX_HOME") == str(ctx_home)]
+        assert len(daemons) == 1
+    finally:
+        ctx("down", cwd=indexed)
+
+
+def test_garbage_gets_an_error_and_the_service_stays_up(indexed: Path, service: Path) -> None:
+    sock_path = str(service_dir(service) / "ctx.sock")
+    for garbage in (b"\x00\x00\x00\x05hello", b"GET / HTTP/1.1\r\n\r\n", struct.pack(">I", 2**31) + b"x"):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(10)
+            sock.connect(sock_path)
+            sock.sendall(garbage)
+            (length,) = struct.unpack(">I", sock.recv(4))
+            reply = json.loads(sock.recv(length))
+            assert reply["op"] == "error" and "bad request" in reply["message"]
+    assert ctx("search", "invoice", cwd=indexed).returncode == 0
+    assert "Service: up" in ctx("status", cwd=indexed).stdout
+
+
+def test_down_leaves_no_child_processes(indexed: Path, service: Path) -> None:
+    # An index run in the service starts Prefect's temporary API server as a child.
+    (indexed / "new_module.py").write_text("def brand_new_function():\n    return 1\n")
+    assert ctx("run", "index", cwd=indexed, timeout=300).returncode == 0
+    proc = psutil.Process(service_pid(service))
+    tree = [proc, *proc.children(recursive=True)]
+    assert ctx("down", cwd=indexed).returncode == 0
+    _gone, alive = psutil.wait_procs(tree, timeout=10)
+    alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, [p.cmdline() for p in alive]
+    assert not (service_dir(service) / "ctx.sock").exists()
+
+
+def test_mcp_through_the_proxy(indexed: Path, service: Path) -> None:
+    params = StdioServerParameters(command=CTX, args=["serve", "--root", str(indexed)], env=dict(os.environ),
+                                   cwd=str(indexed.parent))
+    rss: list[float] = []
+
+    async def main() -> None:
+        async with Client(params) as client:
+            assert client.server_info is not None and client.server_info.name == "ctxlake"
+            found = await call_ok(client, "search_code", {"query": "invoice total"})
+            assert found["hits"][0]["path"] == "src/billing/invoice.py"
+            proxies = [p for p in psutil.Process().children(recursive=True)
+                       if p.cmdline()[1:2] == ["serve"] or "serve" in p.cmdline()[-3:]]
+            rss.extend(p.memory_info().rss for p in proxies)
+
+    anyio.run(main)
+    assert rss and max(rss) < 80 * 2**20, rss  # the proxy is a small stdlib process, not an engine
+
+
+def test_concurrent_forwarded_commands_do_not_mix(indexed: Path, service: Path) -> None:
+    results: dict[str, str] = {}
+
+    def one(query: str) -> None:
+        results[query] = ctx("search", query, "--json", cwd=indexed).stdout
+
+    threads = [threading.Thread(target=one, args=(q,)) for q in ("invoice", "getUserById", "currency")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for query, out in results.items():
+        assert json.loads(out)["query"] == query
+
+
+def test_deleted_project_is_dropped_and_the_service_stays_up(indexed: Path, ctx_home: Path,
+                                                                 tmp_path: Path) -> None:
+    doomed = tmp_path / "doomed"
+    doomed.mkdir()
+    (doomed / "a.py").write_text("x = 1\n")
+    assert ctx("up", "--watch", str(doomed), "--watch", str(indexed), cwd=indexed).returncode == 0
+    try:
+        import shutil
+
+        shutil.rmtree(doomed)
+        log = service_dir(ctx_home) / "service.log"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and "dropped" not in log.read_text():
+            time.sleep(0.2)
+        assert f"dropped {doomed}" in log.read_text()
+        status = ctx("status", cwd=indexed).stdout
+        assert "watching 1 project(s)" in status and str(indexed) in status
+    finally:
+        ctx("down", cwd=indexed)
+
+
+def test_autostart_starts_the_service_when_enabled(indexed: Path, ctx_home: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    off = ctx("search", "invoice", cwd=indexed)
+    assert off.returncode == 0 and not (service_dir(ctx_home) / "ctx.sock").exists()  # off by default
+    monkeypatch.setenv("CTX_SERVICE_AUTOSTART", "1")
+    try:
+        on = ctx("search", "invoice", cwd=indexed)
+        assert on.returncode == 0 and on.stdout == off.stdout
+        assert "Service: up" in ctx("status", cwd=indexed).stdout
+    finally:
+        ctx("down", cwd=indexed)
+
+
+def test_idle_project_is_evicted(indexed: Path, service: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CTX_SERVICE_IDLE_EVICT_S", "0")  # forwarded: this project's [service] idle_evict_s
+    assert ctx("search", "invoice", cwd=indexed).returncode == 0
+    log = service_dir(service) / "service.log"
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and "evicted idle project" not in log.read_text():
+        time.sleep(0.2)
+    assert f"evicted idle project {indexed}" in log.read_text()
+    assert ctx("search", "invoice", cwd=indexed).returncode == 0  # reopened on demand
+
+
+def test_service_runs_the_schedules_and_stops_them_with_it(
+        indexed: Path, ctx_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CTX_SERVICE_SCHEDULES", "true")
+    assert ctx("up", cwd=indexed).returncode == 0
+    try:
+        # A project registers (watcher + its periodic index_code deployment) on its first run there.
+        assert ctx("run", "index", cwd=indexed).returncode == 0
+        deadline = time.monotonic() + 120
+        listed: subprocess.CompletedProcess[str] | None = None
+        while time.monotonic() < deadline:
+            listed = ctx("schedule", "list", "--json", cwd=indexed)
+            if listed.returncode == 0:
+                break
+            time.sleep(1.0)
+        assert listed is not None and listed.returncode == 0, listed.stderr if listed else "no answer"
+        names = {row["name"] for row in json.loads(listed.stdout)}
+        assert {"ingest_conversations", "sync_sources"} <= names, names
+        assert any(name.startswith("index_code") for name in names), names
+        status = json.loads(ctx("status", "--json", cwd=indexed).stdout)
+        assert status["service"]["schedules"], status["service"]
+        pid = service_pid(ctx_home)
+        children = [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    finally:
+        assert ctx("down", cwd=indexed).returncode == 0
+    time.sleep(0.5)
+    alive = [c for c in children if psutil.pid_exists(c) and psutil.Process(c).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"left running after ctx down: {alive}"
