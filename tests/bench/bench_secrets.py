@@ -410,9 +410,9 @@ def run_bench(work: Path, seed: int) -> int:
 
     # Second pass: secret-named files opted in, indexed with every value masked.
     config = project / ".ctx" / "config.toml"
-    text = config.read_text(encoding="utf-8")
-    config.write_text(text.replace("[index]", '[index]\nsecret_files = "mask"', 1) if "[index]" in text
-                      else text + '\n[index]\nsecret_files = "mask"\n', encoding="utf-8")
+    text = config.read_text(encoding="utf-8")  # the generated one: every line commented out
+    config.write_text(re.sub(r"(?m)^#?\s*\[index\]\s*$", '[index]\nsecret_files = "mask"', text, count=1),
+                      encoding="utf-8")
     opt_in = json.loads(ctx("run", "index", "--json", cwd=project))
     stores_in, lake_in = collect(files)
     score(files, stores_in, lake_in)

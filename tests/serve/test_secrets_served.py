@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,11 @@ def claude_logs(root: Path, project: Path) -> Path:
         claude("assistant", "s4", 3, [{"type": "text", "text": f"The key {GITHUB} in client.js is live; rotate it. {CANARY}"}], cwd=cwd),
     ])
     return root / "projects"
+
+
+def opt_in(config: str) -> str:
+    """The generated config with its [index] section line in force and secret_files = "mask"."""
+    return re.sub(r"(?m)^#?\s*\[index\]\s*$", '[index]\nsecret_files = "mask"', config, count=1)
 
 
 def every_file(*places: Path) -> dict[Path, bytes]:
@@ -131,9 +137,8 @@ def test_opting_in_indexes_secret_files_with_their_values_masked(
         cli: Callable[..., Any], make_repo: Callable[..., Path], ctx_home: Path) -> None:
     repo = make_repo(PROJECT, name="app")
     assert cli("run", "index", cwd=repo).exit_code == 0
-    config = repo / ".ctx" / "config.toml"  # written by the first run, every setting commented out
-    config.write_text(config.read_text(encoding="utf-8").replace("[index]", '[index]\nsecret_files = "mask"', 1),
-                      encoding="utf-8")
+    config = repo / ".ctx" / "config.toml"  # written by the first run, every line commented out
+    config.write_text(opt_in(config.read_text(encoding="utf-8")), encoding="utf-8")
     again = cli("run", "index", "--json", cwd=repo)
     assert again.exit_code == 0, again.stderr
     report = json.loads(again.stdout)

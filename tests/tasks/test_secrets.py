@@ -130,3 +130,14 @@ def test_overlapping_finds_are_one_mask_with_the_specific_kind() -> None:
 ])
 def test_secret_files_by_name(path: str, secret: bool) -> None:
     assert is_secret_file(path) is secret
+
+
+def test_a_scraper_error_line_that_quotes_a_record_is_masked() -> None:
+    from ctxlake.tasks.scrape.base import ScrapeOutput
+
+    out = ScrapeOutput()
+    try:
+        raise TypeError(f"unhashable value in {{'password': '{PW}'}}")
+    except TypeError as exc:
+        out.parser_failed(exc, "log.jsonl:3")
+    assert out.warnings and PW not in out.warnings[0] and "[REDACTED:" in out.warnings[0]
