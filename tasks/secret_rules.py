@@ -121,7 +121,7 @@ _DS_TRIGGERS: dict[type[RegexBasedDetector], tuple[str, ...] | list[tuple[str, .
     GitHubTokenDetector: ("ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
     GitLabTokenDetector: ("glpat-", "gldt-", "glft-", "glsoat-", "glrt-", "gr1348941", "glcbt-", "glimt-",
                           "glptt-", "glagent-", "gloas-"),
-    IbmCloudIamDetector: ("key", "pwd", "pass", "token"),  # its name part must hold one of them
+    IbmCloudIamDetector: ("ibm", "iam"),  # its vendor prefix is optional; "key" lines would cost 0.1 s on django
     IbmCosHmacDetector: ("secret_access_key", "secret-access-key", "secretaccesskey", "secret_key",
                          "secret-key", "secretkey"),
     JwtTokenDetector: None,
@@ -190,12 +190,12 @@ RULE_DETECTORS = [
     Detector("basic_auth", re.compile(r"\bauth\s*=\s*\(\s*[\"'][^\"'\n]*[\"']\s*,\s*[\"'](?P<pw>[^\"'\n]{4,})[\"']"),
              ("auth",), rank=STRUCTURE),
     # `.netrc` lines, and registry logins and MySQL's glued `-pPASSWORD` on a command line.
-    Detector("password", re.compile(r"\bmachine\s+\S+\s+(?:login\s+\S+\s+)?password\s+(?P<pw>\S+)"),
-             ("pass",), rank=STRUCTURE),
-    Detector("password", re.compile(r"\blogin\b[^\n]*?\s(?:-p|--password)[ =](?P<pw>[^\s\"'$]\S{3,})"),
-             ("-p", "pass"), rank=STRUCTURE),
-    Detector("password", re.compile(r"\bmysql(?:dump|admin)?\b[^\n]*?\s-p(?P<pw>[^\s\"'$-]\S{3,})"),
-             ("-p",), rank=STRUCTURE),
+    Detector("password", re.compile(r"machine\s+\S+\s+(?:login\s+\S+\s+)?password\s+(?P<pw>\S+)"),
+             ("pass",), rank=STRUCTURE, word_start=True),
+    Detector("password", re.compile(r"login\b[^\n]*?\s(?:-p|--password)[ =](?P<pw>[^\s\"'$]\S{3,})"),
+             ("-p", "pass"), rank=STRUCTURE, word_start=True),
+    Detector("password", re.compile(r"mysql(?:dump|admin)?\b[^\n]*?\s-p(?P<pw>[^\s\"'$-]\S{3,})"),
+             ("-p",), rank=STRUCTURE, word_start=True),
 ]
 
 
