@@ -331,17 +331,16 @@ def named_values(text: str, hits: Iterable[tuple[int, int]], code: bool) -> Iter
             m = _FLAG_VALUE.match(text, end)  # `--password hunter2`
         if m is None and after == ">" and start > 0 and text[start - 1] == "<":
             m = _XML_VALUE.match(text, end)  # `<password>hunter2</password>`
-        prose = False
         if m is None and after != ">" and not code:
             # "my password is hunter2": only a value with a digit, so "the token is expired" stays.
             m = _PROSE_VALUE.match(text, end)
-            prose = m is not None and any(c.isdigit() for c in m.group("bare")) and len(m.group("bare")) >= 6
-            if not prose:
-                continue
+            if m is not None and (len(m.group("bare")) < 6 or not any(c.isdigit() for c in m.group("bare"))):
+                m = None
         if m is None:
             continue
         # `token.contents = ...` names an attribute of a token: the last dotted part decides.
-        strength = name_strength(name.strip("-.").rsplit(".", 1)[-1])
+        key = name.strip("-.").rsplit(".", 1)[-1]
+        strength = name_strength(key)
         if not strength:
             continue
         groups = m.groupdict()
@@ -355,7 +354,7 @@ def named_values(text: str, hits: Iterable[tuple[int, int]], code: bool) -> Iter
                 break
         else:
             continue
-        if plausible_value(value, name.strip("-.").rsplit(".", 1)[-1], strength, quoted, code, text[v_end:v_end + 1]):
+        if plausible_value(value, key, strength, quoted, code, text[v_end:v_end + 1]):
             last_end = v_end
             lowered_name = name.lower()
             yield Span(v_start, v_end, "password" if "pass" in lowered_name or "pwd" in lowered_name
