@@ -10,7 +10,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from detect_secrets.filters.heuristic import is_sequential_string, is_templated_secret
 from detect_secrets.plugins.artifactory import ArtifactoryDetector
@@ -142,7 +142,8 @@ _DS_TRIGGERS: dict[type[RegexBasedDetector], tuple[str, ...] | list[tuple[str, .
 def _library_detectors() -> list[Detector]:
     out = []
     for plugin, spec in _DS_TRIGGERS.items():
-        patterns = list(plugin.denylist)
+        # A class attribute in every concrete plugin (an abstract property only on the base class).
+        patterns = list(cast("Iterable[re.Pattern[str]]", plugin.denylist))
         per_pattern = spec if isinstance(spec, list) else [spec] * len(patterns)
         assert len(per_pattern) == len(patterns), f"{plugin.__name__}: one trigger tuple per pattern"
         out += [Detector(_kind_of(plugin), pattern, triggers) for pattern, triggers in zip(patterns, per_pattern, strict=True)]
