@@ -24,6 +24,7 @@ from ctxlake.serve.api.tool_models import (
     decode_cursor,
     encode_cursor,
 )
+from ctxlake.tasks import safe_io
 
 DOCS_PAGE = 200
 _DRIVE = re.compile(r"^[A-Za-z]:")
@@ -157,6 +158,10 @@ class DocsReader:
 
     def locate(self, path: str) -> tuple[str, Path]:
         """The clean listing path and the real file behind a user-given docs path."""
+        clean, _src, _rel, target = self._locate(path)
+        return clean, target
+
+    def _locate(self, path: str) -> tuple[str, DocsSource, str, Path]:
         clean = clean_relative(path)
         # The longest folder name first, so docs/api wins over docs when both are configured.
         for src in sorted(self.sources, key=lambda s: -len(s.name)):
@@ -182,7 +187,7 @@ class DocsReader:
             close = difflib.get_close_matches(clean, known, n=3, cutoff=0.6)
             raise InputError(f"no such document: {clean!r}",
                              hint=f"did you mean {', '.join(close)}?" if close else "call docs_index to list documents")
-        return clean, target
+        return clean, src, rel, target
 
     def _chunks(self, lines: list[str]) -> list[tuple[int, int]]:
         """Line ranges [start, end) of at most chunk_lines lines and about max_chunk_chars
@@ -199,12 +204,17 @@ class DocsReader:
 
     def content(self, path: str, chunk: int = 1) -> DocContent:
         """One chunk of a document: at most chunk_lines lines, with where it sits in the file."""
-        clean, target = self.locate(path)
-        size = target.stat().st_size
-        if size > self.settings.max_file_bytes:
-            raise InputError(f"{clean!r} is {size:,} bytes, over the docs reader's limit "
-                             f"of {self.settings.max_file_bytes:,}", hint="raise [docs] max_file_bytes")
-        data = target.read_bytes()
+        clean, src, rel, _target = self._locate(path)
+        # The checks above give clear messages; the read itself walks the path again with
+        # O_NOFOLLOW from the folder's descriptor, so a swap since cannot lead outside.
+        limit = self.settings.max_file_bytes
+        try:
+            data = safe_io.open_inside(src.folder, rel, limit)
+        except safe_io.TooLarge as exc:
+            raise InputError(f"{clean!r} is {exc.size:,} bytes, over the docs reader's limit of {limit:,}",
+                             hint="raise [docs] max_file_bytes") from None
+        except (FileNotFoundError, NotADirectoryError):
+            raise InputError(f"no such document: {clean!r}", hint="call docs_index to list documents") from None
         if b"\0" in data[:8192]:
             raise InputError(f"{clean!r} is not a text file")
         warnings: list[str] = []

@@ -13,7 +13,7 @@ import pyarrow as pa
 from ctxlake.errors import InputError
 from ctxlake.schemas.config import Settings
 from ctxlake.schemas.tables import PROJECT_SOURCE
-from ctxlake.serve.api.docs import clean_relative, resolve_inside
+from ctxlake.serve.api.docs import clean_relative
 from ctxlake.serve.api.models import Hit
 from ctxlake.serve.api.queries import (
     HIT_COLUMNS,
@@ -38,7 +38,7 @@ from ctxlake.serve.api.tool_models import (
     decode_cursor,
     encode_cursor,
 )
-from ctxlake.tasks import freshness
+from ctxlake.tasks import freshness, safe_io
 from ctxlake.tasks.lake import IndexState, WriterLock
 from ctxlake.tasks.merkle import load_snapshot
 
@@ -139,11 +139,16 @@ def file_context(
     import xxhash
 
     clean, row = indexed_file(lake, filepath)
-    target = resolve_inside(lake.settings.root, clean, "filepath")
+    # Read with the race-safe opener (tasks/safe_io.py): no symlink out, nothing hidden through a
+    # link, no .git, regular files only, bounded by the indexer's own size limit.
+    limit = max(lake.settings.index.max_file_bytes, int(row["size"] or 0))
     try:
-        data = target.read_bytes()
-    except FileNotFoundError:
+        data = safe_io.open_inside(lake.settings.root, clean, limit, allow_hidden=True, what="filepath")
+    except (FileNotFoundError, NotADirectoryError):
         raise InputError(f"{clean!r} was deleted since the last index run",
+                         hint="run `ctx run index` to update the index") from None
+    except safe_io.TooLarge as exc:
+        raise InputError(f"{clean!r} is now {exc.size:,} bytes, over the index limit of {limit:,}",
                          hint="run `ctx run index` to update the index") from None
     warnings: list[str] = []
     stale = xxhash.xxh3_128(data).hexdigest() != row["hash"]
