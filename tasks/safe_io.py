@@ -160,12 +160,29 @@ def open_inside(root: Path, relpath: str, max_bytes: int, *, allow_hidden: bool 
 
     TooLarge when the file is bigger than max_bytes: nothing past the bound is ever read."""
     fd = open_fd_inside(root, relpath, allow_hidden=allow_hidden, what=what)
+    return read_fd(fd, relpath, max_bytes)
+
+
+def read_regular(path: Path, max_bytes: int) -> bytes:
+    """The bytes of the regular file at `path`, for the indexer's own walk of a project: its last
+    component is not followed if it became a link, a FIFO or device swapped in since the scan's
+    lstat is refused (NotRegularFile) without blocking, and at most max_bytes are read (TooLarge)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise NotRegularFile(f"{path.name!r} is not a regular file")
+    return read_fd(fd, path.name, max_bytes)
+
+
+def read_fd(fd: int, label: str, max_bytes: int) -> bytes:
+    """Read and close `fd`, never more than max_bytes + 1 bytes (the extra one tells growth)."""
     with os.fdopen(fd, "rb", buffering=0) as fh:
         size = os.fstat(fd).st_size
         if size > max_bytes:
-            raise TooLarge(f"{relpath!r} is {size:,} bytes, over the limit of {max_bytes:,}", size)
+            raise TooLarge(f"{label!r} is {size:,} bytes, over the limit of {max_bytes:,}", size)
         chunks: list[bytes] = []
-        left = max_bytes + 1  # one byte more tells a file that grew past the bound since fstat
+        left = max_bytes + 1
         while left > 0:
             block = fh.read(min(left, 1 << 20))
             if not block:
@@ -174,5 +191,5 @@ def open_inside(root: Path, relpath: str, max_bytes: int, *, allow_hidden: bool 
             left -= len(block)
         data = b"".join(chunks)
     if len(data) > max_bytes:
-        raise TooLarge(f"{relpath!r} grew past the limit of {max_bytes:,} bytes while being read", len(data))
+        raise TooLarge(f"{label!r} grew past the limit of {max_bytes:,} bytes while being read", len(data))
     return data
