@@ -65,10 +65,16 @@ def _all_rows(table: Any, columns: list[str], where: str | None = None) -> pa.Ta
 # -- fuzzy_find ----------------------------------------------------------------------------------
 
 
+MAX_SYMBOL_CHARS = 200
+
+
 def find_symbols(lake: Lake, symbol_name: str, symbol_type: str | None = None, limit: int = 20) -> SymbolMatches:
     """Symbols whose name is close to `symbol_name` (typos, case, separators), best first."""
     from rapidfuzz import fuzz, process
 
+    if len(symbol_name) > MAX_SYMBOL_CHARS:  # fuzzy matching costs length x length per symbol
+        raise InputError(f"symbol_name is {len(symbol_name):,} characters; a name is at most {MAX_SYMBOL_CHARS}",
+                         hint="give one function, method or class name; search_code takes text")
     needle = _normalise(symbol_name)
     if not needle:
         raise InputError("symbol_name has no letters or digits", hint="e.g. getUserById or Flask.register_blueprint")

@@ -59,3 +59,24 @@ def test_readers_refuse_swapped_links_and_fifos(indexed: Path, tmp_path: Path) -
             assert "renderInvoice" in ok["content"]
 
     anyio.run(main)
+
+
+def test_a_200k_character_query_answers_within_2_s(indexed: Path) -> None:
+    """Query analysis was quadratic in the length of one token; the query is also cut to a bound."""
+    server = build_server(load_settings(indexed))
+    token = "a" * 200_000
+
+    async def main() -> None:
+        async with Client(server) as client:
+            for tool, args in [("search_code", {"query": token, "mode": "keyword"}),
+                               ("search_code", {"query": "x(" * 100_000, "mode": "keyword"}),
+                               ("find_files", {"query": token})]:
+                started = time.monotonic()
+                result = await call_ok(client, tool, args)
+                assert time.monotonic() - started < 2, tool
+                assert any("only its first" in w for w in result["warnings"]), result["warnings"]
+            started = time.monotonic()
+            text = await call_error(client, "fuzzy_find", {"symbol_name": token})
+            assert "at most 200" in text and time.monotonic() - started < 2
+
+    anyio.run(main)
