@@ -80,3 +80,17 @@ def test_a_200k_character_query_answers_within_2_s(indexed: Path) -> None:
             assert "at most 200" in text and time.monotonic() - started < 2
 
     anyio.run(main)
+
+
+def test_add_refuses_system_and_home_folders(make_repo: Callable[..., Path], cli: Callable[..., Any],
+                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = make_repo({"a.py": "x = 1\n"})
+    home = tmp_path / "home"
+    (home / "code").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    for folder in ["/", "/proc", "/sys", "/dev", "/etc", "/proc/self", str(home), "~"]:
+        result = cli("add", "x", folder, cwd=repo)
+        assert result.exit_code == 2, (folder, result.stderr)
+        assert "cannot be a source" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+    assert cli("add", "code", str(home / "code"), cwd=repo).exit_code == 0
