@@ -28,6 +28,8 @@ from ctxlake.tasks import safe_io
 
 DOCS_PAGE = 200
 _DRIVE = re.compile(r"^[A-Za-z]:")
+# The project's own top-level documents, listed by name next to the docs folders' files.
+_ROOT_DOC = re.compile(r"^(README|CHANGES|CHANGELOG|CONTRIBUTING)(\.[A-Za-z0-9]+)?$", re.I)
 
 
 def clean_relative(path: str, what: str = "path") -> str:
@@ -93,6 +95,7 @@ class DocsReader:
 
     def __init__(self, root: Path, docs: DocsSettings, max_chars: int = 60_000) -> None:
         self.settings = docs
+        self.root = root
         self.sources = docs_sources(root, docs)
         self.extensions = {e.lower() if e.startswith(".") else "." + e.lower() for e in docs.extensions}
         # A chunk's text stays well inside the response bound (the JSON mirror roughly doubles it).
@@ -126,6 +129,33 @@ class DocsReader:
                                         sizeBytes=st.st_size, modifiedAt=modified))
         return sorted(entries, key=lambda e: e.path)
 
+    def _is_root_doc(self, name: str) -> bool:
+        match = _ROOT_DOC.match(name)
+        return bool(match) and (not match.group(2) or self._allowed(name))
+
+    def _root_docs(self) -> list[DocEntry]:
+        """README*, CHANGES*, CHANGELOG*, CONTRIBUTING* at the project root (regular files, or links
+        that stay inside the root and are not hidden), opened as a read would open them."""
+        entries: list[DocEntry] = []
+        try:
+            names = sorted(os.listdir(self.root))
+        except OSError:
+            return entries
+        for name in names:
+            if not self._is_root_doc(name):
+                continue
+            try:
+                fd = safe_io.open_fd_inside(self.root, name)
+            except (OSError, InputError):
+                continue  # a link out, a FIFO, vanished: not a document
+            try:
+                st = os.fstat(fd)
+            finally:
+                os.close(fd)
+            modified = datetime.fromtimestamp(st.st_mtime, tz=UTC).isoformat(timespec="seconds")
+            entries.append(DocEntry(path=name, name=name, sizeBytes=st.st_size, modifiedAt=modified))
+        return entries
+
     def index(self, source: str | None = None, cursor: str | None = None) -> DocsIndex:
         """The documents of one docs folder (or all), a page at a time."""
         names = [s.name for s in self.sources]
@@ -138,7 +168,7 @@ class DocsReader:
         warnings: list[str] = []
         if not self.sources:
             warnings.append("no docs folder is configured: set [docs] paths in .ctx/config.toml")
-        documents: list[DocEntry] = []
+        documents: list[DocEntry] = self._root_docs() if source is None else []
         for src in chosen:
             if not src.folder.is_dir():
                 warnings.append(f"docs folder {src.name!r} does not exist ({src.folder}); "
@@ -204,12 +234,17 @@ class DocsReader:
 
     def content(self, path: str, chunk: int = 1) -> DocContent:
         """One chunk of a document: at most chunk_lines lines, with where it sits in the file."""
-        clean, src, rel, _target = self._locate(path)
+        clean = clean_relative(path)
+        if "/" not in clean and self._is_root_doc(clean):
+            folder, rel = self.root, clean  # README.md and friends at the project root
+        else:
+            clean, src, rel, _target = self._locate(path)
+            folder = src.folder
         # The checks above give clear messages; the read itself walks the path again with
         # O_NOFOLLOW from the folder's descriptor, so a swap since cannot lead outside.
         limit = self.settings.max_file_bytes
         try:
-            data = safe_io.open_inside(src.folder, rel, limit)
+            data = safe_io.open_inside(folder, rel, limit)
         except safe_io.TooLarge as exc:
             raise InputError(f"{clean!r} is {exc.size:,} bytes, over the docs reader's limit of {limit:,}",
                              hint="raise [docs] max_file_bytes") from None
