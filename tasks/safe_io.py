@@ -11,8 +11,8 @@ kernel chose. The file itself is opened O_NONBLOCK (a FIFO would otherwise block
 checked with fstat to be a regular file, and read up to a byte bound.
 
 Hidden components (a leading dot) are refused in link targets, and in the asked path unless the
-caller allows them (indexed files may sit in .github/); repository metadata folders are refused
-always.
+caller allows them (get_file_context allows PROJECT_HIDDEN: .github/, .gitignore...); repository
+metadata folders (.git, .ctx) are refused always.
 """
 
 from __future__ import annotations
@@ -61,10 +61,17 @@ def split_relative(relpath: str, what: str = "path") -> list[str]:
     return parts
 
 
-def _check_name(name: str, relpath: str, allow_hidden: bool, via_link: bool) -> None:
+# Hidden names that hold project configuration rather than secrets or caches: served by
+# get_file_context when indexed (a search hit in .github/workflows must be readable).
+PROJECT_HIDDEN = frozenset({".github", ".gitlab", ".circleci", ".devcontainer", ".gitignore", ".gitattributes",
+                            ".editorconfig", ".pre-commit-config.yaml", ".dockerignore", ".gitlab-ci.yml"})
+
+
+def _check_name(name: str, relpath: str, allow_hidden: bool | frozenset[str], via_link: bool) -> None:
     if name in FORBIDDEN:
         raise UnsafePath(f"{relpath!r} leads into {name}/, which is never served")
-    if name.startswith(".") and (via_link or not allow_hidden):
+    allowed = allow_hidden is True or (isinstance(allow_hidden, frozenset) and name in allow_hidden)
+    if name.startswith(".") and (via_link or not allowed):
         where = "links to a hidden file or folder" if via_link else "is a hidden file or folder"
         raise UnsafePath(f"{relpath!r} {where} ({name}); hidden files are not served")
 
@@ -82,7 +89,7 @@ def _link_parts(target: str, root_real: str, relpath: str) -> tuple[bool, list[s
     return False, [p for p in target.split("/") if p not in ("", ".")]
 
 
-def open_fd_inside(root: Path, relpath: str, *, allow_hidden: bool = False, what: str = "path") -> int:
+def open_fd_inside(root: Path, relpath: str, *, allow_hidden: bool | frozenset[str] = False, what: str = "path") -> int:
     """A read-only descriptor of the regular file `root/relpath`, reached without ever leaving root.
 
     Raises UnsafePath, NotRegularFile, FileNotFoundError (the file or a folder on the way is
@@ -154,7 +161,7 @@ def open_fd_inside(root: Path, relpath: str, *, allow_hidden: bool = False, what
             os.close(held)
 
 
-def open_inside(root: Path, relpath: str, max_bytes: int, *, allow_hidden: bool = False,
+def open_inside(root: Path, relpath: str, max_bytes: int, *, allow_hidden: bool | frozenset[str] = False,
                 what: str = "path") -> bytes:
     """The bytes of the regular file `root/relpath` (see open_fd_inside), at most max_bytes.
 

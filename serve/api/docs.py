@@ -56,7 +56,10 @@ def clean_relative(path: str, what: str = "path") -> str:
 def resolve_inside(base: Path, rel: str, what: str = "path") -> Path:
     """`base/rel` with symlinks resolved; InputError when that lands outside `base`."""
     base_real = base.resolve()
-    target = (base_real / rel).resolve()
+    try:
+        target = (base_real / rel).resolve()
+    except RuntimeError:  # Python 3.11 raises this for a symlink loop
+        raise InputError(f"{what} {rel!r} is a symlink loop") from None
     if target != base_real and base_real not in target.parents:
         raise InputError(f"{what} {rel!r} resolves outside {base.name}/ (a symlink points out)",
                          hint="only files inside the folder can be read")
@@ -122,8 +125,8 @@ class DocsReader:
                     if real != base and base not in real.parents:
                         continue  # a symlink pointing out of the folder is not a document of it
                     st = real.stat()
-                except OSError:
-                    continue  # vanished, or a dangling link
+                except (OSError, RuntimeError):
+                    continue  # vanished, a dangling link, or a link loop
                 modified = datetime.fromtimestamp(st.st_mtime, tz=UTC).isoformat(timespec="seconds")
                 entries.append(DocEntry(path=f"{source.name}/{rel}", name=name,
                                         sizeBytes=st.st_size, modifiedAt=modified))
@@ -212,7 +215,7 @@ class DocsReader:
         if not self._allowed(target.name):
             raise InputError(f"file type not allowed: {path!r} links to {target.name!r}",
                              hint=f"the docs reader reads {allowed}")
-        if not target.is_file():
+        if not target.exists():  # not is_file(): a FIFO or device is refused by the read, clearly
             known = [d.path for d in self._walk(src)] if src.folder.is_dir() else []
             close = difflib.get_close_matches(clean, known, n=3, cutoff=0.6)
             raise InputError(f"no such document: {clean!r}",

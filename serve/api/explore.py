@@ -145,11 +145,12 @@ def file_context(
     import xxhash
 
     clean, row = indexed_file(lake, filepath)
-    # Read with the race-safe opener (tasks/safe_io.py): no symlink out, nothing hidden through a
-    # link, no .git, regular files only, bounded by the indexer's own size limit.
+    # Read with the race-safe opener (tasks/safe_io.py): no symlink out, nothing hidden (bar project
+    # config such as .github/) even when indexed, no .git, regular files only, bounded.
     limit = max(lake.settings.index.max_file_bytes, int(row["size"] or 0))
     try:
-        data = safe_io.open_inside(lake.settings.root, clean, limit, allow_hidden=True, what="filepath")
+        data = safe_io.open_inside(lake.settings.root, clean, limit, allow_hidden=safe_io.PROJECT_HIDDEN,
+                                   what="filepath")
     except (FileNotFoundError, NotADirectoryError):
         raise InputError(f"{clean!r} was deleted since the last index run",
                          hint="run `ctx run index` to update the index") from None
