@@ -134,7 +134,7 @@ class DocsReader:
 
     def _is_root_doc(self, name: str) -> bool:
         match = _ROOT_DOC.match(name)
-        return bool(match) and (not match.group(2) or self._allowed(name))
+        return match is not None and (not match.group(2) or self._allowed(name))
 
     def _root_docs(self) -> list[DocEntry]:
         """README*, CHANGES*, CHANGELOG*, CONTRIBUTING* at the project root (regular files, or links
