@@ -68,8 +68,8 @@ def test_a_200k_character_query_answers_within_2_s(indexed: Path) -> None:
 
     async def main() -> None:
         async with Client(server) as client:
-            for tool, args in [("search_code", {"query": token, "mode": "keyword"}),
-                               ("search_code", {"query": "x(" * 100_000, "mode": "keyword"}),
+            for tool, args in [("search_code", {"query": token, "search_type": "keyword"}),
+                               ("search_code", {"query": "x(" * 100_000, "search_type": "keyword"}),
                                ("find_files", {"query": token})]:
                 started = time.monotonic()
                 result = await call_ok(client, tool, args)
