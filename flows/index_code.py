@@ -44,7 +44,8 @@ class IndexReport:
     added: int = 0
     modified: int = 0
     removed: int = 0
-    skipped: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)  # "secret": files skipped by name
+    secrets_masked: int = 0  # values masked in the files this run chunked
     chunks_inserted: int = 0
     chunks_deleted: int = 0
     vectors_from_cache: int = 0
@@ -202,6 +203,7 @@ def _write_changes(
         report.vectors_from_cache += hits
         for reason, n in rows.skipped.items():
             report.skipped[reason] = report.skipped.get(reason, 0) + n
+        report.secrets_masked += rows.secrets.masked
         report.warnings.extend(rows.warnings)
         if cold:
             append_chunks(tables, chunks, rows.files)

@@ -165,7 +165,7 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
             # de-duplicate), and after the sessions to summarize are journaled.
             write_touched(settings.memory_dir, touched)
             scrape_state.save(settings.memory_dir)
-            report.add_group(group.scraper, out, rows.num_rows, stored, redaction.redacted, group.new_bytes)
+            report.add_group(group.scraper, out, rows.num_rows, stored, redaction.masked, group.new_bytes)
             for key, facts in out.meta.items():
                 meta.setdefault(key, SessionMeta(*key)).merge(facts)
             known |= {m.project_path for m in out.messages if m.project_path}

@@ -111,6 +111,7 @@ def apply_batch(writer: Writer, old: Tree, new: Tree, diff: Diff, total: IndexRe
     total.chunks_inserted += report.chunks_inserted
     total.chunks_deleted += report.chunks_deleted
     total.embedded += report.embedded
+    total.secrets_masked += report.secrets_masked
     total.warnings.extend(report.warnings)
     names = ", ".join((diff.added + diff.modified + diff.removed)[:3])
     more = len(diff.added) + len(diff.modified) + len(diff.removed) - 3

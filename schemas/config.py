@@ -40,6 +40,9 @@ class IndexSettings(_Section):
     chunk_overlap: int = Field(10, ge=0)
     max_chunk_lines: int = Field(150, ge=10, description="longer symbols are split")
     min_chunk_lines: int = Field(4, ge=1, description="shorter adjacent symbols are merged")
+    secret_files: Literal["skip", "mask"] = Field(
+        "skip", description="files that are secrets by name (.env*, *.pem, *.key, id_rsa*, credentials...): "
+                            "skip = not indexed, counted; mask = indexed with every assigned value masked")
 
 
 class EmbedSettings(_Section):

@@ -1,4 +1,4 @@
-"""Chunk stage: changed files of a source -> decoded text -> CHUNKS rows (vectors null) and FILES rows."""
+"""Chunk stage: changed files of a source -> decoded text -> secrets masked -> CHUNKS rows (vectors null) and FILES rows."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from ctxlake.schemas.config import IndexSettings
 from ctxlake.schemas.tables import FILES, chunks_schema
 from ctxlake.tasks import safe_io
 from ctxlake.tasks.chunk import Chunk, ChunkOptions, chunk_text, language_for
+from ctxlake.tasks.secrets import MaskReport, mask_text
 from ctxlake.tasks.stage import stage
 from ctxlake.tasks.terms import chunk_terms
 
@@ -28,6 +29,7 @@ class ChunkedFiles(NamedTuple):
     files: pa.Table  # FILES rows of the files that produced chunks
     skipped: dict[str, int]  # reason -> count (vanished, undecodable, ...)
     warnings: list[str]
+    secrets: MaskReport  # values masked in these files
 
 
 def decode_text(data: bytes) -> tuple[str | None, str | None]:
@@ -90,6 +92,7 @@ def chunk_files(
     file_rows: list[dict[str, object]] = []
     skipped: dict[str, int] = {}
     warnings: list[str] = []
+    secrets = MaskReport()
     for path in paths:
         full = root / path
         try:
@@ -115,6 +118,10 @@ def chunk_files(
             continue
         if warning:
             warnings.append(f"{path}: {warning}")
+        # The whole file, before chunking: a key block cut in two by a chunk boundary would not
+        # be recognised in either half. Line breaks are kept, so chunk lines are the file's lines;
+        # the content hash (the embedding cache's key) and the terms are those of the masked text.
+        text = mask_text(text, path, secrets)
         lang = language_for(path)
         rows, chunk_warning = chunk_rows(source, path, text, lang, opts)
         if chunk_warning:
@@ -137,4 +144,5 @@ def chunk_files(
         pa.Table.from_pylist(file_rows, schema=FILES),
         skipped,
         warnings,
+        secrets,
     )

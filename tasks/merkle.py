@@ -21,6 +21,7 @@ from ctxlake.schemas.config import IndexSettings
 from ctxlake.schemas.tables import MANIFEST
 from ctxlake.tasks import safe_io
 from ctxlake.tasks.lake import write_atomic
+from ctxlake.tasks.secrets import is_secret_file
 from ctxlake.tasks.stage import stage
 
 # Folders and files no one wants in a code index; a user's include globs cannot bring them back.
@@ -55,6 +56,9 @@ SNIFF_BYTES = 8192
 RACY_WINDOW_NS = 2_000_000_000
 
 INDEXED = "indexed"
+# A file that is a secret by its name (.env, id_rsa, *.pem...) while [index] secret_files = "skip":
+# never read, counted in the run report and `ctx status`.
+SECRET = "secret"
 
 
 class Entry(NamedTuple):
@@ -62,7 +66,7 @@ class Entry(NamedTuple):
     size: int
     mtime_ns: int
     hash: str
-    status: str  # indexed | binary | too_large | unreadable
+    status: str  # indexed | binary | too_large | unreadable | secret
 
 
 class Diff(NamedTuple):
@@ -328,6 +332,7 @@ class PathFilter:
     def __init__(self, root: Path, index: IndexSettings) -> None:
         self.root = root
         self.rules = _Rules(root, index)
+        self.skip_secrets = index.secret_files == "skip"
         self._stacks: dict[str, list[tuple[str, _Matcher]] | None] = {}
 
     def _stack(self, folder: str) -> list[tuple[str, _Matcher]] | None:
@@ -365,6 +370,8 @@ def entry_for(root: Path, rel: str, keep: PathFilter, max_bytes: int) -> Entry |
         return None
     if not stat.S_ISREG(st.st_mode) or not keep.keeps(rel):
         return None
+    if keep.skip_secrets and is_secret_file(rel):
+        return Entry(rel, st.st_size, st.st_mtime_ns, f"{SECRET}:{st.st_size}", SECRET)
     try:
         digest, status = hash_file(full, st.st_size, max_bytes)
     except FileNotFoundError:
@@ -526,11 +533,15 @@ def scan_tree(
     old = previous.entries if previous is not None else {}
     racy_after = (previous.scanned_at_ns - RACY_WINDOW_NS) if previous is not None else 0
     entries: dict[str, Entry] = {}
+    skip_secrets = index.secret_files == "skip"
     for rel, st in walk_files(root, index, stats):
         stats.seen += 1
         before = old.get(rel)
-        if (
+        if skip_secrets and is_secret_file(rel):
+            entries[rel] = Entry(rel, st.st_size, st.st_mtime_ns, f"{SECRET}:{st.st_size}", SECRET)
+        elif (
             before is not None
+            and before.status != SECRET  # skipped under the other setting: read it now
             and before.size == st.st_size
             and before.mtime_ns == st.st_mtime_ns
             and st.st_mtime_ns < racy_after

@@ -25,6 +25,7 @@ from ctxlake.serve.api.tool_models import (
     encode_cursor,
 )
 from ctxlake.tasks import safe_io
+from ctxlake.tasks.secrets import mask_text
 
 DOCS_PAGE = 200
 _DRIVE = re.compile(r"^[A-Za-z]:")
@@ -261,6 +262,7 @@ class DocsReader:
         except UnicodeDecodeError:
             text = data.decode("utf-8", errors="replace")
             warnings.append("the file is not valid UTF-8: undecodable bytes are shown as U+FFFD")
+        text = mask_text(text, clean)  # docs are read from disk: masked like the index masks them
         lines = text.splitlines(keepends=True)
         bounds = self._chunks(lines) if lines else [(0, 0)]
         if chunk < 1 or chunk > len(bounds):

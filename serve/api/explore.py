@@ -41,6 +41,7 @@ from ctxlake.serve.api.tool_models import (
 from ctxlake.tasks import freshness, safe_io
 from ctxlake.tasks.lake import IndexState, WriterLock
 from ctxlake.tasks.merkle import load_snapshot
+from ctxlake.tasks.secrets import mask_text
 
 if TYPE_CHECKING:
     from lancedb.query import LanceVectorQueryBuilder
@@ -161,7 +162,8 @@ def file_context(
     stale = xxhash.xxh3_128(data).hexdigest() != row["hash"]
     if stale:
         warnings.append("the file changed since the last index run: lines are current, outline may be off")
-    text = data.decode("utf-8", errors="replace")
+    # Read from disk, so masked here as the index masked it (same stage, same line numbers).
+    text = mask_text(data.decode("utf-8", errors="replace"), clean)
     lines = text.splitlines(keepends=True)
     total = len(lines)
     start = 1 if start_line is None else start_line

@@ -61,6 +61,8 @@ class Status(BaseModel):
         None, description="whether .ctx/config.toml is trusted to run commands (`ctx trust`), and what it sets")
     memory_malformed: dict[str, dict[str, int]] = Field(
         default_factory=dict, description="conversation logs: malformed records and skipped files per scraper and reason")
+    secret_files_skipped: int = Field(0, description="files not indexed because their name says they hold secrets")
+    masked_chunks: int = Field(0, description="chunks in which the secrets stage masked a value")
 
 
 class FileHit(BaseModel):

@@ -37,6 +37,7 @@ from ctxlake.tasks.lake import (
     connect,
     open_table,
 )
+from ctxlake.tasks.secrets import MASK_PREFIX
 from ctxlake.tasks.terms import split_identifier
 
 if TYPE_CHECKING:
@@ -543,6 +544,9 @@ def status(settings: Settings, check_stale: bool = True) -> Status:
         out.languages = _counts(file_rows.column("lang"))
         chunk_sources = chunks.search().select(["source"]).to_arrow()
         out.sources = _counts(chunk_sources.column("source"))
+        out.masked_chunks = chunks.count_rows(f"text LIKE '%{MASK_PREFIX}%'")
+    # The scan counts every secret-named file on each run, not only the changed ones.
+    out.secret_files_skipped = int(((state.last_run or {}).get("skipped") or {}).get("secret", 0))
     if check_stale:
         mark_stale(out, project_freshness(settings))
     out.lake_bytes = _folder_bytes(lake_dir)

@@ -176,6 +176,11 @@ def _print_report(report: Any, wall: float) -> None:
     setup = f", {report.model_setup_s:.1f} s distilling the static model once" if report.model_setup_s >= 0.05 else ""
     typer.echo(f"Done in {wall:.1f} s: {report.seconds:.1f} s indexing (keyword search ready after "
                f"{report.keyword_ready_s:.1f} s), {_startup(report, wall):.1f} s starting Python and Prefect{setup}.")
+    secret_files = report.skipped.get("secret", 0)
+    if secret_files or report.secrets_masked:
+        typer.echo(f"Secrets: {secret_files:,} file(s) skipped by name (.env*, keys, credentials; "
+                   f"[index] secret_files = \"mask\" indexes them masked), "
+                   f"{report.secrets_masked:,} value(s) masked in the files indexed.")
     for warning in report.warnings[:10]:
         typer.echo(f"warning: {warning}", err=True)
     if len(report.warnings) > 10:

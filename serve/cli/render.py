@@ -146,6 +146,9 @@ def print_status(st: Status, console: Console) -> None:
         lr = st.last_run
         rows.append(("last run", f"{lr.get('finished_at', '?')}: +{lr.get('added', 0)} ~{lr.get('modified', 0)} "
                      f"-{lr.get('removed', 0)} files in {lr.get('seconds', 0):.1f} s"))
+    if st.secret_files_skipped or st.masked_chunks:
+        rows.append(("secrets", f"{st.secret_files_skipped:,} file(s) skipped by name, "
+                                f"{st.masked_chunks:,} chunk(s) with masked values"))
     if not st.clean:
         rows.append(("state", "the last run did not finish; the next `ctx run index` repairs it"))
     if st.writer:

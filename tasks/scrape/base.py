@@ -28,6 +28,7 @@ from ctxlake.tasks.scrape.safe_read import (
     size_text,
     sniff_utf16,
 )
+from ctxlake.tasks.secrets import mask_text
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +277,9 @@ class ScrapeOutput:
         self.malformed(reason, where)
         frames = traceback.extract_tb(exc.__traceback__)
         at = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
-        line = f"{where}: {reason}{at}: {str(exc)[:200]}"
+        # The exception's text may quote the record (a value of the wrong type): masked like the
+        # rows are, since this line is logged and kept in the run report.
+        line = mask_text(f"{where}: {reason}{at}: {str(exc)[:200]}")
         if len(self.warnings) < 200:
             self.warnings.append(line)
         log.warning("%s", line)

@@ -105,7 +105,7 @@ def test_planted_secret_is_nowhere_in_the_lake_or_knowledge(cli: Callable[..., A
         leaks = [str(p) for p, b in blobs.items() if needle.encode() in b]
         assert leaks == [], f"secret found in {leaks}"
     text = cli_json(cli, env["repo"], "session", "show", "claude:sess-a")["messages"][0]["text"]
-    assert text == "Deploy fails: export GITHUB_TOKEN=[REDACTED:assignment] did not help"
+    assert text == "Deploy fails: export GITHUB_TOKEN=[REDACTED:github_token] did not help"
 
 
 def test_context_search_and_session_pages(cli: Callable[..., Any], env: dict[str, Any]) -> None:

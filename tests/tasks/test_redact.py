@@ -40,7 +40,7 @@ def test_secrets_are_replaced(text: str, secret: str, kept: str | None) -> None:
     report = RedactionReport()
     out = redact_text(text, report)
     assert secret not in out
-    assert "[REDACTED:" in out and report.redacted >= 1
+    assert "[REDACTED:" in out and report.masked >= 1
     if kept:
         assert kept in out
 
@@ -64,5 +64,5 @@ def test_scraped_rows_titles_and_tool_inputs_are_redacted_and_cut() -> None:
     out = ScrapeOutput(messages=[msg], meta={("claude", "s"): SessionMeta("claude", "s", title=f"use {SLACK}")})
     out, report = redact_scraped.fn(out, 200)
     assert GITHUB not in msg.text and OPENAI not in msg.tool_calls[0]["input"] and SLACK not in out.meta[("claude", "s")].title
-    assert report.redacted == 3
+    assert report.masked == 3
     assert msg.text.startswith("Set GITHUB_TOKEN=[REDACTED:") and "more characters]" in msg.text and len(msg.text) < 260
