@@ -10,7 +10,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from detect_secrets.filters.heuristic import is_sequential_string, is_templated_secret
 from detect_secrets.plugins.artifactory import ArtifactoryDetector
@@ -142,7 +142,7 @@ _DS_TRIGGERS: dict[type[RegexBasedDetector], tuple[str, ...] | list[tuple[str, .
 def _library_detectors() -> list[Detector]:
     out = []
     for plugin, spec in _DS_TRIGGERS.items():
-        patterns = list(plugin.denylist)
+        patterns = list(cast("Iterable[re.Pattern[str]]", plugin.denylist))  # a class attribute, typed as a property
         per_pattern = spec if isinstance(spec, list) else [spec] * len(patterns)
         assert len(per_pattern) == len(patterns), f"{plugin.__name__}: one trigger tuple per pattern"
         out += [Detector(_kind_of(plugin), pattern, triggers) for pattern, triggers in zip(patterns, per_pattern, strict=True)]
