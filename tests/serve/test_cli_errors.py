@@ -94,7 +94,8 @@ def tiny_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", str(mount)], check=False)
 
 
-def test_a_really_full_disk_is_exit_8_with_one_line(tiny_disk: Path) -> None:
+def test_a_really_full_disk_is_exit_8_with_one_line(tiny_disk: Path, ctx_home: Path) -> None:
+    # ctx_home: its own CTX_HOME and no CTX_* settings left over from other tests (hermetic run)
     repo = tiny_disk / "repo"
     repo.mkdir()
     for i in range(70):  # ~420 KB of source on 600 KiB: the lake cannot fit beside it
