@@ -12,6 +12,7 @@ import xxhash
 
 from ctxlake.schemas.config import IndexSettings
 from ctxlake.schemas.tables import FILES, chunks_schema
+from ctxlake.tasks import safe_io
 from ctxlake.tasks.chunk import Chunk, ChunkOptions, chunk_text, language_for
 from ctxlake.tasks.secrets import MaskReport, mask_text
 from ctxlake.tasks.stage import stage
@@ -96,9 +97,15 @@ def chunk_files(
         full = root / path
         try:
             st = full.lstat()
-            data = full.read_bytes()
+            data = safe_io.read_regular(full, index.max_file_bytes)
         except FileNotFoundError:
             skipped["vanished"] = skipped.get("vanished", 0) + 1
+            continue
+        except safe_io.NotRegularFile:
+            skipped["special"] = skipped.get("special", 0) + 1  # became a FIFO or link since the scan
+            continue
+        except safe_io.TooLarge:
+            skipped["too_large"] = skipped.get("too_large", 0) + 1
             continue
         except OSError as exc:
             skipped["unreadable"] = skipped.get("unreadable", 0) + 1

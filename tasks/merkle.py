@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -18,6 +19,7 @@ import xxhash
 
 from ctxlake.schemas.config import IndexSettings
 from ctxlake.schemas.tables import MANIFEST
+from ctxlake.tasks import safe_io
 from ctxlake.tasks.lake import write_atomic
 from ctxlake.tasks.secrets import is_secret_file
 from ctxlake.tasks.stage import stage
@@ -405,7 +407,15 @@ def rehash_paths(root: Path, paths: set[str], tree: Tree, keep: PathFilter, max_
 
 
 def _read_lines(path: Path) -> list[str]:
-    return path.read_text(encoding="utf-8", errors="replace").splitlines()
+    try:
+        data = safe_io.read_regular(path, 4_000_000)  # a .gitignore that is a FIFO must not block
+    except (safe_io.NotRegularFile, safe_io.TooLarge):
+        return []
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return []  # a link: not followed (it could point anywhere)
+        raise
+    return data.decode("utf-8", errors="replace").splitlines()
 
 
 def walk_files(
@@ -450,6 +460,8 @@ def walk_files(
                     subfolders.append((item.path, rel, stack))
                 continue
             if not stat.S_ISREG(st.st_mode):
+                # FIFOs, sockets, devices: never opened (a FIFO would block the scan), but counted.
+                stats.skipped["special"] = stats.skipped.get("special", 0) + 1
                 continue
             if rules.ignored(rel, False, stack) or rules.excluded_by_include(rel):
                 stats.ignored += 1
@@ -465,10 +477,18 @@ def hash_file(path: Path, size: int, max_bytes: int) -> tuple[str, str]:
     if path.suffix.lower() in BINARY_EXTENSIONS:
         return f"binary:{size}", "binary"
     try:
-        data = path.read_bytes()
+        # Not path.read_bytes(): the file may have become a FIFO or a link since the lstat, and
+        # opening a FIFO blocks until a writer comes; read_regular refuses both at once.
+        data = safe_io.read_regular(path, max_bytes)
     except FileNotFoundError:
         raise
-    except OSError:
+    except safe_io.NotRegularFile:
+        return f"special:{size}", "special"
+    except safe_io.TooLarge as exc:
+        return f"too_large:{exc.size}", "too_large"
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return f"special:{size}", "special"
         return f"unreadable:{size}", "unreadable"
     if b"\0" in data[:SNIFF_BYTES]:
         return f"binary:{size}", "binary"

@@ -142,8 +142,7 @@ _DS_TRIGGERS: dict[type[RegexBasedDetector], tuple[str, ...] | list[tuple[str, .
 def _library_detectors() -> list[Detector]:
     out = []
     for plugin, spec in _DS_TRIGGERS.items():
-        # A class attribute in every concrete plugin (an abstract property only on the base class).
-        patterns = list(cast("Iterable[re.Pattern[str]]", plugin.denylist))
+        patterns = list(cast("Iterable[re.Pattern[str]]", plugin.denylist))  # a class attribute, typed as a property
         per_pattern = spec if isinstance(spec, list) else [spec] * len(patterns)
         assert len(per_pattern) == len(patterns), f"{plugin.__name__}: one trigger tuple per pattern"
         out += [Detector(_kind_of(plugin), pattern, triggers) for pattern, triggers in zip(patterns, per_pattern, strict=True)]

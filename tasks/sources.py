@@ -45,6 +45,22 @@ class Fetched(NamedTuple):
 # --- where sources live -------------------------------------------------------------------------
 
 
+# Folders whose scan would read kernel files (/proc/kmsg blocks), devices, or a whole system or
+# home: never a source, whatever the user meant. The folder itself and anything under it.
+_SYSTEM_TREES = ("/proc", "/sys", "/dev", "/etc", "/boot", "/run")
+
+
+def refuse_system_folder(real: Path) -> None:
+    """InputError for `/`, the home folder itself, and system trees (/proc, /sys, /dev, /etc, ...)."""
+    text = str(real)
+    home = Path.home().resolve()
+    if real == Path(real.anchor) or real == home or any(
+            text == tree or text.startswith(tree + "/") for tree in _SYSTEM_TREES):
+        what = "your home folder" if real == home else "a system folder"
+        raise InputError(f"{text} is {what}: it cannot be a source",
+                         hint="add the project or docs folder you mean, e.g. ~/code/lib")
+
+
 def classify_origin(origin: str, docs: bool = False) -> tuple[str, str]:
     """(type, normalised origin) for what a user passed to `ctx add`: a folder, a URL or a git remote."""
     text = origin.strip()
@@ -60,7 +76,9 @@ def classify_origin(origin: str, docs: bool = False) -> tuple[str, str]:
         return "git", text.rstrip("/")
     folder = Path(text).expanduser()
     if folder.is_dir():
-        return "local", str(folder.resolve())
+        real = folder.resolve()
+        refuse_system_folder(real)
+        return "local", str(real)
     if folder.exists():
         raise InputError(f"not a folder: {folder}", hint="a local source is a folder, indexed in place")
     raise InputError(

@@ -24,10 +24,13 @@ from ctxlake.serve.api.tool_models import (
     decode_cursor,
     encode_cursor,
 )
+from ctxlake.tasks import safe_io
 from ctxlake.tasks.secrets import mask_text
 
 DOCS_PAGE = 200
 _DRIVE = re.compile(r"^[A-Za-z]:")
+# The project's own top-level documents, listed by name next to the docs folders' files.
+_ROOT_DOC = re.compile(r"^(README|CHANGES|CHANGELOG|CONTRIBUTING)(\.[A-Za-z0-9]+)?$", re.I)
 
 
 def clean_relative(path: str, what: str = "path") -> str:
@@ -54,7 +57,10 @@ def clean_relative(path: str, what: str = "path") -> str:
 def resolve_inside(base: Path, rel: str, what: str = "path") -> Path:
     """`base/rel` with symlinks resolved; InputError when that lands outside `base`."""
     base_real = base.resolve()
-    target = (base_real / rel).resolve()
+    try:
+        target = (base_real / rel).resolve()
+    except RuntimeError:  # Python 3.11 raises this for a symlink loop
+        raise InputError(f"{what} {rel!r} is a symlink loop") from None
     if target != base_real and base_real not in target.parents:
         raise InputError(f"{what} {rel!r} resolves outside {base.name}/ (a symlink points out)",
                          hint="only files inside the folder can be read")
@@ -93,6 +99,7 @@ class DocsReader:
 
     def __init__(self, root: Path, docs: DocsSettings, max_chars: int = 60_000) -> None:
         self.settings = docs
+        self.root = root
         self.sources = docs_sources(root, docs)
         self.extensions = {e.lower() if e.startswith(".") else "." + e.lower() for e in docs.extensions}
         # A chunk's text stays well inside the response bound (the JSON mirror roughly doubles it).
@@ -119,12 +126,39 @@ class DocsReader:
                     if real != base and base not in real.parents:
                         continue  # a symlink pointing out of the folder is not a document of it
                     st = real.stat()
-                except OSError:
-                    continue  # vanished, or a dangling link
+                except (OSError, RuntimeError):
+                    continue  # vanished, a dangling link, or a link loop
                 modified = datetime.fromtimestamp(st.st_mtime, tz=UTC).isoformat(timespec="seconds")
                 entries.append(DocEntry(path=f"{source.name}/{rel}", name=name,
                                         sizeBytes=st.st_size, modifiedAt=modified))
         return sorted(entries, key=lambda e: e.path)
+
+    def _is_root_doc(self, name: str) -> bool:
+        match = _ROOT_DOC.match(name)
+        return match is not None and (not match.group(2) or self._allowed(name))
+
+    def _root_docs(self) -> list[DocEntry]:
+        """README*, CHANGES*, CHANGELOG*, CONTRIBUTING* at the project root (regular files, or links
+        that stay inside the root and are not hidden), opened as a read would open them."""
+        entries: list[DocEntry] = []
+        try:
+            names = sorted(os.listdir(self.root))
+        except OSError:
+            return entries
+        for name in names:
+            if not self._is_root_doc(name):
+                continue
+            try:
+                fd = safe_io.open_fd_inside(self.root, name)
+            except (OSError, InputError):
+                continue  # a link out, a FIFO, vanished: not a document
+            try:
+                st = os.fstat(fd)
+            finally:
+                os.close(fd)
+            modified = datetime.fromtimestamp(st.st_mtime, tz=UTC).isoformat(timespec="seconds")
+            entries.append(DocEntry(path=name, name=name, sizeBytes=st.st_size, modifiedAt=modified))
+        return entries
 
     def index(self, source: str | None = None, cursor: str | None = None) -> DocsIndex:
         """The documents of one docs folder (or all), a page at a time."""
@@ -138,7 +172,7 @@ class DocsReader:
         warnings: list[str] = []
         if not self.sources:
             warnings.append("no docs folder is configured: set [docs] paths in .ctx/config.toml")
-        documents: list[DocEntry] = []
+        documents: list[DocEntry] = self._root_docs() if source is None else []
         for src in chosen:
             if not src.folder.is_dir():
                 warnings.append(f"docs folder {src.name!r} does not exist ({src.folder}); "
@@ -158,6 +192,10 @@ class DocsReader:
 
     def locate(self, path: str) -> tuple[str, Path]:
         """The clean listing path and the real file behind a user-given docs path."""
+        clean, _src, _rel, target = self._locate(path)
+        return clean, target
+
+    def _locate(self, path: str) -> tuple[str, DocsSource, str, Path]:
         clean = clean_relative(path)
         # The longest folder name first, so docs/api wins over docs when both are configured.
         for src in sorted(self.sources, key=lambda s: -len(s.name)):
@@ -178,12 +216,12 @@ class DocsReader:
         if not self._allowed(target.name):
             raise InputError(f"file type not allowed: {path!r} links to {target.name!r}",
                              hint=f"the docs reader reads {allowed}")
-        if not target.is_file():
+        if not target.exists():  # not is_file(): a FIFO or device is refused by the read, clearly
             known = [d.path for d in self._walk(src)] if src.folder.is_dir() else []
             close = difflib.get_close_matches(clean, known, n=3, cutoff=0.6)
             raise InputError(f"no such document: {clean!r}",
                              hint=f"did you mean {', '.join(close)}?" if close else "call docs_index to list documents")
-        return clean, target
+        return clean, src, rel, target
 
     def _chunks(self, lines: list[str]) -> list[tuple[int, int]]:
         """Line ranges [start, end) of at most chunk_lines lines and about max_chunk_chars
@@ -200,12 +238,22 @@ class DocsReader:
 
     def content(self, path: str, chunk: int = 1) -> DocContent:
         """One chunk of a document: at most chunk_lines lines, with where it sits in the file."""
-        clean, target = self.locate(path)
-        size = target.stat().st_size
-        if size > self.settings.max_file_bytes:
-            raise InputError(f"{clean!r} is {size:,} bytes, over the docs reader's limit "
-                             f"of {self.settings.max_file_bytes:,}", hint="raise [docs] max_file_bytes")
-        data = target.read_bytes()
+        clean = clean_relative(path)
+        if "/" not in clean and self._is_root_doc(clean):
+            folder, rel = self.root, clean  # README.md and friends at the project root
+        else:
+            clean, src, rel, _target = self._locate(path)
+            folder = src.folder
+        # The checks above give clear messages; the read itself walks the path again with
+        # O_NOFOLLOW from the folder's descriptor, so a swap since cannot lead outside.
+        limit = self.settings.max_file_bytes
+        try:
+            data = safe_io.open_inside(folder, rel, limit)
+        except safe_io.TooLarge as exc:
+            raise InputError(f"{clean!r} is {exc.size:,} bytes, over the docs reader's limit of {limit:,}",
+                             hint="raise [docs] max_file_bytes") from None
+        except (FileNotFoundError, NotADirectoryError):
+            raise InputError(f"no such document: {clean!r}", hint="call docs_index to list documents") from None
         if b"\0" in data[:8192]:
             raise InputError(f"{clean!r} is not a text file")
         warnings: list[str] = []

@@ -13,7 +13,7 @@ import pyarrow as pa
 from ctxlake.errors import InputError
 from ctxlake.schemas.config import Settings
 from ctxlake.schemas.tables import PROJECT_SOURCE
-from ctxlake.serve.api.docs import clean_relative, resolve_inside
+from ctxlake.serve.api.docs import clean_relative
 from ctxlake.serve.api.models import Hit
 from ctxlake.serve.api.queries import (
     HIT_COLUMNS,
@@ -38,7 +38,7 @@ from ctxlake.serve.api.tool_models import (
     decode_cursor,
     encode_cursor,
 )
-from ctxlake.tasks import freshness
+from ctxlake.tasks import freshness, safe_io
 from ctxlake.tasks.lake import IndexState, WriterLock
 from ctxlake.tasks.merkle import load_snapshot
 from ctxlake.tasks.secrets import mask_text
@@ -66,10 +66,16 @@ def _all_rows(table: Any, columns: list[str], where: str | None = None) -> pa.Ta
 # -- fuzzy_find ----------------------------------------------------------------------------------
 
 
+MAX_SYMBOL_CHARS = 200
+
+
 def find_symbols(lake: Lake, symbol_name: str, symbol_type: str | None = None, limit: int = 20) -> SymbolMatches:
     """Symbols whose name is close to `symbol_name` (typos, case, separators), best first."""
     from rapidfuzz import fuzz, process
 
+    if len(symbol_name) > MAX_SYMBOL_CHARS:  # fuzzy matching costs length x length per symbol
+        raise InputError(f"symbol_name is {len(symbol_name):,} characters; a name is at most {MAX_SYMBOL_CHARS}",
+                         hint="give one function, method or class name; search_code takes text")
     needle = _normalise(symbol_name)
     if not needle:
         raise InputError("symbol_name has no letters or digits", hint="e.g. getUserById or Flask.register_blueprint")
@@ -140,11 +146,17 @@ def file_context(
     import xxhash
 
     clean, row = indexed_file(lake, filepath)
-    target = resolve_inside(lake.settings.root, clean, "filepath")
+    # Read with the race-safe opener (tasks/safe_io.py): no symlink out, nothing hidden (bar project
+    # config such as .github/) even when indexed, no .git, regular files only, bounded.
+    limit = max(lake.settings.index.max_file_bytes, int(row["size"] or 0))
     try:
-        data = target.read_bytes()
-    except FileNotFoundError:
+        data = safe_io.open_inside(lake.settings.root, clean, limit, allow_hidden=safe_io.PROJECT_HIDDEN,
+                                   what="filepath")
+    except (FileNotFoundError, NotADirectoryError):
         raise InputError(f"{clean!r} was deleted since the last index run",
+                         hint="run `ctx run index` to update the index") from None
+    except safe_io.TooLarge as exc:
+        raise InputError(f"{clean!r} is now {exc.size:,} bytes, over the index limit of {limit:,}",
                          hint="run `ctx run index` to update the index") from None
     warnings: list[str] = []
     stale = xxhash.xxh3_128(data).hexdigest() != row["hash"]

@@ -19,7 +19,7 @@ from ctxlake.serve.api.queries import (
     keyword_rows,
     semantic_rows,
 )
-from ctxlake.serve.api.query_terms import analyse, query_title
+from ctxlake.serve.api.query_terms import MAX_ISSUE_CHARS, analyse, bound_query, query_title
 from ctxlake.serve.api.ranking import (
     FileKey,
     RankOptions,
@@ -159,6 +159,7 @@ def search_files(
     query = query.strip()
     if not query:
         raise InputError("empty query")
+    query, cut = bound_query(query, MAX_ISSUE_CHARS)
     mode = mode or lake.settings.search.mode
     limit = limit or lake.settings.search.limit
     options = options or RankOptions(rrf_k=lake.settings.search.rrf_k)
@@ -173,5 +174,6 @@ def search_files(
             start_line=best["start_line"] if best else None, end_line=best["end_line"] if best else None,
             symbol=best["symbol"] if best else None,
         ))
-    return FileSearchResult(query=query, mode=mode, files=files, warnings=evidence.warnings,
+    warnings = [cut, *evidence.warnings] if cut else evidence.warnings
+    return FileSearchResult(query=query, mode=mode, files=files, warnings=warnings,
                             took_ms=round((time.perf_counter() - started) * 1000, 1))

@@ -17,7 +17,7 @@ from ctxlake.errors import InputError, ModelMismatchError, NotIndexedError
 from ctxlake.schemas.config import Settings
 from ctxlake.schemas.tables import PROJECT_SOURCE
 from ctxlake.serve.api.models import Hit, SearchMode, SearchResult, Status
-from ctxlake.serve.api.query_terms import analyse, query_title, squeeze_repeats
+from ctxlake.serve.api.query_terms import analyse, bound_query, query_title, squeeze_repeats
 from ctxlake.serve.api.ranking import (
     TEST_PATH,
     LakeCatalog,
@@ -420,6 +420,7 @@ def search(
     query = query.strip()
     if not query:
         raise InputError("empty query")
+    query, cut = bound_query(query)
     cfg = lake.settings.search
     mode = mode or cfg.mode
     limit = limit or cfg.limit
@@ -431,7 +432,7 @@ def search(
     edits = fuzziness or 0
     where = build_filter(path_glob, lang, sources, exclude_tests)
     pool = max(limit * CANDIDATES_PER_HIT, 20)
-    warnings: list[str] = []
+    warnings: list[str] = [cut] if cut else []
     fraction = embedded_fraction(lake)
 
     if mode == "keyword":

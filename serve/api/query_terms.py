@@ -19,7 +19,9 @@ _DOTTED = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?![\w(]*\.\w)
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _CODE_FENCE = re.compile(r"```.*?(?:```|\Z)", re.S)
 _BACKTICKS = re.compile(r"`([^`\n]{1,200})`")
-_CALL = re.compile(r"([A-Za-z_]\w*)\s*\(")
+# The lookbehind starts a match only at a word's first character and the possessive quantifiers
+# never give characters back: without them a 200,000-character word took minutes (quadratic).
+_CALL = re.compile(r"(?<!\w)([A-Za-z_]\w*+)\s*+\(")
 _HUMP = re.compile(r"[a-z][A-Z]|[A-Z]{2}[a-z]")
 # Words so common in issue prose and example code that matching them says nothing.
 _STOP_WORDS = (
@@ -32,6 +34,10 @@ _STOP_WORDS = (
 )
 STOP_IDENTIFIERS = frozenset(_STOP_WORDS.split())
 MAX_LINE_REPEATS = 2
+# Longest query searched as given; longer ones are cut (with a warning in the result), not
+# refused, since agents paste logs. File ranking takes issue texts, which run longer.
+MAX_QUERY_CHARS = 4_000
+MAX_ISSUE_CHARS = 32_000
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,17 @@ def squeeze_repeats(text: str, keep: int = MAX_LINE_REPEATS) -> str:
         if not shape or seen[shape] <= keep:
             out.append(line)
     return "\n".join(out)
+
+
+def bound_query(query: str, limit: int = MAX_QUERY_CHARS) -> tuple[str, str | None]:
+    """(the query cut to at most `limit` characters, at a space when one is near; a warning when cut)."""
+    if len(query) <= limit:
+        return query, None
+    cut = query[:limit]
+    space = cut.rfind(" ", limit - 200)
+    cut = cut[:space] if space > 0 else cut
+    return cut, (f"the query is {len(query):,} characters: only its first {len(cut):,} were searched "
+                 f"(the limit is {limit:,})")
 
 
 def normalise_path(raw: str) -> str:

@@ -30,6 +30,10 @@ How it is put together
 
 from __future__ import annotations
 
+import contextlib
+import os
+import reprlib
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -74,6 +78,56 @@ def tool_groups() -> list[ToolGroup]:
             register_memory, register_resources, register_prompts, register_handoff]
 
 
+def _describe(errors: list[Any]) -> str:
+    """Pydantic's errors as one line: `field: what is wrong (got <value>)` each."""
+    parts = []
+    for err in errors[:5]:
+        where = ".".join(str(p) for p in err.get("loc", ())) or "arguments"
+        got = "" if err.get("type") == "missing" else f" (got {reprlib.repr(err.get('input'))})"
+        parts.append(f"{where}: {err.get('msg', 'invalid').lower()}{got}")
+    more = f"; and {len(errors) - 5} more" if len(errors) > 5 else ""
+    return "; ".join(parts) + more
+
+
+MAX_ERROR_CHARS = 2_000
+
+
+class CtxServer(MCPServer[ServerState]):
+    """The SDK's server with clear answers to calls it cannot run: an unknown tool is a protocol
+    error (-32602) that names the tools there are; arguments that do not fit the schema, or names
+    the tool does not take, are one tool-error line instead of pydantic's multi-line dump."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
+        from mcp.shared.exceptions import MCPError
+        from mcp.types import INVALID_PARAMS
+        from pydantic import ValidationError
+
+        tool = self._tool_manager.get_tool(name)
+        if tool is None:
+            known = ", ".join(sorted(t.name for t in self._tool_manager.list_tools()))
+            raise MCPError(INVALID_PARAMS, f"unknown tool {reprlib.repr(name)}; the tools are: {known}")
+        allowed = set((tool.parameters or {}).get("properties", {}))
+        extra = sorted(k for k in arguments if k not in allowed)
+        if extra:
+            raise ToolError(f"invalid arguments for {name}: unknown argument(s) {', '.join(map(repr, extra))} "
+                            f"(hint: {name} takes {', '.join(sorted(allowed)) or 'no arguments'})")
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            cause = exc.__cause__
+            if isinstance(exc, UnexpectedToolError):
+                raise
+            if not isinstance(cause, ValidationError):
+                if len(str(exc)) <= MAX_ERROR_CHARS:
+                    raise
+                # A domain error that quotes a huge argument back (a 100,000-character path).
+                text = str(exc)
+                raise ToolError(text[: MAX_ERROR_CHARS // 2] + " … " + text[-MAX_ERROR_CHARS // 4 :]) from cause
+            raise ToolError(f"invalid arguments for {name}: {_describe(cause.errors())} "
+                            "(hint: see the tool's inputSchema in tools/list)") from cause
+
+
 def build_server(settings: Settings, options: ServeOptions | None = None) -> MCPServer[ServerState]:
     """An MCP server over the project's lake; nothing is opened until it runs.
 
@@ -96,7 +150,7 @@ def build_server(settings: Settings, options: ServeOptions | None = None) -> MCP
         state.start()
         return result
 
-    server: MCPServer[ServerState] = MCPServer(
+    server: MCPServer[ServerState] = CtxServer(
         SERVER_NAME, version=__version__, instructions=INSTRUCTIONS, lifespan=lifespan,
         log_level=state.options.log_level,  # type: ignore[arg-type]
     )
@@ -107,8 +161,18 @@ def build_server(settings: Settings, options: ServeOptions | None = None) -> MCP
 
 
 def run_stdio(settings: Settings, options: ServeOptions) -> None:
-    """Serve MCP over stdin/stdout until the client closes the pipe."""
+    """Serve MCP over stdin/stdout until the client closes the pipe, then exit at once.
+
+    Returning normally ran the interpreter's shutdown while the stdio transport's reader thread
+    could still be blocked in a read of stdin; about 1 run in 8 then aborted with "Fatal Python
+    error: PyGILState_Release". Nothing is left to do once the transport has closed: every answer
+    was written, so flush and leave without the interpreter's teardown.
+    """
     build_server(settings, options).run("stdio")
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # the client closed its end too
+            stream.flush()
+    os._exit(0)
 
 
 def run_http(settings: Settings, options: ServeOptions, port: int) -> None:

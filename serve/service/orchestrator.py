@@ -209,17 +209,20 @@ class Orchestrator:
             os.killpg(pgid, signal.SIGKILL)
 
     def _kill_children(self) -> None:
-        """Flow-run processes the runner started and did not reap (a run killed mid-way)."""
+        """Flow-run processes the runner started and did not reap (a run killed mid-way).
+
+        Only those: the process may have other children (a test's Prefect server, a watcher's
+        indexer) that are not ours to end."""
         import psutil
 
-        server = self._server.pid if self._server is not None else None
         for child in psutil.Process().children(recursive=True):
-            if child.pid != server and (server is None or not _in_group(child, server)):
-                try:
-                    child.terminate()
-                    child.wait(5)
-                except psutil.Error:
-                    pass
+            try:
+                if not _is_flow_run(child):
+                    continue
+                child.terminate()
+                child.wait(5)
+            except psutil.Error:
+                pass
 
     # -- failures ------------------------------------------------------------------------------
     def _watch_failures(self) -> None:
@@ -297,13 +300,6 @@ class Orchestrator:
         return read_schedules(self._api_url)
 
 
-def _in_group(proc: Any, pgid: int) -> bool:
-    try:
-        return os.getpgid(proc.pid) == pgid
-    except OSError:
-        return False
-
-
 async def _recent_runs(client: Any, deployment_id: Any, n: int) -> list[Any]:
     from prefect.client.schemas.filters import (
         DeploymentFilter,
@@ -324,3 +320,15 @@ async def _recent_runs(client: Any, deployment_id: Any, n: int) -> list[Any]:
 
 def utc_iso(value: datetime | None) -> str | None:
     return value.astimezone(UTC).isoformat() if value is not None else None
+
+
+def _is_flow_run(process: Any) -> bool:
+    """A process Prefect's runner started for a flow run (it carries the run id in its env)."""
+    import psutil
+
+    try:
+        if "PREFECT__FLOW_RUN_ID" in process.environ():
+            return True
+        return any("prefect.engine" in part for part in process.cmdline())
+    except psutil.Error:
+        return False

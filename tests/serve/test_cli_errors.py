@@ -94,10 +94,11 @@ def tiny_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", str(mount)], check=False)
 
 
-def test_a_really_full_disk_is_exit_8_with_one_line(tiny_disk: Path) -> None:
+def test_a_really_full_disk_is_exit_8_with_one_line(tiny_disk: Path, ctx_home: Path) -> None:
+    # ctx_home: its own CTX_HOME and no CTX_* settings left over from other tests (hermetic run)
     repo = tiny_disk / "repo"
     repo.mkdir()
-    for i in range(40):  # ~240 KB of source: the lake does not fit beside it
+    for i in range(70):  # ~420 KB of source on 600 KiB: the lake cannot fit beside it
         (repo / f"m{i}.py").write_text("".join(f"def f{i}_{j}(x):\n    return x * {j} + {i}.{j}\n\n" for j in range(60)))
     done = ctx_subprocess("run", "index", str(repo), cwd=tiny_disk,
                           env={"CTX_EMBED_PROVIDER": "fake", "CTX_EMBED_MODEL": "hash"})

@@ -32,23 +32,26 @@ def reader(root: Path, **docs: object) -> DocsReader:
 def test_index_lists_allowed_files_with_metadata(project: Path) -> None:
     index = reader(project).index()
     assert index.sources == ["docs"]
-    assert [d.path for d in index.documents] == ["docs/billing.md", "docs/guide/install.rst", "docs/notes.txt"]
-    billing = index.documents[0]
+    # The root README is listed first, by its name; then the docs folders' files.
+    assert [d.path for d in index.documents] == ["README.md", "docs/billing.md", "docs/guide/install.rst",
+                                                 "docs/notes.txt"]
+    billing = index.documents[1]
     assert billing.name == "billing.md" and billing.sizeBytes == len(PROJECT["docs/billing.md"].encode())
-    assert billing.modifiedAt.endswith("+00:00") and index.total == 3 and index.next_cursor is None
+    assert billing.modifiedAt.endswith("+00:00") and index.total == 4 and index.next_cursor is None
+    assert reader(project).index("docs").documents[0].path == "docs/billing.md"  # no root docs in a filter
     # conf.py sits in docs/ but is not a document type.
     assert all(not d.path.endswith(".py") for d in index.documents)
 
 
 def test_index_pages_with_an_opaque_cursor(project: Path) -> None:
     write_files(project, {f"docs/many/page{i:03}.md": f"# {i}\n" for i in range(450)})
-    docs = reader(project)
+    docs = reader(project)  # 450 pages, 3 other docs and the root README
     first = docs.index()
-    assert len(first.documents) == 200 and first.total == 453 and first.next_cursor
+    assert len(first.documents) == 200 and first.total == 454 and first.next_cursor
     second = docs.index(cursor=first.next_cursor)
     third = docs.index(cursor=second.next_cursor)
     seen = [d.path for page in (first, second, third) for d in page.documents]
-    assert len(seen) == len(set(seen)) == 453 and third.next_cursor is None
+    assert len(seen) == len(set(seen)) == 454 and third.next_cursor is None
     with pytest.raises(InputError, match="invalid cursor"):
         docs.index(cursor="not-a-cursor!")
     with pytest.raises(InputError, match="another listing"):
@@ -144,7 +147,7 @@ def test_other_escapes_and_not_found(project: Path) -> None:
         ("C:/Windows/win.ini", "absolute path"),
         ("docs/a\0.md", "NUL byte"),
         ("", "empty path"),
-        ("README.md", "not inside a docs folder"),
+        ("NOTES.md", "not inside a docs folder"),  # README.md is read: a root document
         ("docs/.hidden/x.md", "hidden files"),
     ]:
         with pytest.raises(InputError, match=message):
@@ -156,6 +159,23 @@ def test_other_escapes_and_not_found(project: Path) -> None:
     assert clean_relative("docs\\guide\\install.rst") == "docs/guide/install.rst"
 
 
+def test_root_documents_are_listed_and_read_never_hidden_or_outside(project: Path, tmp_path: Path) -> None:
+    write_files(project, {"CHANGES.rst": "Changes\n", "CONTRIBUTING": "Send patches.\n", "CHANGELOG.md": "# Log\n",
+                          "README.exe": "MZ", "NOTES.md": "not a root document\n", ".README.md": "hidden\n"})
+    (tmp_path / "outside.md").write_text("OUTSIDE\n")
+    (project / "README.txt").symlink_to(tmp_path / "outside.md")  # a link out is not listed or read
+    os.mkfifo(project / "CHANGELOG.txt")  # nor is a FIFO
+    docs = reader(project)
+    listed = [d.path for d in docs.index().documents if "/" not in d.path]
+    assert listed == ["CHANGELOG.md", "CHANGES.rst", "CONTRIBUTING", "README.md"]
+    assert docs.content("README.md").content.startswith("# Shop")
+    assert docs.content("./CONTRIBUTING").content == "Send patches.\n"
+    for bad, message in [("README.txt", "outside"), ("CHANGELOG.txt", "FIFO"), (".README.md", "not inside a docs folder"),
+                         ("NOTES.md", "not inside a docs folder"), ("README.exe", "not inside a docs folder")]:
+        with pytest.raises(InputError, match=message):
+            docs.content(bad)
+
+
 def test_docs_tools_over_mcp_work_without_an_index(project: Path) -> None:
     """The docs reader needs no lake; its errors reach the client as tool errors with hints."""
     server = build_server(load_settings(project))
@@ -163,7 +183,7 @@ def test_docs_tools_over_mcp_work_without_an_index(project: Path) -> None:
     async def main() -> None:
         async with Client(server) as client:
             index = await call_ok(client, "docs_index")
-            assert index["documents"][0]["path"] == "docs/billing.md"
+            assert index["documents"][1]["path"] == "docs/billing.md"
             assert set(index["documents"][0]) == {"path", "name", "sizeBytes", "modifiedAt"}
             content = await call_ok(client, "docs_content", {"path": "docs/billing.md"})
             assert content["totalChunks"] == 1 and content["content"].startswith("# Billing")

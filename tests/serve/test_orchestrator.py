@@ -144,14 +144,17 @@ def test_stop_leaves_no_child_process(tmp_path: Path) -> None:
     (project / ".ctx" / "config.toml").write_text('[memory]\ntools = ["claude"]\nroots = { claude = "%s" }\n'
                                                   % (tmp_path / "none"), encoding="utf-8")
     saved = os.environ.pop("PREFECT_API_URL", None)
+    # Children from before (a test session's own Prefect server) are not the orchestrator's to stop.
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     orch = Orchestrator(tmp_path / "home", load_settings(project))
     orch.start()
     url = orch.api_url
-    children = psutil.Process().children(recursive=True)
+    children = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
     assert children, "the server should be a child process"
     orch.stop()
     _gone, alive = psutil.wait_procs(children, timeout=10)
     assert not alive, [p.cmdline() for p in alive]
     assert url and not healthy(url)
+    assert all(psutil.pid_exists(pid) for pid in before), "stop() ended a process it did not start"
     if saved:
         os.environ["PREFECT_API_URL"] = saved

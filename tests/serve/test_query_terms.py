@@ -82,3 +82,17 @@ def test_normalise_path() -> None:
 
 def test_abbreviations_are_not_dotted_names() -> None:
     assert analyse("classes, e.g. list or set, i.e. builtins; see np.concat").dotted == ["np.concat"]
+
+
+def test_analysis_is_linear_in_a_long_token() -> None:
+    import time
+
+    from ctxlake.serve.api.query_terms import bound_query
+
+    for text in ["a" * 200_000, "aB" * 100_000, "x(" * 100_000, "a_b" * 66_000, "a.b" * 66_000]:
+        started = time.monotonic()
+        analyse(text)
+        assert time.monotonic() - started < 2, text[:6]
+    short, note = bound_query("word " * 2000, 4000)
+    assert len(short) <= 4000 and short.endswith("word") and note and "10,000 characters" in note
+    assert bound_query("short") == ("short", None)

@@ -10,7 +10,7 @@ import pytest
 from helpers import write_files
 
 from ctxlake.schemas.config import IndexSettings
-from ctxlake.tasks import merkle
+from ctxlake.tasks import merkle, safe_io
 from ctxlake.tasks.merkle import Diff, Tree, diff_trees, load_snapshot, save_snapshot, scan_tree
 
 
@@ -61,14 +61,14 @@ def test_binary_huge_and_unreadable_files_are_skipped_and_counted(
         "huge.txt": "x" * 5000,
         "locked.py": "secret = 1\n",
     })
-    real_read = Path.read_bytes
+    real_read = safe_io.read_regular
 
-    def faulty(self: Path) -> bytes:  # root reads anything, so the fault is injected
-        if self.name == "locked.py":
+    def faulty(path: Path, max_bytes: int) -> bytes:  # root reads anything, so the fault is injected
+        if path.name == "locked.py":
             raise PermissionError(13, "Permission denied")
-        return real_read(self)
+        return real_read(path, max_bytes)
 
-    monkeypatch.setattr(Path, "read_bytes", faulty)
+    monkeypatch.setattr(safe_io, "read_regular", faulty)
     tree, stats = scan_tree(tmp_path, IndexSettings(max_file_bytes=4000))
     status = {p: e.status for p, e in tree.entries.items()}
     assert status == {"a.py": "indexed", "image.png": "binary", "blob.dat2": "binary",
@@ -87,6 +87,19 @@ def test_symlinks_are_not_followed_and_loops_are_harmless(tmp_path: Path) -> Non
     tree, stats = scan_tree(root, IndexSettings())
     assert indexed(tree) == {"a/b.py"}
     assert stats.symlinks == 3
+
+
+def test_fifos_are_skipped_and_counted_never_opened(tmp_path: Path) -> None:
+    write_files(tmp_path, {"a.py": "x = 1\n", "sub/b.py": "y = 2\n"})
+    os.mkfifo(tmp_path / "pipe.py")
+    os.mkfifo(tmp_path / "sub" / ".gitignore")  # read for ignore rules: must not block either
+    started = time.monotonic()
+    tree, stats = scan_tree(tmp_path, IndexSettings())
+    assert indexed(tree) == {"a.py", "sub/b.py"}
+    assert stats.skipped.get("special") == 2
+    assert time.monotonic() - started < 5
+    # A file swapped for a FIFO between the scan's lstat and the read is refused, not waited on.
+    assert merkle.hash_file(tmp_path / "pipe.py", 0, 1000) == ("special:0", "special")
 
 
 def test_empty_folder_has_the_empty_root_hash(tmp_path: Path) -> None:

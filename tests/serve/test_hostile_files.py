@@ -1,0 +1,96 @@
+"""Hostile files in a real indexed project: a FIFO does not hang `ctx run index`, and the file
+readers (docs_content, get_file_context, ctx://file) refuse links out, links into .git, FIFOs."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client
+from mcp_helpers import PROJECT, call_error, call_ok
+
+from ctxlake.schemas.config import load_settings
+from ctxlake.serve.mcp.server import build_server
+
+
+@pytest.fixture
+def indexed(make_repo: Callable[..., Path], cli: Callable[..., Any], fake_embedder: Any, tmp_path: Path) -> Path:
+    repo = make_repo(PROJECT)
+    os.mkfifo(repo / "src" / "pipe.py")  # left untracked: the scan sees it, and must not open it
+    started = time.monotonic()
+    result = cli("run", "index", cwd=repo)
+    assert result.exit_code == 0, result.stderr
+    assert time.monotonic() - started < 120
+    (tmp_path / "outside.md").write_text("OUTSIDE-SECRET\n")
+    return repo
+
+
+def test_readers_refuse_swapped_links_and_fifos(indexed: Path, tmp_path: Path) -> None:
+    repo = indexed
+    service = repo / "src" / "users" / "service.py"
+    service.unlink()
+    service.symlink_to("../../.git/config")  # an indexed file replaced by a link into .git
+    invoice = repo / "src" / "billing" / "invoice.py"
+    invoice.unlink()
+    os.mkfifo(invoice)  # an indexed file replaced by a FIFO
+    (repo / "docs" / "out.md").symlink_to(tmp_path / "outside.md")
+    server = build_server(load_settings(repo))
+
+    async def main() -> None:
+        async with Client(server) as client:
+            started = time.monotonic()
+            text = await call_error(client, "get_file_context", {"filepath": "src/users/service.py"})
+            assert ".git" in text and "[core]" not in text, text
+            text = await call_error(client, "get_file_context", {"filepath": "src/billing/invoice.py"})
+            assert "FIFO" in text, text
+            text = await call_error(client, "docs_content", {"path": "docs/out.md"})
+            assert "outside" in text and "OUTSIDE-SECRET" not in text, text
+            for uri in ["ctx://file/src/users/service.py", "ctx://file/src/billing/invoice.py"]:
+                with pytest.raises(Exception) as info:
+                    await client.read_resource(uri)
+                assert "[core]" not in str(info.value)
+            assert time.monotonic() - started < 10
+            ok = await call_ok(client, "get_file_context", {"filepath": "web/app.js"})
+            assert "renderInvoice" in ok["content"]
+
+    anyio.run(main)
+
+
+def test_a_200k_character_query_answers_within_2_s(indexed: Path) -> None:
+    """Query analysis was quadratic in the length of one token; the query is also cut to a bound."""
+    server = build_server(load_settings(indexed))
+    token = "a" * 200_000
+
+    async def main() -> None:
+        async with Client(server) as client:
+            for tool, args in [("search_code", {"query": token, "search_type": "keyword"}),
+                               ("search_code", {"query": "x(" * 100_000, "search_type": "keyword"}),
+                               ("find_files", {"query": token})]:
+                started = time.monotonic()
+                result = await call_ok(client, tool, args)
+                assert time.monotonic() - started < 2, tool
+                assert any("only its first" in w for w in result["warnings"]), result["warnings"]
+            started = time.monotonic()
+            text = await call_error(client, "fuzzy_find", {"symbol_name": token})
+            assert "at most 200" in text and time.monotonic() - started < 2
+
+    anyio.run(main)
+
+
+def test_add_refuses_system_and_home_folders(make_repo: Callable[..., Path], cli: Callable[..., Any],
+                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = make_repo({"a.py": "x = 1\n"})
+    home = tmp_path / "home"
+    (home / "code").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    for folder in ["/", "/proc", "/sys", "/dev", "/etc", "/proc/self", str(home), "~"]:
+        result = cli("add", "x", folder, cwd=repo)
+        assert result.exit_code == 2, (folder, result.stderr)
+        assert "cannot be a source" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+    assert cli("add", "code", str(home / "code"), cwd=repo).exit_code == 0

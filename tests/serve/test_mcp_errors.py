@@ -1,0 +1,85 @@
+"""Calls the server cannot run get one clear message (unknown tool, bad or unknown arguments), and
+the stdio server exits cleanly, every time, when the client closes stdin."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+from helpers import write_files
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+from mcp_helpers import PROJECT, call_error
+
+from ctxlake.schemas.config import load_settings
+from ctxlake.serve.mcp.server import build_server
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "shop"
+    write_files(root, PROJECT)
+    (root / ".ctx").mkdir()
+    return root
+
+
+def test_unknown_tool_and_bad_arguments_are_one_clear_line(project: Path) -> None:
+    server = build_server(load_settings(project))
+
+    async def main() -> None:
+        async with Client(server) as client:
+            with pytest.raises(MCPError) as info:
+                await client.call_tool("nope", {})
+            assert info.value.error.code == -32602
+            assert "unknown tool 'nope'" in info.value.error.message
+            assert "docs_content" in info.value.error.message  # names the tools there are
+            text = await call_error(client, "docs_content", {"path": 5, "chunk": "x"})
+            assert text.startswith("invalid arguments for docs_content: path: ")
+            assert "chunk: " in text and "(got 'x')" in text
+            assert "\n" not in text and "errors.pydantic.dev" not in text, text
+            text = await call_error(client, "docs_content", {})
+            assert text.startswith("invalid arguments for docs_content: path: field required"), text
+            text = await call_error(client, "docs_index", {"sourec": "docs"})
+            assert "unknown argument(s) 'sourec'" in text and "takes cursor, source" in text, text
+            text = await call_error(client, "docs_content", {"path": "x" * 100_000})
+            assert len(text) <= 2_000 and text.endswith("(hint: use a path from docs_index)")  # cut, not echoed whole
+
+    anyio.run(main)
+
+
+def _initialize() -> bytes:
+    request = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "close-test", "version": "0"}}}
+    notice = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+    return "".join(json.dumps(m) + "\n" for m in (request, notice, listing)).encode()
+
+
+def test_stdio_server_exits_cleanly_when_stdin_closes(project: Path, tmp_path: Path) -> None:
+    """Closing stdin 20 times after a handshake: exit 0 each time, never a fatal interpreter error."""
+    exe = Path(sys.executable).parent / "ctx"
+    # CTX_HOME in a fresh folder: no resident service is found, so the server runs in this process.
+    env = {**os.environ, "CTX_HOME": str(tmp_path / "home")}
+    for run in range(20):
+        proc = subprocess.Popen([str(exe), "serve"], cwd=project, env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(_initialize())
+        proc.stdin.flush()
+        answers = [json.loads(proc.stdout.readline()) for _ in range(2)]
+        assert answers[1]["id"] == 2 and answers[1]["result"]["tools"], answers
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        stderr = proc.stderr.read().decode() if proc.stderr else ""
+        assert proc.returncode == 0, (run, proc.returncode, stderr[-2000:])
+        assert "Fatal Python error" not in stderr and "Traceback" not in stderr, (run, stderr[-2000:])
