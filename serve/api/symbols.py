@@ -8,12 +8,18 @@ import re
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
 
 if TYPE_CHECKING:
-    from ctxlake.serve.api.queries import Lake
+    from lancedb.table import Table
+
+
+class Lake(Protocol):
+    """What the index needs of an open lake (queries.Lake is one; naming it here would be a cycle)."""
+
+    chunks: Table
 
 SYMBOL_COLUMNS = ["symbol", "kind", "source", "path", "start_line", "end_line", "lang"]
 

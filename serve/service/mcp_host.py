@@ -9,12 +9,18 @@ import argparse
 import io
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ctxlake.serve.service import protocol
 
 if TYPE_CHECKING:
-    from ctxlake.serve.service.daemon import Service
+    from contextlib import AbstractContextManager
+
+
+class Service(Protocol):
+    """What a hosted session needs of the daemon (daemon.Service; naming it would be a cycle)."""
+
+    def request_env(self, message: dict[str, Any]) -> AbstractContextManager[None]: ...
 
 
 def _parse(argv: list[str]) -> argparse.Namespace | None:
