@@ -22,6 +22,7 @@ from ctxlake.serve.cli import eval as cli_eval
 from ctxlake.serve.cli import handoff as cli_handoff
 from ctxlake.serve.cli import mcp as cli_mcp
 from ctxlake.serve.cli import memory as cli_memory
+from ctxlake.serve.cli import read as cli_read
 from ctxlake.serve.cli.base import _prefect_quietly, ensure_project
 from ctxlake.serve.cli.schedule import schedule_app
 from ctxlake.serve.cli.service import print_service_status, service_status
@@ -283,6 +284,7 @@ def clean(yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] =
 
 
 cli_eval.register(app)
+cli_read.register(app)
 
 
 @app.command()

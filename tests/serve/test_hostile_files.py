@@ -3,6 +3,7 @@ readers (docs_content, get_file_context, ctx://file) refuse links out, links int
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable
@@ -94,3 +95,26 @@ def test_add_refuses_system_and_home_folders(make_repo: Callable[..., Path], cli
         assert "cannot be a source" in result.stderr, result.stderr
         assert "Traceback" not in result.stderr
     assert cli("add", "code", str(home / "code"), cwd=repo).exit_code == 0
+
+
+def test_cli_readers_apply_the_same_rules(indexed: Path, cli: Callable[..., Any]) -> None:
+    """`ctx show` and `ctx docs` call the MCP readers' api functions: same refusals, one line each."""
+    repo = indexed
+    shown = cli("show", "src/billing/invoice.py", "--end", "2", cwd=repo)
+    assert shown.exit_code == 0, shown.stderr
+    assert shown.stdout.splitlines()[:2] == (repo / "src/billing/invoice.py").read_text().splitlines()[:2]
+    service = repo / "src" / "users" / "service.py"
+    service.unlink()
+    service.symlink_to("../../.git/config")
+    invoice = repo / "src" / "billing" / "invoice.py"
+    invoice.unlink()
+    os.mkfifo(invoice)
+    for args, message in [(("show", "src/users/service.py"), ".git/"), (("show", "src/billing/invoice.py"), "FIFO"),
+                          (("show", "../etc/passwd"), "path traversal"),
+                          (("docs", "docs/../../x.md"), "path traversal"), (("docs", ".git/config"), "not inside a docs folder")]:
+        result = cli(*args, cwd=repo)
+        assert result.exit_code == 2 and message in result.stderr, (args, result.stderr)
+        assert "Traceback" not in result.stderr and "[core]" not in result.stdout
+    listing = cli("docs", "--json", cwd=repo)
+    assert listing.exit_code == 0, listing.stderr
+    assert any(d["path"].startswith("docs/") for d in json.loads(listing.stdout)["documents"])

@@ -102,6 +102,39 @@ def test_stdio_starts_fast_and_stdout_carries_only_protocol(indexed: Path) -> No
     assert proc.returncode == 0, err.decode()[-2000:]
 
 
+def test_closing_stdin_at_any_moment_exits_cleanly_every_time(indexed: Path) -> None:
+    """The client may close stdin right after `initialize` (the lake still opening on a daemon
+    thread), in the middle of a call, or after it. Before the server ended with os._exit, 5 of 16
+    closes right after `initialize` aborted the process (SIGABRT, "Fatal Python error:
+    PyGILState_Release" / "exception not rethrown")."""
+    failures: list[str] = []
+    moments = ("after-initialize", "mid-call", "after-call")
+    for run in range(12):
+        moment = moments[run % 3]
+        proc = subprocess.Popen([CTX, "serve", "--root", str(indexed)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            assert proc.stdout is not None and proc.stdin is not None
+            _send(proc, INITIALIZE)
+            proc.stdout.readline()
+            _send(proc, {"jsonrpc": "2.0", "method": "notifications/initialized"})
+            if moment != "after-initialize":
+                _send(proc, {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+                    "name": "search_code", "arguments": {"query": "invoice", "search_type": "keyword"}}})
+                if moment == "after-call":
+                    proc.stdout.readline()
+            proc.stdin.close()
+            code = proc.wait(timeout=60)
+            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        if code != 0 or "Fatal Python error" in err or "FATAL" in err:
+            failures.append(f"run {run} ({moment}): exit {code}: {err[-300:]}")
+    assert not failures, "\n".join(failures)
+
+
+
 def test_read_path_never_imports_prefect(indexed: Path) -> None:
     """Every tool, resource and prompt, run in a fresh process: Prefect stays out of sys.modules."""
     script = r"""
