@@ -19,9 +19,11 @@ from typing import Any
 TRUST_FILE = "trusted-configs.json"
 
 # section -> keys that run a command or code, or send the user's API key to a chosen endpoint.
+# memory.roots and agents.sandbox_dir point reads and writes at folders of the author's choosing
+# (a log store is read user-wide; ask/chat copy code into the sandbox folder).
 GATED: dict[str, tuple[str, ...]] = {
-    "memory": ("llm_command", "llm_url"),
-    "agents": ("commands", "chat_commands"),
+    "memory": ("llm_command", "llm_url", "roots"),
+    "agents": ("commands", "chat_commands", "sandbox_dir"),
     "embed": ("trust_remote_code", "base_url"),
 }
 # memory.llm mode -> the gated key it needs. Without that key the mode falls back to "off", so an

@@ -136,3 +136,20 @@ def test_an_uncommented_setting_without_its_section_is_one_clear_error(tmp_path:
     (tmp_path / ".ctx" / "config.toml").write_text(text)
     with pytest.raises(ConfigError, match="outside any"):
         load_settings(tmp_path)
+
+
+def test_folders_a_committed_config_would_point_at_are_gated(tmp_path: Path) -> None:
+    """Where logs are read from (user-wide) and where ask/chat copy code to are the author's choice
+    only once trusted."""
+    root = tmp_path / "p"
+    (root / ".ctx").mkdir(parents=True)
+    config = root / ".ctx" / "config.toml"
+    config.write_text(f'[memory]\nroots = {{ claude = "{tmp_path / "elsewhere"}" }}\n\n'
+                      f'[agents]\nsandbox_dir = "{tmp_path / "drop"}"\n')
+    home = default_home()
+    settings = load_settings(root)
+    assert "claude" not in settings.memory.roots and settings.agents.sandbox_dir is None
+    trust.trust(config, home)
+    settings = load_settings(root)
+    assert settings.memory.roots["claude"] == str(tmp_path / "elsewhere")
+    assert settings.agents.sandbox_dir is not None and settings.agents.sandbox_dir.name == "drop"
