@@ -70,6 +70,7 @@ class Orchestrator:
         self._deployments: dict[str, Any] = {}  # name -> deployment id
         self._backed_off: set[str] = set()
         self.ingest_triggers = 0  # runs started by log events (after debouncing)
+        self.trigger_errors: list[str] = []  # failed attempts to start such a run
         self.server_start_s: float | None = None
 
     @property
@@ -272,8 +273,19 @@ class Orchestrator:
 
         if self._stopping.is_set() or INGEST not in self._deployments:
             return
-        self._call(create())
-        self.ingest_triggers += 1
+        # A busy server (a flow run starting, a loaded machine) can time the request out; this
+        # runs on a timer thread, where an exception would vanish with the trigger. Record it and
+        # try again a few times, so a burst of log writes is never dropped silently.
+        for attempt in range(3):
+            try:
+                self._call(create())
+            except Exception as exc:  # any failure is recorded, then retried
+                self.trigger_errors.append(f"{type(exc).__name__}: {exc}"[:300])
+                if self._stopping.wait(2.0 * (attempt + 1)):
+                    return
+                continue
+            self.ingest_triggers += 1
+            return
 
     def _start_log_watcher(self) -> None:
         from ctxlake.tasks.scrape import resolve_roots
