@@ -154,6 +154,52 @@ def test_garbage_gets_an_error_and_the_service_stays_up(indexed: Path, service: 
     assert "Service: up" in ctx("status", cwd=indexed).stdout
 
 
+def _as_nobody(sock_path: str) -> str:
+    """Connect to the service from a forked child running as uid 65534; what happened, as a word."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop to nobody, try, report one word through the pipe, exit at once
+        word = b"?"
+        try:
+            # Enter the folder first: the test's tmp parents are root's own (0700), and a relative
+            # path then tests only the service folder's and the socket's permissions.
+            os.chdir(os.path.dirname(sock_path))
+            os.setgid(65534)
+            os.setuid(65534)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(10)
+                sock.connect(os.path.basename(sock_path))
+                sock.sendall(struct.pack(">I", 2) + b"{}")
+                (length,) = struct.unpack(">I", sock.recv(4))
+                reply = json.loads(sock.recv(length))
+                word = b"refused" if "another user" in reply.get("message", "") else b"served"
+        except PermissionError:
+            word = b"denied"
+        except BaseException:
+            word = b"error"
+        os.write(write_end, word)
+        os._exit(0)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    with os.fdopen(read_end, "rb") as fh:
+        return fh.read().decode()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to another uid needs root")
+def test_another_user_is_refused(indexed: Path, service: Path) -> None:
+    folder = service_dir(service)
+    sock_path = str(folder / "ctx.sock")
+    assert _as_nobody(sock_path) == "denied"  # the 0700 folder and 0600 socket keep others out
+    folder.chmod(0o755)  # a user who loosens the permissions still gets no service from it:
+    (folder / "ctx.sock").chmod(0o666)  # the service checks the peer's uid (SO_PEERCRED)
+    try:
+        assert _as_nobody(sock_path) == "refused"
+    finally:
+        folder.chmod(0o700)
+        (folder / "ctx.sock").chmod(0o600)
+    assert ctx("search", "invoice", cwd=indexed).returncode == 0
+
+
 def test_down_leaves_no_child_processes(indexed: Path, service: Path) -> None:
     # An index run in the service starts Prefect's temporary API server as a child.
     (indexed / "new_module.py").write_text("def brand_new_function():\n    return 1\n")
