@@ -146,12 +146,19 @@ class Service:
             self.orchestrator_note = f"failed: {exc}"
             log(f"orchestrator failed to start: {exc!r}")
 
+    def _share_watch_counts(self) -> None:
+        # On a thread: the read layer's import (pyarrow, lancedb) must not delay listening.
+        from ctxlake.serve.api.queries import use_change_counter
+
+        use_change_counter(self.watchers.changes)
+
     def serve_forever(self) -> None:
         assert self._listener is not None
         capture.install()
         threading.Thread(target=self.start_orchestrator, name="orchestrator", daemon=True).start()
         threading.Thread(target=self._housekeeping, name="housekeeping", daemon=True).start()
         threading.Thread(target=_warm_imports, name="warm-imports", daemon=True).start()
+        threading.Thread(target=self._share_watch_counts, name="freshness", daemon=True).start()
         for folder in self.initial_watch:
             self.register(folder)
         log(f"listening on {self.paths.socket}")

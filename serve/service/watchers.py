@@ -28,6 +28,7 @@ class ProjectWatcher(threading.Thread):
         self.log = log
         self.stop_event = threading.Event()
         self.batches = 0
+        self.changes = 0  # event batches seen plus batches applied: any change under root moves it
         self.error: str | None = None
 
     def run(self) -> None:
@@ -51,11 +52,15 @@ class ProjectWatcher(threading.Thread):
                 if raw == "timeout":
                     continue
                 events = cast("set[tuple[int, str]]", raw)
+                self.changes += 1  # before the lake moves: a check taken meanwhile is not kept
                 paths = {Path(p).relative_to(self.root).as_posix() for _, p in events
                          if Path(p).is_relative_to(self.root)}
                 paths = {p for p in paths if p != "." and not p.startswith(NOISE)}
                 if paths and self.root.is_dir():
-                    self._apply(settings, paths)
+                    try:
+                        self._apply(settings, paths)
+                    finally:
+                        self.changes += 1
 
     def _apply(self, settings: Any, paths: set[str]) -> None:
         from ctxlake.flows.index_code import IndexReport, Writer
@@ -112,6 +117,15 @@ class Watchers:
             self._by_root[key] = watcher
         watcher.start()
         return True
+
+    def changes(self, root: Path) -> int | None:
+        """The change count of root's live watcher; None when root is not watched (or its watcher
+        stopped), so a caller must look at the files itself."""
+        with self._lock:
+            watcher = self._by_root.get(str(root))
+        if watcher is None or not watcher.is_alive() or watcher.error is not None:
+            return None
+        return watcher.changes
 
     def roots(self) -> list[str]:
         with self._lock:
