@@ -11,11 +11,8 @@ file telling the agent to call the hand-off tool first. Only entries whose comma
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
-import shutil
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -111,15 +108,12 @@ def parse_hook_clients(value: str | None, root: Path) -> list[str]:
 
 
 def hook_command(client: str, which: str, env: dict[str, str] | None = None) -> str:
-    """The shell command a tool runs: `ctx` from PATH when that is this installation (portable, nothing of this
-    machine in a committed file), else this installation's absolute path; CTX_HOME carried when the user set it."""
-    source = os.environ if env is None else env
-    beside = Path(sys.executable).parent / "ctx"
-    on_path = shutil.which("ctx", path=source.get("PATH"))
-    exe = "ctx"
-    if beside.is_file() and (on_path is None or Path(on_path).resolve() != beside.resolve()):
-        exe = shlex.quote(str(beside))
-    prefix = f"CTX_HOME={shlex.quote(source['CTX_HOME'])} " if source.get("CTX_HOME") else ""
+    """The shell command a tool runs: `ctx` when PATH finds this installation (portable: nothing of this machine in
+    a committed file), else its absolute path; CTX_HOME carried when the user set it."""
+    from ctxlake.serve.cli.clients import carried_env, ctx_command
+
+    exe = " ".join(shlex.quote(part) for part in ctx_command(env))
+    prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in carried_env(env).items())
     return f"{prefix}{exe} hooks {which} --client {client}"
 
 
