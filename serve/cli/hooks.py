@@ -180,7 +180,10 @@ def start_ingest(root: Path, tool: str | None, env: dict[str, str] | None = None
     except OSError:
         pass
     stamp.touch()
-    argv = [sys.executable, "-m", "ctxlake.serve.service.client", "run", "ingest", "--no-embed", "--wait", "120"]
+    # In a process of its own, not forwarded to the service: the service answers one CLI request at a time, and
+    # a long ingest there would hold up the next tool's session-start hook.
+    argv = [sys.executable, "-c", "from ctxlake.serve.cli import main; main()",
+            "run", "ingest", "--no-embed", "--wait", "120"]
     if tool:
         argv += ["--tool", tool]
     with open(lake / INGEST_LOG, "ab") as log:
