@@ -52,6 +52,11 @@ HOOK_CLIENTS: dict[str, HookClient] = {
     "opencode": HookClient("opencode", "OpenCode", ".opencode/plugins/ctx-hooks.js", "plugin", None, "session.idle",
                            instructions="AGENTS.md"),
 }
+# What shows a project uses a tool (`.github/` alone does not mean Copilot).
+MARKERS: dict[str, tuple[str, ...]] = {
+    "codex": (".codex",), "gemini": (".gemini",), "cursor": (".cursor",),
+    "copilot": (".github/hooks", ".github/copilot-instructions.md"), "opencode": (".opencode", "opencode.json"),
+}
 START_TIMEOUT_S = 10
 END_TIMEOUT_S = 30
 OURS = re.compile(r"\bhooks\s+session-(start|end)\b")
@@ -88,7 +93,7 @@ class UnmergeableFile(ConfigError):
 def parse_hook_clients(value: str | None, root: Path) -> list[str]:
     """`--client` as a list; `all` or nothing given: every tool whose folder the project has, plus Claude Code."""
     if value is None:
-        found = [n for n, c in HOOK_CLIENTS.items() if n != "claude" and (root / c.file.split("/")[0]).exists()]
+        found = [n for n in HOOK_CLIENTS if n != "claude" and any((root / m).exists() for m in MARKERS[n])]
         return ["claude", *found]
     names: list[str] = []
     for raw in value.split(","):

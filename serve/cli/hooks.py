@@ -95,11 +95,19 @@ def uninstall(
     names = hook_files.parse_hook_clients(client or "all", root)
     staying = [n for n in hook_files.HOOK_CLIENTS if n not in names and hook_files.status(n, root).action != "missing"]
     changes: list[Any] = []
+    problems: list[hook_files.UnmergeableFile] = []
     for name in names:
         spec = hook_files.HOOK_CLIENTS[name]
         shared = any(hook_files.HOOK_CLIENTS[s].instructions == spec.instructions for s in staying)
-        changes.extend(hook_files.uninstall(name, root, shared_instructions=shared))
+        try:
+            changes.extend(hook_files.uninstall(name, root, shared_instructions=shared))
+        except hook_files.UnmergeableFile as exc:
+            problems.append(exc)
     _render(changes, as_json, root)
+    if problems:
+        for extra in problems[1:]:
+            typer.echo(f"ctx: error: {extra}\n  {extra.hint}", err=True)
+        raise problems[0]
 
 
 @hooks_app.command("status")
@@ -201,6 +209,8 @@ def session_end(
     """Ingest the session that just ended, in the background, so the next tool's brief sees it."""
     from ctxlake.serve.cli.hook_files import HOOK_CLIENTS
 
+    if client in ("claude", "codex", "gemini", "cursor", "copilot"):
+        typer.echo("{}")  # these read a JSON answer on stdout (Gemini CLI warns on anything else); no decision in it
     try:
         root = _root(path)
         if not (root / CTX_DIR).is_dir():

@@ -106,6 +106,10 @@ def test_a_commented_settings_file_is_left_alone_with_exit_3_and_the_entry_to_pa
     assert "not plain JSON" in err and '"SessionStart"' in err and "session-start --client gemini" in err
     # The other client was still installed.
     assert "Claude Code: created" in out and (repo / ".claude" / "settings.json").is_file()
+    # Uninstall leaves the commented file alone too, and says so with exit 3 after removing the rest.
+    code, out, err = call(capsys, "hooks", "uninstall")
+    assert code == 3 and (repo / ".gemini" / "settings.json").read_text() == text
+    assert not (repo / ".claude" / "settings.json").read_text().count("session-start")
 
 
 def test_a_foreign_opencode_plugin_of_the_same_name_is_not_overwritten(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -125,6 +129,13 @@ def test_hook_command_is_portable_when_ctx_on_path_is_this_install(tmp_path: Pat
     assert command == "CTX_HOME='/tmp/my ctx' ctx hooks session-start --client claude"
     elsewhere = hook_files.hook_command("claude", "session-start", {"PATH": str(tmp_path)})
     assert elsewhere == f"{beside} hooks session-start --client claude"
+
+
+def test_without_client_it_wires_claude_and_the_tools_the_project_uses(repo: Path) -> None:
+    (repo / ".github" / "workflows").mkdir(parents=True)
+    (repo / ".cursor").mkdir()
+    (repo / "opencode.json").write_text("{}")
+    assert hook_files.parse_hook_clients(None, repo) == ["claude", "cursor", "opencode"]
 
 
 def test_unknown_client_is_an_input_error(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -222,8 +233,8 @@ def test_session_end_ingests_the_new_transcript_in_the_background(
         claude("user", "v1", 600, "Add a --dry-run flag to the importer", session="c2", cwd=cwd),
         claude("assistant", "b1", 601, "Added --dry-run; nothing is written with it.", session="c2", cwd=cwd),
     ])
-    code, _, err = call(capsys, "hooks", "session-end", "--client", "claude")
-    assert code == 0 and "ingest started" in err
+    code, out, err = call(capsys, "hooks", "session-end", "--client", "claude")
+    assert code == 0 and "ingest started" in err and json.loads(out) == {}
     # A second call at once is debounced (Stop hooks fire every turn).
     assert "skipped" in call(capsys, "hooks", "session-end", "--client", "claude")[2]
     deadline = time.monotonic() + 180
