@@ -162,11 +162,11 @@ def json_plan(client: str, path: Path, key: str, entry: dict[str, Any]) -> tuple
         problem = problem or f"its {key!r} is not an object"
         snippet = json.dumps({key: {SERVER_NAME: entry}}, indent=2)
         return None, Change(client, str(path), "skipped", f"{problem}; add this by hand:\n{snippet}", paste=snippet)
+    if client == "opencode" and not data:
+        data = {"$schema": "https://opencode.ai/config.json"}
     servers = data.setdefault(key, {})
     if servers.get(SERVER_NAME) == entry:
         return None, Change(client, str(path), "unchanged", "already registered")
-    if client == "opencode":
-        data.setdefault("$schema", "https://opencode.ai/config.json")
     servers[SERVER_NAME] = entry
     return data, None
 

@@ -106,6 +106,9 @@ def init(
             if change.action == "skipped":
                 typer.echo(f"  not changed: {change.detail}", err=True)
         typer.echo(f"Server command: {' '.join(command)} serve")
+        if command[0] != "ctx":
+            typer.echo("Note: `ctx` on your PATH is not this installation, so the files name its path on this "
+                       "machine; put it on PATH and run `ctx init` again for entries you can commit.", err=True)
         left = [n for n in clients.CLIENTS if n not in names]
         if left:
             typer.echo(f"Other clients: ctx init --client {','.join(left)}")
