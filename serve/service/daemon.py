@@ -32,7 +32,7 @@ EXIT_DISK = 8
 HOUSEKEEPING_S = 2.0  # how often deleted project folders are dropped and idle lakes evicted
 INDEX_WAIT_S = 60
 BUSY_WAIT_S = 1.0  # a CLI request waits this long for the one before it, then runs in its client
-SETTLE_S = 0.15  # > the watcher's 50 ms quiet step plus its start of a batch
+SETTLE_S = 0.08  # > the watcher's 50 ms quiet step; a miss only costs a full (correct) run
 VALUE_OPTIONS = frozenset({"--wait", "--model", "--provider"})  # `ctx run index` options taking a value
 MAX_SOCKET_PATH = 100  # sun_path holds 104-108 bytes depending on the OS  # LakeError's code: the state under $CTX_HOME cannot be written
 
