@@ -87,6 +87,26 @@ def test_forwarded_output_equals_in_process_and_files_are_private(indexed: Path,
     assert in_process.stdout == via_service.stdout and in_process.stderr == via_service.stderr
 
 
+def test_forced_index_runs_in_a_child_and_reports_through_the_service(indexed: Path, service: Path) -> None:
+    pid = service_pid(service)
+    before = {c.pid for c in psutil.Process(pid).children(recursive=True)}
+    seen: set[int] = set()
+    proc = subprocess.Popen([CTX, "run", "index", "--force", "--json"], cwd=indexed, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    while proc.poll() is None:  # the whole-tree run is a child of the service, not its own thread
+        with contextlib.suppress(psutil.Error):
+            seen |= {c.pid for c in psutil.Process(pid).children(recursive=False)
+                     if c.pid not in before and "in_process" in " ".join(c.cmdline())}
+        time.sleep(0.05)
+    out, err = proc.communicate()
+    assert proc.returncode == 0, err
+    report = json.loads(out)
+    assert report["added"] >= 2 and report["files_seen"] >= 2  # the child's report came back whole
+    assert seen, "no child process ran the forced index"
+    assert service_pid(service) == pid
+    assert json.loads(ctx("search", "invoice total", "--json", cwd=indexed).stdout)["hits"]
+
+
 def test_thin_client_imports_nothing_heavy(indexed: Path, service: Path) -> None:
     run = subprocess.run([sys.executable, "-X", "importtime", "-m", "ctxlake.serve.service.client", "search",
                           "invoice"], cwd=indexed, capture_output=True, text=True, timeout=60, check=False)
