@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,10 +23,9 @@ from ctxlake.schemas.config import Settings, load_settings
 from ctxlake.serve.web.jobs import Jobs
 from ctxlake.serve.web.security import Guard
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parent  # an editable install links each file: serve the real folder (StaticFiles refuses links out)
 PAGES = [("overview", "/", "Overview"), ("search", "/search", "Search"), ("sessions", "/sessions", "Sessions"),
          ("knowledge", "/knowledge", "Knowledge"), ("sources", "/sources", "Sources"), ("settings", "/settings", "Settings")]
-MEMORY_TTL_S = 30.0
 MESSAGES_PAGE = 50
 CONTEXT_TYPES = {"conversations": ["message", "session"], "knowledge": ["knowledge"]}
 
@@ -72,7 +70,7 @@ class UiContext:
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     mode: str = "service"  # or "standalone"
     jobs: Jobs = field(default_factory=Jobs)
-    _memory: dict[str, tuple[float, Any]] = field(default_factory=dict)
+    _memory: dict[str, tuple[tuple[Any, ...], Any]] = field(default_factory=dict)
     _settings: dict[str, tuple[Any, Settings]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _engine: Any = None
@@ -120,10 +118,10 @@ class UiContext:
         from ctxlake.serve.api.context import MemoryLake
 
         key = str(settings.root)
-        now = time.monotonic()
+        stamp = _memory_stamp(settings)  # an ingest rewrites these: reopen then (new tables may exist)
         with self._lock:
             hit = self._memory.get(key)
-            if hit is not None and now - hit[0] < MEMORY_TTL_S and hit[1].settings is settings:
+            if hit is not None and hit[0] == stamp and hit[1].settings is settings:
                 return hit[1]
         lake = MemoryLake(settings)
         try:
@@ -131,8 +129,22 @@ class UiContext:
         except Exception:
             lake._embedder = None
         with self._lock:
-            self._memory[key] = (now, lake)
+            self._memory[key] = (stamp, lake)
         return lake
+
+
+def _memory_stamp(settings: Settings) -> tuple[Any, ...]:
+    from ctxlake.tasks.lake import STATE_FILE
+    from ctxlake.tasks.memory_state import MANIFEST_FILE
+
+    out: list[Any] = []
+    for path in (settings.memory_dir / STATE_FILE, settings.lake_dir / MANIFEST_FILE, settings.lake_dir / STATE_FILE):
+        try:
+            st = path.stat()
+            out.append((st.st_mtime_ns, st.st_size))
+        except OSError:
+            out.append(None)
+    return tuple(out)
 
 
 # -- helpers -------------------------------------------------------------------------------------

@@ -150,3 +150,28 @@ def test_adding_a_local_folder_shows_progress_then_the_source(site: Site, page: 
     expect(row).to_contain_text("local")
     expect(row.locator("td").nth(2)).to_have_text("1")  # one file indexed
     assert page.problems == []
+
+
+def test_keyboard_and_a_narrow_window(site: Site, browser: Any) -> None:
+    context = browser.new_context(viewport={"width": 420, "height": 800})
+    page = context.new_page()
+    page.set_default_timeout(DEADLINE_MS)
+    page.goto(site.url + "sessions")
+    page.keyboard.press("Tab")
+    expect(page.locator(".skip")).to_be_focused()  # the first stop skips the navigation
+    page.keyboard.press("Enter")
+    expect(page.locator("#main")).to_be_focused()
+    page.goto(site.url + "search")
+    expect(page.locator("#q")).to_be_focused()  # the search page starts in its box
+    page.keyboard.type("label printer")
+    expect(page.locator("#results")).to_have_attribute("data-state", "done")
+    hit = page.locator("#results .hit-open").first
+    hit.focus()
+    page.keyboard.press("Enter")  # a result opens in the viewer without a mouse
+    expect(page.locator("#viewer .hit-line").first).to_be_visible()
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 420, f"the page scrolls sideways at 420 px ({width} px wide)"
+    for field in page.locator("input:not([type=hidden]), select, textarea").all():
+        label = field.get_attribute("id")
+        assert label and page.locator(f"label[for='{label}']").count() == 1, f"unlabelled field {label}"
+    context.close()

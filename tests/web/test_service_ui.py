@@ -48,6 +48,9 @@ def test_up_prints_the_ui_and_down_stops_it(project: Path, monkeypatch: pytest.M
             with urllib.request.urlopen(url + "api/search?q=render_invoice&mode=keyword", timeout=60) as res:
                 hits = json.loads(res.read())["code"]["hits"]
             assert hits[0]["path"] == "app/views.py"  # the watched project, served by the service
+            # The installed package carries its assets (an editable install links them: still served).
+            with urllib.request.urlopen(url + "static/app.js", timeout=60) as res:
+                assert res.headers["content-type"].startswith("text/javascript") and b"csrf" in res.read()
             status = ctx("status", cwd=project)
             assert f"UI: {url}" in status.stdout
         finally:

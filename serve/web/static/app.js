@@ -181,6 +181,7 @@
       const n = results.querySelectorAll(".hit").length;
       status.textContent = n + " result" + (n === 1 ? "" : "s") + " in " + Math.round(performance.now() - t0) + " ms";
       results.dataset.seq = String(mine);
+      results.dataset.q = p.q;
       results.dataset.state = "done";
     }
 
