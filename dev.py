@@ -86,12 +86,37 @@ def cmd_test(args: list[str]) -> int:
         return 1
     rc |= run(BIN / "mypy", "-p", "ctxlake", "--config-file", str(ROOT / "pyproject.toml"), cwd=link_tree,
               check=False)
+    ensure_chromium()
     pytest_args = args or ["-q"]
     test_rc = run(PY, "-m", "pytest", *pytest_args, check=False)
     if test_rc == 5:
         say("pytest collected no tests: that is a failure here")
         test_rc = 1
     return rc or test_rc
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def ensure_chromium() -> None:
+    """The web UI's browser tests drive Debian's Chromium by path (Playwright's own browser download
+    is never used): install it with apt-get when it is missing; else the tests skip with the reason."""
+    if CHROMIUM.exists():
+        return
+    apt = shutil.which("apt-get")
+    if apt is None:
+        say(f"{CHROMIUM} is missing and apt-get is not available: the browser tests (tests/web) will be skipped")
+        return
+    sudo = [] if os.geteuid() == 0 else (["sudo", "-n"] if shutil.which("sudo") else None)
+    if sudo is None:
+        say(f"{CHROMIUM} is missing; install it as root (apt-get install -y chromium): browser tests will be skipped")
+        return
+    say("installing Debian's chromium for the web UI's browser tests (apt-get install -y chromium, about a minute)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    if run(*sudo, apt, "install", "-y", "-q", "chromium", check=False, env=env) != 0:
+        run(*sudo, apt, "update", "-q", check=False, env=env)
+        if run(*sudo, apt, "install", "-y", "-q", "chromium", check=False, env=env) != 0:
+            say("could not install chromium: the browser tests (tests/web) will be skipped with that reason")
 
 
 def cmd_bench(args: list[str]) -> int:

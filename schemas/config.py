@@ -109,6 +109,13 @@ class ServiceSettings(_Section):
     )
 
 
+class UiSettings(_Section):
+    """The web UI the service serves on 127.0.0.1 (`ctx ui`)."""
+
+    enabled: bool = Field(True, description="the service serves the web UI")
+    port: int = Field(8765, ge=0, le=65535, description="preferred port (a free one is taken when it is busy; 0 = any)")
+
+
 class SourcesSettings(_Section):
     max_files: int = Field(50_000, ge=1, description="a git source with more files (after --paths) is refused")
     max_bytes: int = Field(1_000_000_000, ge=1, description="a checked-out git source larger than this is refused")
@@ -247,6 +254,7 @@ class Settings(_Section):
     memory: MemorySettings = Field(default_factory=MemorySettings)
     eval: EvalSettings = Field(default_factory=EvalSettings)
     schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
+    ui: UiSettings = Field(default_factory=UiSettings)
 
     @property
     def ctx_dir(self) -> Path:
@@ -291,6 +299,7 @@ SECTIONS: dict[str, type[_Section]] = {
     "memory": MemorySettings,
     "eval": EvalSettings,
     "schedule": ScheduleSettings,
+    "ui": UiSettings,
 }
 
 

@@ -29,6 +29,7 @@ from ctxlake.serve.cli.schedule import schedule_app
 from ctxlake.serve.cli.service import print_service_status, service_status
 from ctxlake.serve.cli.service import register as register_service
 from ctxlake.serve.cli.sources import register as register_sources
+from ctxlake.serve.cli.ui import register as register_ui
 
 # When this command started (epoch seconds); run() sets it, main() moves it to the process start.
 _started_at = time.time()
@@ -46,6 +47,7 @@ cli_mcp.register(app)
 register_sources(app)
 app.add_typer(schedule_app, name="schedule")
 register_service(app)
+register_ui(app)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")]
 

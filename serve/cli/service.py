@@ -37,6 +37,8 @@ def print_service_status() -> None:
     watching = st.get("watching") or []
     typer.echo(f"  watching {len(watching)} project(s)" + (": " + ", ".join(watching) if watching else ""))
     typer.echo(f"  orchestrator: {st.get('orchestrator')}")
+    if st.get("ui_url"):
+        typer.echo(f"  UI: {st['ui_url']}")
     for sched in st.get("schedules") or []:
         last = sched.get("last_run") or {}
         typer.echo(f"  schedule {sched.get('name')}: {sched.get('kind')} {sched.get('spec')}"
@@ -79,6 +81,8 @@ def up(
         raise LakeError(f"the service did not start; last lines of {paths.log}:\n{_tail(paths.log)}")
     started = "already running" if before is not None else "started"
     typer.echo(f"Service {started}: pid {info['pid']}, listening on {info['socket']}")
+    if info.get("ui_url"):
+        typer.echo(f"UI: {info['ui_url']}")
 
 
 def _tail(path: Path, lines: int = 5) -> str:

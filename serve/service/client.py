@@ -21,7 +21,7 @@ from ctxlake.serve.service.protocol import forwarded_env
 
 # Run in this process whatever the service state: they manage the service, hold the user's
 # terminal, or are the long-lived process themselves.
-LOCAL_COMMANDS = frozenset({"up", "down", "chat", "ask"})
+LOCAL_COMMANDS = frozenset({"up", "down", "chat", "ask", "ui"})  # ui: opens this user's browser, may serve in the foreground
 # Interactive unless told not to ask.
 ASKS_UNLESS = {"clean": ("-y", "--yes"), "init": ("-y", "--yes")}
 

@@ -66,6 +66,8 @@ class Service:
         self.initial_watch = watch
         self.orchestrator: Any = None
         self.orchestrator_note = "not started"
+        self.ui: Any = None
+        self.ui_note = "not started"
         from ctxlake.serve.service.engine import EngineCache, install
         from ctxlake.serve.service.watchers import Watchers
 
@@ -108,7 +110,7 @@ class Service:
 
     def write_info(self) -> None:
         info = {"pid": os.getpid(), "started": self.started, "socket": str(self.paths.socket),
-                "version": __version__, "log": str(self.paths.log),
+                "version": __version__, "log": str(self.paths.log), "ui_url": self.ui.url if self.ui else None,
                 # `ctx schedule` finds the persistent Prefect server here.
                 "prefect_api_url": self.orchestrator.api_url if self.orchestrator is not None else None}
         tmp = self.paths.info.with_suffix(".tmp")
@@ -153,9 +155,28 @@ class Service:
 
         use_change_counter(self.watchers.changes)
 
+    def start_ui(self) -> None:
+        """The web UI on 127.0.0.1 in a thread of this process: it shares the warm engine."""
+        try:
+            from ctxlake.schemas.config import load_settings
+            from ctxlake.serve.web.server import service_ui
+
+            ui = load_settings(self.paths.home).ui
+            if not ui.enabled:
+                self.ui_note = "off ([ui] enabled = false)"
+                return
+            self.ui = service_ui(self.watchers.roots, lambda: self.orchestrator, ui.port)
+            self.ui_note = f"up at {self.ui.url}"
+            log(f"web UI at {self.ui.url}")
+        except Exception as exc:  # queries and schedules still work without the UI
+            self.ui_note = f"failed: {exc}"
+            log(f"web UI failed to start: {exc!r}")
+
     def serve_forever(self) -> None:
         assert self._listener is not None
         capture.install()
+        self.start_ui()
+        self.write_info()
         threading.Thread(target=self.start_orchestrator, name="orchestrator", daemon=True).start()
         threading.Thread(target=self._housekeeping, name="housekeeping", daemon=True).start()
         threading.Thread(target=_warm_imports, name="warm-imports", daemon=True).start()
@@ -184,6 +205,9 @@ class Service:
 
     def shutdown(self) -> None:
         log("stopping")
+        if self.ui is not None:
+            with suppress(Exception):
+                self.ui.stop()
         self.watchers.stop_all()
         if self.orchestrator is not None:
             try:
@@ -260,6 +284,7 @@ class Service:
             "pid": os.getpid(), "uptime_s": round(time.time() - self.started, 1), "rss_bytes": rss_bytes(),
             "version": __version__, "socket": str(self.paths.socket), "watching": self.watchers.roots(),
             "loaded": self.engine.projects(), "orchestrator": self.orchestrator_note,
+            "ui_url": self.ui.url if self.ui is not None else None, "ui": self.ui_note,
             "schedules": self._schedules(),
         }
 
