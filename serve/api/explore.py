@@ -221,8 +221,8 @@ def _related(lake: Lake, path: str, chunks: list[dict[str, Any]], warnings: list
         warnings.append("related by keywords: this part of the file has no vectors yet")
         rows = keyword_rows(lake, " ".join(words[:40]), RELATED, outside)
     return [Hit(source=r["source"], path=r["path"], start_line=r["start_line"], end_line=r["end_line"],
-                symbol=r["symbol"], kind=r["kind"], lang=r["lang"], score=round(float(r["_rank_score"]), 6),
-                snippet=snippet(r["text"])) for r in rows]
+                symbol=r["symbol"], kind=r["kind"], lang=r["lang"], rank=i,
+                snippet=snippet(r["text"])) for i, r in enumerate(rows, start=1)]
 
 
 # -- get_stale_status ----------------------------------------------------------------------------

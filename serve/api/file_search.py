@@ -167,10 +167,10 @@ def search_files(
     evidence = file_evidence(lake, query, mode, where, options)
     best_of = best_chunks(evidence)
     files: list[FileHit] = []
-    for (source, path), score in fuse_files(evidence, options)[:limit]:
+    for rank, ((source, path), _score) in enumerate(fuse_files(evidence, options)[:limit], start=1):
         best = best_of.get((source, path))
         files.append(FileHit(
-            source=source, path=path, score=round(score, 6),
+            source=source, path=path, rank=rank,
             start_line=best["start_line"] if best else None, end_line=best["end_line"] if best else None,
             symbol=best["symbol"] if best else None,
         ))

@@ -21,7 +21,7 @@ class Hit(BaseModel):
     symbol: str | None = Field(None, description="qualified name of the function/class/section, if any")
     kind: str = Field(description="function, method, class, section, lines ...")
     lang: str | None = Field(None, description="language of the file")
-    score: float = Field(description="relevance; higher is better; comparable within one result list only")
+    rank: int = Field(description="position in this answer: 1 is the most relevant")
     snippet: str = Field(description="the start of the chunk's text, trimmed")
 
 
@@ -33,7 +33,19 @@ class SearchResult(BaseModel):
     stale_paths: list[str] = Field(default_factory=list, description="changed files (first 50)")
     embedded_fraction: float = Field(description="share of chunks with vectors (semantic coverage)")
     warnings: list[str] = Field(default_factory=list)
+    tokens_used: int = Field(0, description="estimated tokens of the hits returned (about 4 characters a token)")
+    omitted: int = Field(0, description="hits left out to stay within the token budget")
     took_ms: float = 0.0
+
+
+def estimate_tokens(text: str) -> int:
+    """Tokens of text, estimated at 4 characters a token (close for code and English with BPE tokenizers)."""
+    return max(1, -(-len(text) // 4))
+
+
+def hit_tokens(hit: Hit) -> int:
+    """What one hit costs a reader: its location line and its snippet."""
+    return estimate_tokens(f"{hit.path}:{hit.start_line}-{hit.end_line} {hit.symbol or ''} {hit.kind}\n{hit.snippet}")
 
 
 class Status(BaseModel):
@@ -70,7 +82,7 @@ class FileHit(BaseModel):
 
     source: str = Field(description="which indexed source the file belongs to ('project' = this repository)")
     path: str = Field(description="file path relative to the source root")
-    score: float = Field(description="fused relevance; higher is better; comparable within one result list only")
+    rank: int = Field(description="position in this ranking: 1 is the file to open first")
     start_line: int | None = Field(None, description="first line of the best-matching chunk, if a chunk matched")
     end_line: int | None = Field(None, description="last line of that chunk")
     symbol: str | None = Field(None, description="symbol of that chunk, if any")

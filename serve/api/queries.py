@@ -16,7 +16,7 @@ import pyarrow as pa
 from ctxlake.errors import InputError, ModelMismatchError, NotIndexedError
 from ctxlake.schemas.config import Settings
 from ctxlake.schemas.tables import PROJECT_SOURCE
-from ctxlake.serve.api.models import Hit, SearchMode, SearchResult, Status
+from ctxlake.serve.api.models import Hit, SearchMode, SearchResult, Status, hit_tokens
 from ctxlake.serve.api.query_terms import analyse, bound_query, query_title, squeeze_repeats
 from ctxlake.serve.api.ranking import (
     TEST_PATH,
@@ -410,8 +410,12 @@ def search(
     check_stale: bool = True,
     fuzziness: int | None = None,
     exclude_tests: bool = False,
+    budget_tokens: int | None = None,
 ) -> SearchResult:
     """Search the lake's chunks; the one query behind `ctx search` and the MCP `search_code`.
+
+    `budget_tokens` bounds the answer: hits are kept in rank order while their estimated tokens
+    fit (the first always does), the rest are counted in `omitted`.
 
     `fuzziness` (0-2 edits per word) widens the keyword matching: keyword and hybrid default to
     exact words (0), fuzzy mode's word fallback to 2.
@@ -448,6 +452,9 @@ def search(
             if not rows and embedded_fraction(lake) == 0.0:  # a re-index began meanwhile
                 warnings.append("no chunk has a vector yet: wait for `ctx run index` to embed, or use --mode keyword")
     elif mode == "fuzzy":
+        if len(query.split()) >= SENTENCE_WORDS:
+            warnings.append("fuzzy mode matches symbol names and single words with typos; for a sentence "
+                            "or a question use hybrid (the default) or keyword")
         rows = fuzzy_rows(lake, query, limit, where, 2 if fuzziness is None else fuzziness)
     elif mode == "hybrid":
         lexical, notes = lexical_rows(lake, query, pool, where, cfg.rrf_k, edits)
@@ -466,13 +473,17 @@ def search(
         Hit(
             source=r["source"], path=r["path"], start_line=r["start_line"], end_line=r["end_line"],
             symbol=r["symbol"], kind=r["kind"], lang=r["lang"],
-            score=round(float(r["_rank_score"]), 6), snippet=snippet(r["text"]),
+            rank=i, snippet=snippet(r["text"]),
         )
-        for r in rows[:limit]
+        for i, r in enumerate(rows[:limit], start=1)
     ]
+    hits, used, omitted = within_budget(hits, budget_tokens)
+    if omitted:
+        warnings.append(f"{omitted} more hit(s) left out to stay within {budget_tokens} tokens "
+                        "(raise the budget, or narrow the query or filters)")
     result = SearchResult(
         query=query, mode=mode, hits=hits, stale=False, embedded_fraction=round(fraction, 4),
-        warnings=warnings, took_ms=round((time.perf_counter() - started) * 1000, 1),
+        warnings=warnings, tokens_used=used, omitted=omitted, took_ms=round((time.perf_counter() - started) * 1000, 1),
     )
     if check_stale:
         mark_stale(result, project_freshness(lake.settings))
@@ -480,6 +491,20 @@ def search(
 
 
 STALE_SHOWN = 50  # changed files an answer lists
+SENTENCE_WORDS = 4  # a fuzzy query of this many words is a sentence, not a name
+
+
+def within_budget(hits: list[Hit], budget_tokens: int | None) -> tuple[list[Hit], int, int]:
+    """(hits in rank order, a token budget or None) -> (the hits kept, their tokens, how many were left out)."""
+    kept: list[Hit] = []
+    used = 0
+    for hit in hits:
+        cost = hit_tokens(hit)
+        if budget_tokens is not None and kept and used + cost > budget_tokens:
+            break
+        kept.append(hit)
+        used += cost
+    return kept, used, len(hits) - len(kept)
 
 
 # The resident service counts the file events its watcher of a project has seen; while that count

@@ -201,6 +201,7 @@ def search(
     lang: Annotated[str | None, typer.Option("--lang", help="only this language, e.g. python")] = None,
     sources: Annotated[str | None, typer.Option("--sources", help="comma-separated source names")] = None,
     bm25_weight: Annotated[float | None, typer.Option("--bm25-weight", min=0.0, max=1.0, help="keyword share in hybrid, 0..1")] = None,
+    budget: Annotated[int | None, typer.Option("--budget", min=1, help="at most this many tokens of hits (est. 4 chars/token)")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Search the project's index."""
@@ -220,7 +221,7 @@ def search(
     result = queries.search(
         lake, query, mode=mode, limit=limit, path_glob=path_glob, lang=lang,
         sources=names,
-        bm25_weight=bm25_weight,
+        bm25_weight=bm25_weight, budget_tokens=budget,
     )
     if as_json:
         from ctxlake.serve.cli.render import print_json

@@ -121,7 +121,7 @@ def files_command(
     for i, hit in enumerate(result.files, start=1):
         where = f"  best match: lines {hit.start_line}-{hit.end_line}" if hit.start_line else ""
         symbol = f" {hit.symbol}" if hit.symbol else ""
-        console.print(f"[bold]{i:>2}. {hit.path}[/]  [dim]{hit.score:.4f}{where}{symbol}[/]", highlight=False)
+        console.print(f"[bold]{i:>2}. {hit.path}[/]  [dim]{where.strip()}{symbol}[/]", highlight=False)
     for warning in result.warnings:
         typer.echo(f"warning: {warning}", err=True)
 

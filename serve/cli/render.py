@@ -94,11 +94,14 @@ def print_search(result: SearchResult, console: Console) -> None:
         # Escaped: Rich would read "[name]" (a source, a path) as a style tag and drop it.
         where = escape(where)
         symbol = f"  {hit.symbol}" if hit.symbol else ""
-        console.print(f"[bold]{i:>2}. {where}[/]{symbol}  [dim]({hit.kind}, {hit.lang or 'text'}) {hit.score:.4f}[/]",
+        console.print(f"[bold]{i:>2}. {where}[/]{symbol}  [dim]({hit.kind}, {hit.lang or 'text'})[/]",
                       markup=True, highlight=False)
         for line in hit.snippet.splitlines():
             console.print("      " + line, style="dim", markup=False, highlight=False)
         console.print()
+    if result.omitted:
+        console.print(f"[dim]{result.tokens_used} tokens shown; {result.omitted} more hit(s) over the budget[/]",
+                      highlight=False)
 
 
 def human_bytes(n: int) -> str:

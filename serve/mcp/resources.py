@@ -159,7 +159,7 @@ def register_prompts(server: MCPServer, state: ServerState) -> None:
         if mode == "semantic":
             state.query_embedder(lake)
         result = search(lake, code, mode=mode, limit=8, check_stale=False)
-        hits = "\n".join(f"{i}. {h.path}:{h.start_line}-{h.end_line} {h.symbol or ''} (score {h.score:.3f})"
+        hits = "\n".join(f"{i}. {h.path}:{h.start_line}-{h.end_line} {h.symbol or ''}"
                          for i, h in enumerate(result.hits, start=1)) or "(no matches)"
         return (
             "Find code in this project that does the same as, or closely resembles, the fragment "

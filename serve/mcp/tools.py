@@ -32,6 +32,9 @@ from ctxlake.serve.mcp.base import READ_ONLY, ServerState, response_size, tool_e
 TRIM_STEPS = ((8, 480), (4, 240), (2, 120))
 
 
+
+DEFAULT_BUDGET_TOKENS = 2000  # an answer an agent can afford to read; ~10 hits of ~8 lines
+
 def _trim(result: CodeSearchResult, budget: int) -> CodeSearchResult:
     """Shorter snippets until the answer fits the budget; the hits themselves all stay."""
     for lines, chars in TRIM_STEPS:
@@ -65,6 +68,9 @@ def register_code_tools(server: MCPServer, state: ServerState) -> None:
             "only paths matching this glob, e.g. 'src/**/*.py' or '*.md'"))] = None,
         sources: Annotated[list[str] | None, Field(description=(
             "only these sources (see list_sources); default all"))] = None,
+        budget_tokens: Annotated[int, Field(ge=100, le=20000, description=(
+            "at most about this many tokens of hits (4 characters a token); the answer says how many "
+            "it used and how many hits it left out"))] = DEFAULT_BUDGET_TOKENS,
     ) -> CodeSearchResult:
         """Search the indexed code and docs; returns ranked chunks with file, lines, symbol and a snippet."""
         from ctxlake.serve.api.queries import embedded_fraction, mark_stale, search
@@ -75,7 +81,8 @@ def register_code_tools(server: MCPServer, state: ServerState) -> None:
         if search_type in ("hybrid", "semantic") and embedded_fraction(lake) > 0:
             state.query_embedder(lake)
         result = search(lake, query, mode=search_type, limit=top_k, path_glob=file_filter,
-                        sources=sources, bm25_weight=bm25_weight, check_stale=False, fuzziness=fuzziness)
+                        sources=sources, bm25_weight=bm25_weight, check_stale=False, fuzziness=fuzziness,
+                        budget_tokens=budget_tokens)
         out = CodeSearchResult(**result.model_dump())
         mark_stale(out, state.freshness())
         if fuzziness and search_type == "semantic":

@@ -23,7 +23,7 @@ from ctxlake.serve.mcp.server import ServeOptions, build_server
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
 CONTRACT = {
-    "search_code": {"query", "top_k", "search_type", "bm25_weight", "fuzziness", "file_filter", "sources"},
+    "search_code": {"query", "top_k", "search_type", "bm25_weight", "fuzziness", "file_filter", "sources", "budget_tokens"},
     "find_files": {"query", "top_k", "search_type", "file_filter", "exclude_tests", "sources"},
     "fuzzy_find": {"symbol_name", "symbol_type"},
     "get_file_context": {"filepath", "start_line", "end_line", "include_related"},
@@ -416,10 +416,15 @@ def test_answers_stay_bounded(make_repo: Callable[..., Path], cli: Callable[...,
     budget = settings.mcp.max_response_chars
 
     async def body(client: Client) -> None:
-        result = await client.call_tool("search_code", {"query": "invoice total compute", "top_k": 50})
+        result = await client.call_tool("search_code", {"query": "invoice total compute", "top_k": 50,
+                                                        "budget_tokens": 20000})
         size = len(result.content[0].text) + len(json.dumps(result.structured_content))
         assert len(result.structured_content["hits"]) == 50 and size <= budget
         assert any("snippets shortened" in w for w in result.structured_content["warnings"])
+        # The default token budget (2,000) keeps the first hits whole and says how many it left out.
+        capped = await call_ok(client, "search_code", {"query": "invoice total compute", "top_k": 50})
+        assert 1 <= len(capped["hits"]) < 50 and capped["omitted"] == 50 - len(capped["hits"])
+        assert capped["tokens_used"] <= 2000 and [h["rank"] for h in capped["hits"]] == list(range(1, len(capped["hits"]) + 1))
         ctx = await call_ok(client, "get_file_context", {"filepath": "src/huge.py", "end_line": 6000})
         assert ctx["truncated"] and ctx["end_line"] < 6000 and ctx["next_start_line"] == ctx["end_line"] + 1
         assert 2 * len(ctx["content"]) <= budget
