@@ -52,8 +52,8 @@ QUERIES = [
 class PeakRSS:
     """Peak resident memory of a process tree, sampled every 100 ms."""
 
-    def __init__(self, pid: int) -> None:
-        self.pid, self.peak, self._stop = pid, 0, threading.Event()
+    def __init__(self, pid: int, tree: bool = True) -> None:
+        self.pid, self.tree, self.peak, self._stop = pid, tree, 0, threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -61,7 +61,7 @@ class PeakRSS:
         while not self._stop.is_set():
             try:
                 root = psutil.Process(self.pid)
-                procs = [root, *root.children(recursive=True)]
+                procs = [root, *root.children(recursive=True)] if self.tree else [root]
                 self.peak = max(self.peak, sum(p.memory_info().rss for p in procs if p.is_running()))
             except psutil.Error:
                 pass
