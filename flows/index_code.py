@@ -13,6 +13,7 @@ from ctxlake.schemas.config import Settings
 from ctxlake.schemas.tables import PROJECT_SOURCE
 from ctxlake.tasks import freshness
 from ctxlake.tasks.chunk_stage import chunk_files
+from ctxlake.tasks.cochange import update_cochange
 from ctxlake.tasks.embed import EmbeddingCache, embed_pending, fill_from_cache
 from ctxlake.tasks.embedders import Embedder, make_embedder
 from ctxlake.tasks.lake import IndexState, check_model, reset_lake
@@ -51,6 +52,7 @@ class IndexReport:
     chunks_deleted: int = 0
     vectors_from_cache: int = 0
     embedded: int = 0
+    cochange_commits: int = 0  # git commits read into the co-change table this run
     warnings: list[str] = field(default_factory=list)
     keyword_ready_s: float = 0.0
     seconds: float = 0.0
@@ -173,6 +175,7 @@ def index_code(
 
     if embed:
         writer.embed(report, force=force)
+    report.cochange_commits = update_cochange(writer.tables.db, lake, root, source)
     # Optimizing folds new rows into the indexes and compacts (3 s on django): worth it after a
     # big run, not after each one-file edit, whose rows stay searchable by a flat scan meanwhile.
     backlog = writer.state.unoptimized_rows + report.chunks_inserted + report.chunks_deleted + report.embedded

@@ -232,3 +232,19 @@ INDEX_RUNS = pa.schema(
     metadata=_meta("finished_at,source", "one row per index run: the lake's size over time"),
 )
 INDEX_RUNS_TABLE = "index_runs"
+
+# Pairs of files changed in the same commits of a source's git history (both directions stored).
+# `weight` sums 2 ** ((commit time - t0) / half-life) over those commits: newer commits weigh more,
+# and new commits add to it without re-reading old ones (readers divide by the newest commit's term).
+COCHANGE = pa.schema(
+    [
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("path", pa.string(), nullable=False),
+        pa.field("other", pa.string(), nullable=False),
+        pa.field("weight", pa.float64(), nullable=False),
+        pa.field("commits", pa.int32(), nullable=False),  # commits that changed both
+        pa.field("last_change", pa.timestamp("us", tz="UTC"), nullable=False),  # the newest of them
+    ],
+    metadata=_meta("source,path,other", "files changed together in git history (recency-weighted)"),
+)
+COCHANGE_TABLE = "cochange"

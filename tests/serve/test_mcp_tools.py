@@ -25,6 +25,7 @@ pytestmark = pytest.mark.usefixtures("prefect_server")
 CONTRACT = {
     "search_code": {"query", "top_k", "search_type", "bm25_weight", "fuzziness", "file_filter", "sources", "budget_tokens"},
     "find_files": {"query", "top_k", "search_type", "file_filter", "exclude_tests", "sources"},
+    "related_files": {"path", "top_k"},
     "fuzzy_find": {"symbol_name", "symbol_type"},
     "get_file_context": {"filepath", "start_line", "end_line", "include_related"},
     "get_stale_status": set(),

@@ -1,0 +1,96 @@
+"""Co-change from a real git history: pairs, recency weighting, bulk commits, incremental runs, rewritten history."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxlake.schemas.config import load_settings
+from ctxlake.serve.api.related import related_files
+from ctxlake.tasks.cochange import MAX_FILES
+
+pytestmark = pytest.mark.usefixtures("prefect_server", "fake_embedder")
+DAY = 86400
+T0 = 1_700_000_000
+
+
+def commit(repo: Path, files: dict[str, str], when: int, message: str = "change") -> None:
+    for name, text in files.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    env = {**os.environ, "GIT_AUTHOR_DATE": f"@{when} +0000", "GIT_COMMITTER_DATE": f"@{when} +0000",
+           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@x"}
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True, env=env)
+    subprocess.run(["git", "commit", "-q", "-m", message], cwd=repo, check=True, env=env)
+
+
+def related(repo: Path, path: str) -> dict[str, Any]:
+    return {r.path: r for r in related_files(load_settings(repo), path, 50).related}
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    root = tmp_path / "proj"
+    root.mkdir()
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=root, check=True)
+    commit(root, {"a.py": "a = 1\n", "b.py": "b = 1\n", "c.py": "c = 1\n", "d.py": "d = 1\n"}, T0)
+    commit(root, {"a.py": "a = 2\n", "b.py": "b = 2\n"}, T0 + 10 * DAY)  # old pair a-b
+    commit(root, {"a.py": "a = 3\n", "c.py": "c = 3\n"}, T0 + 400 * DAY)  # newer pair a-c
+    commit(root, {f"gen/f{i}.py": f"x = {i}\n" for i in range(MAX_FILES + 1)} | {"a.py": "a = 4\n"}, T0 + 401 * DAY)
+    return root
+
+
+def test_pairs_are_weighted_by_recency_and_bulk_commits_skipped(repo: Path, cli: Callable[..., Any]) -> None:
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    rel = related(repo, "a.py")
+    assert not any(p.startswith("gen/") for p in rel), "a bulk commit made pairs"
+    # a-b and a-c were each changed together twice (the first commit too); a-c's second is newer.
+    assert rel["b.py"].commits == 2 and rel["c.py"].commits == 2
+    assert rel["c.py"].strength > rel["b.py"].strength
+    assert related(repo, "c.py")["a.py"].commits == 2  # both directions stored
+    assert 0 < rel["b.py"].strength < 1
+
+
+def test_new_commits_are_added_incrementally(repo: Path, cli: Callable[..., Any]) -> None:
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    before = related(repo, "a.py")
+    commit(repo, {"a.py": "a = 5\n", "b.py": "b = 5\n"}, T0 + 402 * DAY)
+    result = json.loads(cli("run", "index", "--json", cwd=repo).stdout)
+    assert result["cochange_commits"] == 1  # only the new commit was read
+    after = related(repo, "a.py")
+    assert after["b.py"].commits == before["b.py"].commits + 1 and after["b.py"].strength > before["b.py"].strength
+    assert after["c.py"].commits == before["c.py"].commits
+    # The same numbers as a lake built from scratch on this history.
+    (repo / "e.py").write_text("e = 1\n")  # (an uncommitted file: the next run indexes but reads no commit)
+    assert json.loads(cli("run", "index", "--json", cwd=repo).stdout)["cochange_commits"] == 0
+    assert cli("clean", "--yes", cwd=repo).exit_code == 0
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    rebuilt = related(repo, "a.py")
+    assert {p: (r.commits, r.strength) for p, r in rebuilt.items()} == {p: (r.commits, r.strength) for p, r in after.items()}
+
+
+def test_rewritten_history_is_rebuilt(repo: Path, cli: Callable[..., Any]) -> None:
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    subprocess.run(["git", "reset", "-q", "--hard", "HEAD~2"], cwd=repo, check=True)  # a-c's commit is gone
+    commit(repo, {"b.py": "b = 9\n", "d.py": "d = 9\n"}, T0 + 500 * DAY)
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    rel = related(repo, "a.py")
+    assert rel["c.py"].commits == 1  # only the first commit still pairs them
+    assert related(repo, "d.py")["b.py"].commits == 2
+
+
+def test_outside_git_and_bad_paths(tmp_path: Path, make_repo: Callable[..., Path], cli: Callable[..., Any]) -> None:
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "x.py").write_text("x = 1\n")
+    assert cli("run", "index", cwd=plain).exit_code == 0
+    out = json.loads(cli("related", "x.py", "--json", cwd=plain).stdout)
+    assert out["related"] == [] and "git" in out["note"]
+    bad = cli("related", "../etc/passwd", cwd=plain)
+    assert bad.exit_code == 2 and "inside the project" in bad.stderr
