@@ -58,3 +58,41 @@ def test_up_prints_the_ui_and_down_stops_it(project: Path, monkeypatch: pytest.M
     assert down.returncode == 0
     with pytest.raises(OSError):
         urllib.request.urlopen(url, timeout=5)
+
+
+@pytest.mark.slow
+def test_settings_page_pauses_and_resumes_a_schedule(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+    import time
+
+    monkeypatch.setenv("CTX_SERVICE_SCHEDULES", "true")  # the persistent Prefect server and deployments
+    monkeypatch.setenv("CTX_UI_PORT", "0")
+    up = ctx("up", "--watch", str(project), cwd=project)
+    try:
+        assert up.returncode == 0, up.stderr
+        url = next(ln for ln in up.stdout.splitlines() if ln.startswith("UI: ")).removeprefix("UI: ")
+        deadline, html, cookie = time.monotonic() + 180, "", ""
+        while time.monotonic() < deadline:  # the orchestrator comes up after the UI
+            with urllib.request.urlopen(url + "settings", timeout=60) as res:
+                html, cookie = res.read().decode(), res.headers["set-cookie"].split(";")[0]
+            if "ingest_conversations" in html:
+                break
+            time.sleep(1.0)
+        assert "ingest_conversations" in html, "the schedules never showed on the settings page"
+        token = re.search(r'name="csrf-token" content="([0-9a-f]+)"', html)
+        assert token
+
+        def change(action: str) -> dict[str, Any]:
+            req = urllib.request.Request(url + "api/schedules/ingest_conversations", method="POST",
+                                         data=json.dumps({"action": action}).encode(),
+                                         headers={"Content-Type": "application/json", "Cookie": cookie,
+                                                  "X-CSRF-Token": token.group(1)})
+            with urllib.request.urlopen(req, timeout=120) as res:
+                return {s["name"]: s for s in json.loads(res.read())["schedules"]}
+
+        assert change("pause")["ingest_conversations"]["paused"] is True
+        listed = {s["name"]: s for s in json.loads(ctx("schedule", "list", "--json", cwd=project).stdout)}
+        assert listed["ingest_conversations"]["paused"] is True  # the CLI sees what the page did
+        assert change("resume")["ingest_conversations"]["paused"] is False
+    finally:
+        assert ctx("down", cwd=project).returncode == 0
