@@ -64,6 +64,9 @@ class IndexReport:
         return out
 
 
+OPTIMIZE_AFTER_ROWS = 2_000  # rows written since the last optimize that make the next run optimize
+
+
 def _batches(paths: list[str], size: int) -> list[list[str]]:
     return [paths[i : i + size] for i in range(0, len(paths), size)]
 
@@ -165,9 +168,15 @@ def index_code(
 
     if embed:
         writer.embed(report, force=force)
-    progress.start("optimize", None, "optimizing")
-    optimize(writer.tables)
-    progress.finish("optimize")
+    # Optimizing folds new rows into the indexes and compacts (3 s on django): worth it after a
+    # big run, not after each one-file edit, whose rows stay searchable by a flat scan meanwhile.
+    backlog = writer.state.unoptimized_rows + report.chunks_inserted + report.chunks_deleted + report.embedded
+    if force or previous is None or backlog >= OPTIMIZE_AFTER_ROWS:
+        progress.start("optimize", None, "optimizing")
+        optimize(writer.tables)
+        progress.finish("optimize")
+        backlog = 0
+    writer.state.unoptimized_rows = backlog
     report.model_setup_s = float(getattr(embedder, "setup_seconds", 0.0))
     report.seconds = time.perf_counter() - started - report.model_setup_s
     report.finished_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -69,7 +69,7 @@ def watch_code(settings: Settings, source: str = PROJECT_SOURCE, root: Path | No
                 break
             if raw == "timeout":
                 if dirty:
-                    optimize(writer.tables)
+                    _optimize(writer)
                     dirty = False
                 continue
             events = cast("set[tuple[int, str]]", raw)  # the other answers are the strings above
@@ -86,10 +86,16 @@ def watch_code(settings: Settings, source: str = PROJECT_SOURCE, root: Path | No
             tree = apply_batch(writer, tree, new_tree, diff, total)
             dirty = True
         if dirty:
-            optimize(writer.tables)
+            _optimize(writer)
     progress.note("watcher stopped")
     total.seconds = time.perf_counter() - started
     return total
+
+
+def _optimize(writer: Writer) -> None:
+    optimize(writer.tables)
+    writer.state.unoptimized_rows = 0
+    writer.state.write(writer.lake)
 
 
 def apply_batch(writer: Writer, old: Tree, new: Tree, diff: Diff, total: IndexReport) -> Tree:
@@ -104,6 +110,8 @@ def apply_batch(writer: Writer, old: Tree, new: Tree, diff: Diff, total: IndexRe
     writer.embed(report)
     report.seconds = time.perf_counter() - started
     report.finished_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    # Counted like index_code's runs, so the next big enough run (or the service) optimizes.
+    writer.state.unoptimized_rows += report.chunks_inserted + report.chunks_deleted + report.embedded
     writer.finish(new, report)
     total.added += report.added
     total.modified += report.modified

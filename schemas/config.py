@@ -226,7 +226,7 @@ class ScheduleSettings(_Section):
     """Defaults of the service's scheduled flows (`ctx up`); `ctx schedule set` changes the live ones."""
 
     ingest_every_s: float = Field(300.0, ge=1.0, description="ingest_conversations interval")
-    logs_debounce_s: float = Field(5.0, ge=0.0, description="agent log file events within this window make one ingest run")
+    logs_debounce_s: float = Field(2.0, ge=0.0, description="agent log file events within this window (from the first) make one ingest run")
     sync_cron: str = Field("0 3 * * *", description="sync_sources: daily cron")
     index_every_s: float = Field(3600.0, ge=1.0, description="index_code consistency run per registered project")
     max_failures: int = Field(3, ge=1, description="a deployment failing this many runs in a row is paused")

@@ -110,6 +110,7 @@ class IndexState:
     roots: dict[str, str] | None = None  # source -> Merkle root hash at the last clean run
     pending_vectors: int = 0
     fts: str = ""  # the BM25 index options of the last run (store.FTS_TAG); empty before they were recorded
+    unoptimized_rows: int = 0  # chunk rows written since the lake was last optimized
 
     @classmethod
     def read(cls, lake_dir: Path) -> IndexState | None:

@@ -143,10 +143,10 @@ def _trim(text: str, limit: int) -> str:
 # -- sessions ------------------------------------------------------------------------------------
 
 
-def _summary(row: dict[str, Any]) -> SessionSummary:
+def _summary(row: dict[str, Any], estimated: bool = False) -> SessionSummary:
     return SessionSummary(
         session_ref=row["id"], tool=row["tool"], title=row["title"], project_path=row["project_path"],
-        started_at=row["started_at"], last_active=row["ended_at"], n_messages=row["n_messages"],
+        started_at=row["started_at"], last_active=row["ended_at"], time_estimated=estimated, n_messages=row["n_messages"],
         summary=row["llm_summary"] or row["text"], decisions=row["decisions"] or [], open_tasks=row["open_tasks"] or [],
         errors=row["errors"] or [], files=row["files"] or [], commits=row["commits"] or [],
         tokens_in=row["tokens_in"], tokens_out=row["tokens_out"],
@@ -164,13 +164,36 @@ def list_sessions(lake: MemoryLake, limit: int = 20, tools: Sequence[str] | None
     query = sessions.search()
     if where:
         query = query.where(where)
-    table = query.select(SESSION_COLUMNS).limit(None).to_arrow()
-    if table.num_rows == 0:
+    rows = query.select([*SESSION_COLUMNS, "session_id"]).limit(None).to_list()
+    if not rows:
         return []
-    import pyarrow.compute as pc
+    estimated = time_estimated(lake, rows)
+    # Latest message first; a session whose times are its file's mtime goes after every session with real
+    # message times from the same (UTC) day, whatever its mtime says.
+    rows.sort(key=lambda r: (r["ended_at"].date(), r["id"] not in estimated, r["ended_at"]), reverse=True)
+    return [_summary(r, r["id"] in estimated) for r in rows[:limit]]
 
-    order = pc.sort_indices(table, sort_keys=[("ended_at", "descending")])
-    return [_summary(r) for r in table.take(order[:limit]).to_pylist()]
+
+def time_estimated(lake: MemoryLake, rows: Sequence[dict[str, Any]]) -> set[str]:
+    """Refs of the sessions among `rows` whose every message is stamped with its file's time, not its own."""
+    from ctxlake.tasks.scrape.timing import FILE_TIME_ROWS
+
+    messages, _ = lake.require_memory()
+    out: set[str] = set()
+    for tool, stamped_by_file in FILE_TIME_ROWS.items():
+        candidates = [r for r in rows if r["tool"] == tool]
+        if not candidates:
+            continue
+        ids = sorted({r["session_id"] for r in candidates})
+        where = f"tool = {sql_str(tool)} AND {_in('session_id', ids)} AND NOT ({stamped_by_file})"
+        timed: dict[str, list[Any]] = {}
+        for m in messages.search().where(where).select(["session_id", "timestamp"]).limit(None).to_list():
+            timed.setdefault(m["session_id"], []).append(m["timestamp"])
+        # A segment is estimated unless one of its own messages (inside its window) has a real time.
+        for r in candidates:
+            if not any(r["started_at"] <= t <= r["ended_at"] for t in timed.get(r["session_id"], [])):
+                out.add(r["id"])
+    return out
 
 
 def resolve_ref(lake: MemoryLake, ref: str) -> dict[str, Any]:

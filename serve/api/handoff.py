@@ -15,7 +15,14 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from ctxlake.errors import InputError
-from ctxlake.serve.api.context import MESSAGE_COLUMNS, MemoryLake, _ts, list_sessions, resolve_ref
+from ctxlake.serve.api.context import (
+    MESSAGE_COLUMNS,
+    MemoryLake,
+    _ts,
+    list_sessions,
+    resolve_ref,
+    time_estimated,
+)
 from ctxlake.tasks.open_tasks import open_tasks
 from ctxlake.tasks.store import sql_str
 
@@ -37,6 +44,7 @@ class Brief(BaseModel):
     title: str
     started_at: str
     ended_at: str
+    time_estimated: bool = False  # the log has no message times; the file's modification time stands in
     goal: str
     files: list[str] = Field(default_factory=list)
     diff_stat: str = ""
@@ -164,6 +172,7 @@ def build_brief(lake: MemoryLake, tool: str | None = None, ref: str | None = Non
     brief = Brief(session_ref=row["id"], tool=row["tool"], title=row["title"],
                   started_at=row["started_at"].isoformat(), ended_at=row["ended_at"].isoformat(),
                   goal=_line(users[0]["text"], 600) if users else row["title"], budget=budget)
+    brief.time_estimated = row["id"] in time_estimated(lake, [row])
     brief.files = list(row["files"] or [])
     brief.commits = list(row["commits"] or [])
     brief.diff_stat = git_diff_stat(row["project_path"], row["started_at"], row["ended_at"])
@@ -210,7 +219,8 @@ def render(brief: Brief) -> str:
     last_assistant = brief.last_assistant
     while True:
         parts = [f"# Hand-off: {brief.tool} session {brief.session_ref}",
-                 f"{brief.started_at[:16]} – {brief.ended_at[:16]} UTC · {brief.title}", "",
+                 f"{brief.started_at[:16]} – {brief.ended_at[:16]} UTC"
+                 + (" (file time: the log has no timestamps)" if brief.time_estimated else "") + f" · {brief.title}", "",
                  "## Goal (the user's words)", brief.goal, ""]
         done = [f"Files changed: {', '.join(files)}"] if files else []
         done += [f"Commit: {c}" for c in brief.commits[:5]]

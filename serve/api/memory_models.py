@@ -21,6 +21,9 @@ class SessionSummary(BaseModel):
     project_path: str = Field(description="the folder the agent worked in ('' when the log does not say)")
     started_at: datetime
     last_active: datetime = Field(description="time of the session's last message")
+    time_estimated: bool = Field(False, description=(
+        "true when the log has no message times and the file's modification time stands in (Cursor transcripts, "
+        "Antigravity artifacts); such a session is listed after the timestamped sessions of the same day"))
     n_messages: int
     summary: str = Field(description="what the session was about and where it stopped (LLM summary when configured)")
     decisions: list[str] = Field(default_factory=list, description="lines where a decision was stated")

@@ -20,6 +20,7 @@ from ctxlake.schemas.config import (
 )
 from ctxlake.serve.cli import eval as cli_eval
 from ctxlake.serve.cli import handoff as cli_handoff
+from ctxlake.serve.cli import hooks as cli_hooks
 from ctxlake.serve.cli import mcp as cli_mcp
 from ctxlake.serve.cli import memory as cli_memory
 from ctxlake.serve.cli import read as cli_read
@@ -378,6 +379,7 @@ def version() -> None:
 
 cli_memory.register(app, run_app)
 cli_handoff.register(app)
+cli_hooks.register(app)
 
 
 def run(argv: list[str] | None = None, started_at: float | None = None) -> int:

@@ -1,9 +1,13 @@
 """Client registration for `ctx init`: merge the `ctx serve` entry into each MCP client's config file, never clobbering.
 
-Project files (committed with the project, absolute paths as the clients require):
-Claude Code `.mcp.json`, Cursor `.cursor/mcp.json`, Gemini CLI `.gemini/settings.json` (all under
-`mcpServers`), VS Code `.vscode/mcp.json` (under `servers`). Codex keeps one user-wide file,
-`$CODEX_HOME/config.toml` (default ~/.codex), written only on request and after showing the change.
+Project files, meant to be committed, hold no path of this machine when the client has a portable form: the
+command is `ctx` when that is on PATH (this installation), and the project is the client's working folder or its
+workspace variable. Claude Code `.mcp.json`, Cursor `.cursor/mcp.json` and Gemini CLI `.gemini/settings.json`
+(`mcpServers`), VS Code / GitHub Copilot `.vscode/mcp.json` (`servers`, `${workspaceFolder}`), OpenCode
+`opencode.json` (`mcp`, a local command array) and Codex `.codex/config.toml` (`[mcp_servers.ctx]`, read in
+trusted projects). User-wide files are written only when named, after showing the change: Codex
+`$CODEX_HOME/config.toml`, Copilot CLI `~/.copilot/mcp-config.json`, Antigravity
+`~/.gemini/antigravity/mcp_config.json`. Formats checked against each tool's documentation on 2026-11-25.
 """
 
 from __future__ import annotations
@@ -26,9 +30,19 @@ PROJECT_CLIENTS: dict[str, tuple[str, str, str]] = {
     "claude": (".mcp.json", "mcpServers", "Claude Code"),
     "cursor": (".cursor/mcp.json", "mcpServers", "Cursor"),
     "gemini": (".gemini/settings.json", "mcpServers", "Gemini CLI"),
-    "vscode": (".vscode/mcp.json", "servers", "VS Code"),
+    "vscode": (".vscode/mcp.json", "servers", "VS Code / GitHub Copilot"),
+    "opencode": ("opencode.json", "mcp", "OpenCode"),
 }
-CLIENTS = (*PROJECT_CLIENTS, "codex")
+# TOML project file (tomlkit keeps its comments and formatting).
+CODEX_PROJECT_FILE = ".codex/config.toml"
+# User-wide files: (display name, key holding the servers); paths from user_config_path().
+USER_CLIENTS: dict[str, tuple[str, str]] = {
+    "codex-user": ("Codex (user-wide)", "mcp_servers"),
+    "copilot-cli": ("GitHub Copilot CLI (user-wide)", "mcpServers"),
+    "antigravity": ("Antigravity (user-wide)", "mcpServers"),
+}
+ALIASES = {"copilot": ["vscode", "copilot-cli"]}
+CLIENTS = (*PROJECT_CLIENTS, "codex", *USER_CLIENTS)
 # Codex's default start-up wait is 10 s; a cold start that also opens a big lake deserves more.
 CODEX_STARTUP_TIMEOUT_S = 30
 GITIGNORE_LINE = ".ctx/lake/"
@@ -42,56 +56,82 @@ class Change:
     path: str
     action: Action
     detail: str = ""
+    paste: str = ""  # the entry to add by hand when the file could not be merged safely
 
     def as_dict(self) -> dict[str, str]:
         return asdict(self)
 
 
-def ctx_command() -> list[str]:
-    """The absolute command that starts this installation's `ctx` (clients launch it without a shell)."""
+def ctx_command(env: dict[str, str] | None = None) -> list[str]:
+    """How clients start this installation's `ctx` (without a shell): plain `ctx` when PATH finds this very
+    installation (portable: nothing of this machine in a committed file), else its absolute path."""
+    source = os.environ if env is None else env
     beside = Path(sys.executable).parent / "ctx"
+    found = shutil.which("ctx", path=source.get("PATH"))
     if beside.is_file() and os.access(beside, os.X_OK):
+        if found and Path(found).resolve() == beside.resolve():
+            return ["ctx"]
         return [str(beside)]
-    found = shutil.which("ctx")
     if found:
-        return [str(Path(found).resolve())]
+        return ["ctx"]
     return [str(Path(sys.executable)), "-c", "from ctxlake.serve.cli import main; main()"]
 
 
-def server_entry(client: str, root: Path | None, command: list[str]) -> dict[str, Any]:
-    """The `ctx serve` entry in the shape `client` reads. `root` pins the project (project files);
-    None serves whichever project the client was started in (Codex's one user-wide file)."""
-    args = [*command[1:], "serve", *(["--root", str(root)] if root is not None else [])]
-    if client in ("claude", "cursor", "vscode"):
-        return {"type": "stdio", "command": command[0], "args": args}
-    if client == "gemini":
-        return {"command": command[0], "args": args, "cwd": str(root)}
+def carried_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """Settings the server must see as the user set them: CTX_HOME (where the lakes' user data lives)."""
+    source = os.environ if env is None else env
+    return {"CTX_HOME": source["CTX_HOME"]} if source.get("CTX_HOME") else {}
+
+
+def server_entry(client: str, root: Path | None, command: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The `ctx serve` entry in the shape `client` reads. Project files name no folder (the client starts the
+    server in the project, or passes its workspace variable); `root` pins one only for Antigravity's user file."""
+    extra = carried_env(env)
+    if client in ("cursor", "vscode"):
+        entry: dict[str, Any] = {"type": "stdio", "command": command[0],
+                                 "args": [*command[1:], "serve", "--root", "${workspaceFolder}"]}
+        return {**entry, "env": extra} if extra else entry
+    if client in ("claude", "gemini", "codex", "codex-user", "copilot-cli", "antigravity"):
+        args = [*command[1:], "serve", *(["--root", str(root)] if client == "antigravity" and root else [])]
+        entry = {"type": "stdio", "command": command[0], "args": args} if client == "claude" else \
+            {"type": "local", "command": command[0], "args": args, "tools": ["*"]} if client == "copilot-cli" else \
+            {"command": command[0], "args": args}
+        if client in ("codex", "codex-user"):
+            entry["startup_timeout_sec"] = CODEX_STARTUP_TIMEOUT_S
+        return {**entry, "env": extra} if extra else entry
+    if client == "opencode":
+        entry = {"type": "local", "command": [*command, "serve"], "enabled": True}
+        return {**entry, "environment": extra} if extra else entry
+    raise InputError(f"unknown client {client!r}", hint=f"one of: {', '.join(CLIENTS)}, copilot, all")
+
+
+def _present(root: Path, client: str) -> bool:
+    """Whether the project already uses a client: its folder (or, for root-level files, the file) exists."""
     if client == "codex":
-        return {"command": command[0], "args": args, "startup_timeout_sec": CODEX_STARTUP_TIMEOUT_S}
-    raise InputError(f"unknown client {client!r}", hint=f"one of: {', '.join(CLIENTS)}, all")
+        return (root / ".codex").is_dir()
+    file = PROJECT_CLIENTS[client][0]
+    return (root / file).exists() if "/" not in file else (root / file).parent.is_dir()
 
 
 def parse_clients(value: str | None, root: Path) -> list[str]:
-    """`--client` as a list: names, comma-separated, or `all` (the project clients; Codex only by
-    name). Without the flag: Claude Code plus every client whose project folder already exists."""
+    """`--client` as a list: names, comma-separated, `copilot` (VS Code + Copilot CLI) or `all` (every project
+    client; user-wide files only by name). Without the flag: Claude Code plus every client the project uses."""
     if value is None:
-        found = [name for name, (file, _, _) in PROJECT_CLIENTS.items()
-                 if name != "claude" and (root / file).parent.is_dir()]
+        found = [name for name in (*PROJECT_CLIENTS, "codex") if name != "claude" and _present(root, name)]
         return ["claude", *found]
     names: list[str] = []
     for raw in value.split(","):
         name = raw.strip().lower()
         if not name:
             continue
-        if name == "all":
-            names.extend(n for n in PROJECT_CLIENTS if n not in names)
-        elif name in CLIENTS:
-            if name not in names:
-                names.append(name)
-        else:
-            raise InputError(f"unknown client {raw.strip()!r}", hint=f"one of: {', '.join(CLIENTS)}, all")
+        wanted = [*PROJECT_CLIENTS, "codex"] if name == "all" else ALIASES.get(name, [name])
+        for one in wanted:
+            if one not in CLIENTS:
+                raise InputError(f"unknown client {raw.strip()!r}", hint=f"one of: {', '.join(CLIENTS)}, copilot, all")
+            if one not in names:
+                names.append(one)
     if not names:
-        raise InputError("--client is empty", hint=f"one of: {', '.join(CLIENTS)}, all")
+        raise InputError("--client is empty", hint=f"one of: {', '.join(CLIENTS)}, copilot, all")
     return names
 
 
@@ -108,33 +148,57 @@ def _read_json(path: Path) -> tuple[dict[str, Any] | None, str]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        # VS Code and Gemini accept comments (JSONC); rewriting would drop them, so we do not.
+        # VS Code, Gemini and OpenCode accept comments (JSONC); rewriting would drop them, so we do not.
         return None, f"it is not plain JSON (comments?): {exc.msg} at line {exc.lineno}"
     if not isinstance(data, dict):
         return None, "its top level is not a JSON object"
     return data, ""
 
 
-def register_project_client(client: str, root: Path, command: list[str]) -> Change:
-    """Merge the ctx entry into one project client's file; other servers and keys stay as they are."""
-    file, key, _ = PROJECT_CLIENTS[client]
-    path = root / file
-    entry = server_entry(client, root, command)
+def json_plan(client: str, path: Path, key: str, entry: dict[str, Any]) -> tuple[dict[str, Any] | None, Change | None]:
+    """(merged data to write, None) or (None, the Change saying why not / that nothing changes)."""
     data, problem = _read_json(path)
     if data is None or not isinstance(data.get(key, {}), dict):
         problem = problem or f"its {key!r} is not an object"
         snippet = json.dumps({key: {SERVER_NAME: entry}}, indent=2)
-        return Change(client, str(path), "skipped", f"{problem}; add this by hand:\n{snippet}")
+        return None, Change(client, str(path), "skipped", f"{problem}; add this by hand:\n{snippet}", paste=snippet)
+    if client == "opencode" and not data:
+        data = {"$schema": "https://opencode.ai/config.json"}
     servers = data.setdefault(key, {})
     if servers.get(SERVER_NAME) == entry:
-        return Change(client, str(path), "unchanged", "already registered")
-    action: Action = "updated" if SERVER_NAME in servers or path.exists() else "created"
+        return None, Change(client, str(path), "unchanged", "already registered")
     servers[SERVER_NAME] = entry
+    return data, None
+
+
+def register_project_client(client: str, root: Path, command: list[str], env: dict[str, str] | None = None) -> Change:
+    """Merge the ctx entry into one project client's file; other servers and keys stay as they are."""
+    if client == "codex":
+        return register_codex_project(root, command, env)
+    file, key, _ = PROJECT_CLIENTS[client]
+    path = root / file
+    data, done = json_plan(client, path, key, server_entry(client, root, command, env))
+    if done is not None or data is None:
+        assert done is not None
+        return done
+    action: Action = "updated" if path.exists() else "created"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-    others = sorted(k for k in servers if k != SERVER_NAME)
+    others = sorted(k for k in data[key] if k != SERVER_NAME)
     detail = f"server {SERVER_NAME!r}" + (f"; kept {', '.join(others)}" if others else "")
     return Change(client, str(path), action, detail)
+
+
+def register_codex_project(root: Path, command: list[str], env: dict[str, str] | None = None) -> Change:
+    """`[mcp_servers.ctx]` in the project's .codex/config.toml (Codex reads it once the project is trusted)."""
+    path = root / CODEX_PROJECT_FILE
+    old, new, _ = codex_plan(path, command, "codex", env)
+    if old == new:
+        return Change("codex", str(path), "unchanged", "already registered")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, new)
+    return Change("codex", str(path), "updated" if old else "created",
+                  f"[mcp_servers.{SERVER_NAME}]; Codex reads it once you trust the project")
 
 
 def codex_config_path(env: dict[str, str] | None = None) -> Path:
@@ -143,8 +207,22 @@ def codex_config_path(env: dict[str, str] | None = None) -> Path:
     return Path(home).expanduser() / "config.toml"
 
 
-def codex_plan(path: Path, command: list[str]) -> tuple[str, str, str]:
-    """(old text, new text, unified diff) of registering ctx in Codex's config.toml; formatting,
+def user_config_path(client: str, env: dict[str, str] | None = None) -> Path:
+    """The user-wide file of `client` (Codex honours CODEX_HOME)."""
+    if client == "codex-user":
+        return codex_config_path(env)
+    source = os.environ if env is None else env
+    home = Path(source.get("HOME") or Path.home()).expanduser()
+    if client == "copilot-cli":
+        return home / ".copilot" / "mcp-config.json"
+    if client == "antigravity":
+        return home / ".gemini" / "antigravity" / "mcp_config.json"
+    raise InputError(f"unknown user-wide client {client!r}")
+
+
+def codex_plan(path: Path, command: list[str], client: str = "codex-user",
+               env: dict[str, str] | None = None) -> tuple[str, str, str]:
+    """(old text, new text, unified diff) of registering ctx in a Codex config.toml; formatting,
     comments and other servers are kept (tomlkit round-trips the document)."""
     import tomlkit
     from tomlkit.exceptions import TOMLKitError
@@ -161,8 +239,11 @@ def codex_plan(path: Path, command: list[str]) -> tuple[str, str, str]:
     elif not isinstance(servers, dict):
         raise InputError(f"{path}: mcp_servers is not a table")
     table = tomlkit.table()
-    for k, v in server_entry("codex", None, command).items():
+    for k, v in server_entry(client, None, command, env).items():
         table[k] = v
+    current = servers.get(SERVER_NAME)
+    if current is not None and dict(current) == dict(table):
+        return old, old, ""
     servers[SERVER_NAME] = table
     new = tomlkit.dumps(doc)
     diff = "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
@@ -170,13 +251,32 @@ def codex_plan(path: Path, command: list[str]) -> tuple[str, str, str]:
     return old, new, diff
 
 
-def write_codex(path: Path, old: str, new: str) -> Change:
+def user_plan(client: str, root: Path, command: list[str], env: dict[str, str] | None = None) -> tuple[Path, str, str, str, Change | None]:
+    """(path, old text, new text, diff, a Change when there is nothing to write) for a user-wide client."""
+    path = user_config_path(client, env)
+    if client == "codex-user":
+        old, new, diff = codex_plan(path, command, client, env)
+        return path, old, new, diff, (Change(client, str(path), "unchanged", "already registered") if old == new else None)
+    key = USER_CLIENTS[client][1]
+    data, done = json_plan(client, path, key, server_entry(client, root, command, env))
+    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    if done is not None or data is None:
+        assert done is not None
+        return path, old, old, "", done
+    new = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+    diff = "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                        fromfile=str(path), tofile=str(path)))
+    return path, old, new, diff, None
+
+
+def write_user(client: str, path: Path, old: str, new: str) -> Change:
     if old == new:
-        return Change("codex", str(path), "unchanged", "already registered")
+        return Change(client, str(path), "unchanged", "already registered")
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, new)
-    return Change("codex", str(path), "updated" if old else "created",
-                  f"[mcp_servers.{SERVER_NAME}], startup_timeout_sec = {CODEX_STARTUP_TIMEOUT_S}")
+    detail = f"[mcp_servers.{SERVER_NAME}], startup_timeout_sec = {CODEX_STARTUP_TIMEOUT_S}" \
+        if client == "codex-user" else f"server {SERVER_NAME!r}"
+    return Change(client, str(path), "updated" if old else "created", detail)
 
 
 def ensure_gitignored(root: Path) -> Change:

@@ -69,12 +69,14 @@ def serve(
 def init(
     path: Annotated[Path | None, typer.Argument(help="project folder (default: this project)")] = None,
     client: Annotated[str | None, typer.Option("--client", help=(
-        "claude, cursor, gemini, vscode, codex or all (comma-separated); default: claude plus the "
-        "clients whose folder the project already has; codex only when named"))] = None,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="write Codex's user config without asking")] = False,
+        "claude, cursor, gemini, vscode, opencode, codex (project .codex/config.toml), copilot (VS Code + Copilot "
+        "CLI), or the user-wide codex-user, copilot-cli, antigravity; comma-separated, or all (the project files). "
+        "Default: claude plus the clients whose folder the project already has"))] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="write user-wide config files without asking")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")] = False,
 ) -> None:
     """Register `ctx serve` with MCP clients for this project, and keep the lake out of git."""
+    from ctxlake.errors import ConfigError
     from ctxlake.serve.cli import clients
     from ctxlake.serve.cli.base import ensure_project
 
@@ -82,51 +84,59 @@ def init(
     created = ensure_project(root)
     names = clients.parse_clients(client, root)
     command = clients.ctx_command()
-    changes = [clients.register_project_client(name, root, command) for name in names if name != "codex"]
-    if "codex" in names:
-        changes.append(_codex(command, yes))
+    changes = [clients.register_project_client(name, root, command) for name in names if name not in clients.USER_CLIENTS]
+    changes += [_user_file(name, root, command, yes) for name in names if name in clients.USER_CLIENTS]
     changes.append(clients.ensure_gitignored(root))
     indexed = (root / CTX_DIR / "lake" / "state.json").is_file()
+    unmerged = [c for c in changes if c.action == "skipped" and c.paste]
     if as_json:
         from ctxlake.serve.cli.render import print_json
 
         print_json({"root": str(root), "created_ctx_dir": created, "command": command,
                     "changes": [c.as_dict() for c in changes], "indexed": indexed})
-        return
-    if created:
-        typer.echo(f"Created {root / CTX_DIR}/ (config.toml, knowledge/).")
-    labels = {name: label for name, (_, _, label) in clients.PROJECT_CLIENTS.items()}
-    labels.update(codex="Codex", git=".gitignore")
-    for change in changes:
-        typer.echo(f"{labels.get(change.client, change.client)}: {change.action} {change.path}"
-                   + (f" ({change.detail})" if change.detail and change.action != "skipped" else ""))
-        if change.action == "skipped":
-            typer.echo(f"  not changed: {change.detail}", err=True)
-    typer.echo(f"Server command: {' '.join(command)} serve --root {root}")
-    left = [n for n in clients.CLIENTS if n not in names]
-    if left:
-        typer.echo(f"Other clients: ctx init --client {','.join(left)}")
-    if not indexed:
-        typer.echo("Next: `ctx run index` builds the index the tools search.")
+    else:
+        if created:
+            typer.echo(f"Created {root / CTX_DIR}/ (config.toml, knowledge/).")
+        labels = {name: label for name, (_, _, label) in clients.PROJECT_CLIENTS.items()}
+        labels.update({name: label for name, (label, _) in clients.USER_CLIENTS.items()})
+        labels.update(codex="Codex (project)", git=".gitignore")
+        for change in changes:
+            typer.echo(f"{labels.get(change.client, change.client)}: {change.action} {change.path}"
+                       + (f" ({change.detail})" if change.detail and change.action != "skipped" else ""))
+            if change.action == "skipped":
+                typer.echo(f"  not changed: {change.detail}", err=True)
+        typer.echo(f"Server command: {' '.join(command)} serve")
+        if command[0] != "ctx":
+            typer.echo("Note: `ctx` on your PATH is not this installation, so the files name its path on this "
+                       "machine; put it on PATH and run `ctx init` again for entries you can commit.", err=True)
+        left = [n for n in clients.CLIENTS if n not in names]
+        if left:
+            typer.echo(f"Other clients: ctx init --client {','.join(left)}")
+        if not indexed:
+            typer.echo("Next: `ctx run index` builds the index the tools search.")
+    if unmerged:
+        # The other files are written; a file we could not merge safely must not pass for success.
+        raise ConfigError(f"{len(unmerged)} file(s) not changed: " + ", ".join(c.path for c in unmerged),
+                          hint="paste the entry shown above into each, or remove the comments and run again")
 
 
-def _codex(command: list[str], yes: bool) -> Change:
-    """Show the change to Codex's user-wide config, then write it when confirmed (or --yes)."""
+def _user_file(client: str, root: Path, command: list[str], yes: bool) -> Change:
+    """Show the change to a user-wide config file, then write it when confirmed (or --yes)."""
     from ctxlake.serve.cli import clients
 
-    path = clients.codex_config_path()
-    old, new, diff = clients.codex_plan(path, command)
-    if old == new:
-        return clients.Change("codex", str(path), "unchanged", "already registered")
+    path, old, new, diff, done = clients.user_plan(client, root, command)
+    if done is not None:
+        return done
+    label = clients.USER_CLIENTS[client][0]
     # The preview goes to stderr, so that --json keeps stdout for its one document.
-    typer.echo(f"Codex keeps MCP servers in {path} (user-wide). The change:\n{diff}", err=True)
+    typer.echo(f"{label} keeps MCP servers in {path}. The change:\n{diff}", err=True)
     if not yes:
         if not sys.stdin.isatty():
             raise InputError(f"not writing {path} without --yes (no terminal to ask)",
                              hint="read the change above, then run again with --yes")
         if not typer.confirm(f"Write {path}?", default=False):
-            return clients.Change("codex", str(path), "skipped", "not confirmed")
-    return clients.write_codex(path, old, new)
+            return clients.Change(client, str(path), "skipped", "not confirmed")
+    return clients.write_user(client, path, old, new)
 
 
 def register(app: typer.Typer) -> None:

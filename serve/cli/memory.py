@@ -165,7 +165,9 @@ def sessions(
     if not found:
         typer.echo("No sessions" + ("" if all_projects else " for this project (try --all-projects)") + ".")
     for s in found:
-        typer.echo(f"{s.last_active:%Y-%m-%d %H:%M}  {s.session_ref}  ({s.n_messages} messages)")
+        when = f"~{s.last_active:%Y-%m-%d %H:%M}" if s.time_estimated else f"{s.last_active:%Y-%m-%d %H:%M} "
+        typer.echo(f"{when} {s.session_ref}  ({s.n_messages} messages"
+                   + (", time from the file: the log has none" if s.time_estimated else "") + ")")
         typer.echo(f"    {s.title}")
         for task in s.open_tasks[-2:]:
             typer.echo(f"    open: {task}")

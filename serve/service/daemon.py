@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -32,7 +33,7 @@ EXIT_DISK = 8
 HOUSEKEEPING_S = 2.0  # how often deleted project folders are dropped and idle lakes evicted
 INDEX_WAIT_S = 60
 BUSY_WAIT_S = 1.0  # a CLI request waits this long for the one before it, then runs in its client
-SETTLE_S = 0.15  # > the watcher's 50 ms quiet step plus its start of a batch
+SETTLE_S = 0.08  # > the watcher's 50 ms quiet step; a miss only costs a full (correct) run
 VALUE_OPTIONS = frozenset({"--wait", "--model", "--provider"})  # `ctx run index` options taking a value
 MAX_SOCKET_PATH = 100  # sun_path holds 104-108 bytes depending on the OS  # LakeError's code: the state under $CTX_HOME cannot be written
 
@@ -148,6 +149,12 @@ class Service:
             self.orchestrator_note = f"failed: {exc}"
             log(f"orchestrator failed to start: {exc!r}")
 
+    def _share_watch_counts(self) -> None:
+        # On a thread: the read layer's import (pyarrow, lancedb) must not delay listening.
+        from ctxlake.serve.api.queries import use_change_counter
+
+        use_change_counter(self.watchers.changes)
+
     def start_ui(self) -> None:
         """The web UI on 127.0.0.1 in a thread of this process: it shares the warm engine."""
         try:
@@ -173,6 +180,7 @@ class Service:
         threading.Thread(target=self.start_orchestrator, name="orchestrator", daemon=True).start()
         threading.Thread(target=self._housekeeping, name="housekeeping", daemon=True).start()
         threading.Thread(target=_warm_imports, name="warm-imports", daemon=True).start()
+        threading.Thread(target=self._share_watch_counts, name="freshness", daemon=True).start()
         for folder in self.initial_watch:
             self.register(folder)
         log(f"listening on {self.paths.socket}")
@@ -303,7 +311,7 @@ class Service:
                 self._settle(argv)
                 with capture.captured(bool(message.get("stdout_tty")), False) as (out, err):
                     try:
-                        code = run(argv)
+                        code = self._run_in_child(argv) if self._heavy(argv) else run(argv)
                     except SystemExit as exc:
                         code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
                     except Exception:
@@ -363,6 +371,35 @@ class Service:
             return resolve_root(Path(positional[0]) if positional else None, for_write=False)
         except Exception:
             return None
+
+    def _heavy(self, argv: list[str]) -> bool:
+        """A whole-tree index run (--force, or a project's first): it runs in a child process.
+
+        In this process it would hold the interpreter for minutes (django: ~50 s of chunking and
+        embedding) while every agent's MCP session queries here; a child leaves the queries their
+        share of the GIL and returns its memory when it ends."""
+        if argv[:2] != ["run", "index"]:
+            return False
+        if "--force" in argv:
+            return True
+        from ctxlake.schemas.config import CTX_DIR
+        from ctxlake.tasks.lake import IndexState
+
+        root = self._index_root(argv)
+        try:
+            return root is None or IndexState.read(root / CTX_DIR / "lake") is None
+        except Exception:  # an unreadable state: let the in-process path report it
+            return False
+
+    def _run_in_child(self, argv: list[str]) -> int:
+        """`ctx ARGV` in a child running the in-process path, with this request's folder and env;
+        its output becomes the request's output."""
+        code = "import sys\nfrom ctxlake.serve.service.client import in_process\nsys.exit(in_process(sys.argv[1:]))"
+        done = subprocess.run([sys.executable, "-c", code, *argv], cwd=os.getcwd(), env=dict(os.environ),
+                              capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
+        sys.stdout.write(done.stdout)
+        sys.stderr.write(done.stderr)
+        return done.returncode
 
     def _settle(self, argv: list[str]) -> None:
         """Before a `ctx run index` of a watched project: give the watcher time to take the batch.

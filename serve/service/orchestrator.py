@@ -66,6 +66,7 @@ class Orchestrator:
         self._watcher: threading.Thread | None = None
         self._stopping = threading.Event()
         self._debounce: threading.Timer | None = None
+        self._batch_open = False  # a timer is waiting to start an ingest run
         self._lock = threading.Lock()
         self._deployments: dict[str, Any] = {}  # name -> deployment id
         self._backed_off: set[str] = set()
@@ -254,10 +255,14 @@ class Orchestrator:
 
     # -- log events ----------------------------------------------------------------------------
     def notify_logs_changed(self) -> None:
-        """Debounced: a burst of log writes within `logs_debounce_s` starts one ingest run."""
+        """Batched: the log writes of `logs_debounce_s` after the first one start one ingest run.
+
+        The timer is not pushed back by later writes: an agent that writes all the time (a long
+        streamed answer) would otherwise never be ingested until it paused."""
         with self._lock:
-            if self._debounce is not None:
-                self._debounce.cancel()
+            if self._batch_open:
+                return
+            self._batch_open = True
             self._debounce = threading.Timer(self.settings.schedule.logs_debounce_s, self._trigger_ingest)
             self._debounce.daemon = True
             self._debounce.start()
@@ -271,6 +276,8 @@ class Orchestrator:
             async with get_client() as client:
                 await client.create_flow_run_from_deployment(self._deployments[INGEST], tags=["log-event"])
 
+        with self._lock:
+            self._batch_open = False  # writes from now on belong to the next run
         if self._stopping.is_set() or INGEST not in self._deployments:
             return
         # A busy server (a flow run starting, a loaded machine) can time the request out; this

@@ -28,6 +28,8 @@ class ProjectWatcher(threading.Thread):
         self.log = log
         self.stop_event = threading.Event()
         self.batches = 0
+        self.changes = 0  # event batches seen plus batches applied: any change under root moves it
+        self._tree: tuple[str, Any] | None = None  # (Merkle root hash, Tree) the lake matched last
         self.error: str | None = None
 
     def run(self) -> None:
@@ -51,14 +53,18 @@ class ProjectWatcher(threading.Thread):
                 if raw == "timeout":
                     continue
                 events = cast("set[tuple[int, str]]", raw)
+                self.changes += 1  # before the lake moves: a check taken meanwhile is not kept
                 paths = {Path(p).relative_to(self.root).as_posix() for _, p in events
                          if Path(p).is_relative_to(self.root)}
                 paths = {p for p in paths if p != "." and not p.startswith(NOISE)}
                 if paths and self.root.is_dir():
-                    self._apply(settings, paths)
+                    try:
+                        self._apply(settings, paths)
+                    finally:
+                        self.changes += 1
 
     def _apply(self, settings: Any, paths: set[str]) -> None:
-        from ctxlake.flows.index_code import IndexReport, Writer
+        from ctxlake.flows.index_code import OPTIMIZE_AFTER_ROWS, IndexReport, Writer
         from ctxlake.flows.watch_code import RULE_FILES, apply_batch
         from ctxlake.schemas.tables import PROJECT_SOURCE
         from ctxlake.tasks.lake import IndexState, WriterLock
@@ -70,6 +76,7 @@ class ProjectWatcher(threading.Thread):
             rehash_paths,
             scan,
         )
+        from ctxlake.tasks.store import optimize
 
         lock = WriterLock(settings.lake_dir, purpose="ctx service watcher").acquire(wait_s=60.0)
         try:
@@ -77,7 +84,13 @@ class ProjectWatcher(threading.Thread):
             state = IndexState.read(settings.lake_dir)
             if state is None:
                 return  # not indexed yet: the first `ctx run index` builds it
-            tree = load_snapshot(settings.lake_dir, PROJECT_SOURCE) or Tree.build({})
+            # The snapshot of a big tree takes a while to load (0.3 s on django): keep the one the
+            # last batch left while the lake still matches it (no `ctx run index` moved it since).
+            current = (state.roots or {}).get(PROJECT_SOURCE)
+            if self._tree is not None and current is not None and self._tree[0] == current:
+                tree = self._tree[1]
+            else:
+                tree = load_snapshot(settings.lake_dir, PROJECT_SOURCE) or Tree.build({})
             if any(p.endswith(RULE_FILES) for p in paths):
                 new_tree, diff, _ = scan(self.root, settings.index, tree)
             else:
@@ -88,8 +101,13 @@ class ProjectWatcher(threading.Thread):
                 return
             writer = Writer(settings, PROJECT_SOURCE, self.root, self.engine.embedder(settings), state)
             started = time.perf_counter()
-            apply_batch(writer, tree, new_tree, diff, IndexReport(source=PROJECT_SOURCE, root=str(self.root)))
+            matched = apply_batch(writer, tree, new_tree, diff, IndexReport(source=PROJECT_SOURCE, root=str(self.root)))
+            self._tree = (matched.root_hash, matched)
             self.batches += 1
+            if writer.state.unoptimized_rows >= OPTIMIZE_AFTER_ROWS:  # nobody else may run index
+                optimize(writer.tables)
+                writer.state.unoptimized_rows = 0
+                writer.state.write(settings.lake_dir)
             self.log(f"updated {len(paths)} path(s) in {self.root} in {time.perf_counter() - started:.2f} s")
         finally:
             lock.release()
@@ -112,6 +130,15 @@ class Watchers:
             self._by_root[key] = watcher
         watcher.start()
         return True
+
+    def changes(self, root: Path) -> int | None:
+        """The change count of root's live watcher; None when root is not watched (or its watcher
+        stopped), so a caller must look at the files itself."""
+        with self._lock:
+            watcher = self._by_root.get(str(root))
+        if watcher is None or not watcher.is_alive() or watcher.error is not None:
+            return None
+        return watcher.changes
 
     def roots(self) -> list[str]:
         with self._lock:

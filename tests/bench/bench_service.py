@@ -161,6 +161,11 @@ def bench_repo(name: str, tree: Path, workdir: Path, env: dict[str, str], load_q
     svc = psutil.Process(pid)
     r["svc_rss_mb_5_watched_1_searched"] = round(svc.memory_info().rss / 2**20)
 
+    log("transcript -> search_context ...")
+    lags = transcript_lag(tree, env, 5)
+    r["svc_transcript_to_search_p50_s"] = round(p(lags, 0.5), 2)
+    r["svc_transcript_to_search_p95_s"] = round(p(lags, 0.95), 2)
+
     log("proxies ...")
     proxies = [Proxy(tree, env) for _ in range(10)]
     r["proxy_initialize_p50_s"] = round(statistics.median(x.init_s for x in proxies), 3)
@@ -179,7 +184,7 @@ def bench_repo(name: str, tree: Path, workdir: Path, env: dict[str, str], load_q
         for i in range(load_queries):
             started = time.perf_counter()
             reply = proxy.call("tools/call", {"name": "search_code", "arguments": {
-                "query": QUERIES[i % len(QUERIES)], "mode": "hybrid"}})
+                "query": QUERIES[i % len(QUERIES)], "search_type": "hybrid"}})
             lat.append(time.perf_counter() - started)
             if "error" in reply or reply.get("result", {}).get("isError"):
                 errors[0] += 1
@@ -209,6 +214,33 @@ def bench_repo(name: str, tree: Path, workdir: Path, env: dict[str, str], load_q
     return r
 
 
+def transcript_lag(tree: Path, env: dict[str, str], n: int) -> list[float]:
+    """Seconds from appending a message to a Claude Code transcript to `ctx context search` finding it.
+
+    The service watches the agent tools' log folders (here a fake HOME's ~/.claude/projects) and
+    starts a debounced ingest run on their events; nothing else triggers ingestion meanwhile."""
+    folder = Path(env["HOME"]) / ".claude" / "projects" / str(tree).replace("/", "-")
+    folder.mkdir(parents=True, exist_ok=True)
+    transcript = folder / "bench-session.jsonl"
+    lags = []
+    for i in range(n):
+        word = f"zebrafinch{i}x{int(time.time())}"
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())
+        record = {"parentUuid": None, "isSidechain": False, "type": "user", "uuid": f"bench-{word}",
+                  "timestamp": stamp, "sessionId": "bench-session", "cwd": str(tree), "version": "2.1.0",
+                  "message": {"role": "user", "content": f"please remember the {word} migration plan"}}
+        started = time.perf_counter()
+        with transcript.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record) + "\n")
+        while time.perf_counter() - started < 120:
+            out = wall([CTX, "context", "search", word, "--mode", "keyword", "--json", "-n", "1"], tree, env)[1]
+            if word in json.dumps(json.loads(out)["hits"]):  # the hits, not the echoed query
+                break
+            time.sleep(0.2)
+        lags.append(time.perf_counter() - started)
+    return lags
+
+
 def _rg(rg: str, word: str, tree: Path) -> float:
     started = time.perf_counter()
     subprocess.run([rg, "-n", word], cwd=tree, capture_output=True, check=False)
@@ -228,7 +260,9 @@ def main() -> int:
     load = 50 if args.quick else args.load_queries
     args.workdir.mkdir(parents=True, exist_ok=True)
     home = args.workdir / "home"
-    env = {**os.environ, "CTX_HOME": str(home), "CTX_EMBED_MODEL": args.profile,
+    fake_home = args.workdir / "user-home"  # the agent tools' default log folders live under it
+    fake_home.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "HOME": str(fake_home), "CTX_HOME": str(home), "CTX_EMBED_MODEL": args.profile,
            "PREFECT_HOME": str(args.workdir / "prefect"), "HF_HUB_OFFLINE": "1"}
     subprocess.run([CTX, "down"], env=env, capture_output=True, check=False)
     results = []

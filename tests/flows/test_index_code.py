@@ -283,3 +283,25 @@ def test_emptied_lake_can_be_written_again(make_repo: Callable[..., Path], cli: 
     result = cli("run", "index", cwd=repo)
     assert result.exit_code == 0, result.stderr
     assert chunk_paths(repo) == {"b.py": 1}
+
+
+def test_small_edits_defer_optimizing_yet_stay_searchable(project: Path, cli: Callable[..., Any],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from ctxlake.flows import index_code
+
+    assert cli("run", "index", cwd=project).exit_code == 0  # a first build optimizes
+    state = IndexState.read(project / ".ctx" / "lake")
+    assert state is not None and state.unoptimized_rows == 0
+    monkeypatch.setattr(index_code, "OPTIMIZE_AFTER_ROWS", 5)
+    backlog = []
+    for i in range(3):
+        (project / "app" / f"extra{i}.py").write_text(f"def deferred_helper_{i}():\n    return {i}\n")
+        assert cli("run", "index", cwd=project).exit_code == 0
+        found = json.loads(cli("search", f"deferred_helper_{i}", "--mode", "keyword", "--json", cwd=project).stdout)
+        assert f"app/extra{i}.py" in [h["path"] for h in found["hits"]]  # searchable before any optimize
+        state = IndexState.read(project / ".ctx" / "lake")
+        assert state is not None
+        backlog.append(state.unoptimized_rows)
+    # Each one-file run adds its rows (one chunk inserted, one embedded) to the backlog until
+    # the threshold (5) makes the third run optimize.
+    assert backlog == [2, 4, 0]

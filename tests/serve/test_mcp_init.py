@@ -35,15 +35,16 @@ def test_default_registers_claude_and_the_clients_the_project_uses(
     result = cli("init", cwd=repo)
     assert result.exit_code == 0, result.stderr
     claude = json.loads((repo / ".mcp.json").read_text())["mcpServers"]["ctx"]
-    assert claude["type"] == "stdio" and Path(claude["command"]).is_absolute()
-    assert Path(claude["command"]).exists() and claude["args"] == ["serve", "--root", str(repo)]
+    # A committed file names no folder of this machine: the client starts the server in the project.
+    assert claude["type"] == "stdio" and claude["args"] == ["serve"] and str(repo) not in json.dumps(claude)
+    assert claude["command"] == "ctx" or Path(claude["command"]).exists()
     vscode = json.loads((repo / ".vscode" / "mcp.json").read_text())
-    assert vscode["servers"]["ctx"]["args"] == ["serve", "--root", str(repo)]
+    assert vscode["servers"]["ctx"]["args"] == ["serve", "--root", "${workspaceFolder}"]
     assert not (repo / ".cursor").exists() and not (repo / ".gemini").exists()
     assert not codex_home.exists(), "Codex is only written when asked for by name"
     assert ".ctx/lake/" in (repo / ".gitignore").read_text().splitlines()
     assert (repo / ".ctx" / "config.toml").is_file()
-    assert "Claude Code: created" in result.stdout and "VS Code: created" in result.stdout
+    assert "Claude Code: created" in result.stdout and "VS Code / GitHub Copilot: created" in result.stdout
     assert "Next: `ctx run index`" in result.stdout
     again = cli("init", "--json", cwd=repo)
     changes = json.loads(again.stdout)["changes"]
@@ -61,24 +62,32 @@ def test_merges_into_existing_files_without_clobbering(repo: Path, cli: Callable
     assert result.exit_code == 0, result.stderr
     actions = {c["client"]: c["action"] for c in json.loads(result.stdout)["changes"]}
     assert actions == {"claude": "updated", "cursor": "created", "gemini": "updated", "vscode": "created",
-                       "git": "unchanged"}
+                       "opencode": "created", "codex": "created", "git": "unchanged"}
     claude = json.loads((repo / ".mcp.json").read_text())
     assert claude["mcpServers"]["other"] == other and claude["extra"] == [1, 2] and "ctx" in claude["mcpServers"]
     gemini = json.loads((repo / ".gemini" / "settings.json").read_text())
     assert gemini["theme"] == "Dracula" and gemini["mcpServers"]["other"] == other
-    assert gemini["mcpServers"]["ctx"]["cwd"] == str(repo)
+    assert gemini["mcpServers"]["ctx"]["args"][-1] == "serve"
     cursor = json.loads((repo / ".cursor" / "mcp.json").read_text())
-    assert list(cursor) == ["mcpServers"] and cursor["mcpServers"]["ctx"]["args"][-1] == str(repo)
+    assert list(cursor) == ["mcpServers"] and cursor["mcpServers"]["ctx"]["args"][-1] == "${workspaceFolder}"
+    opencode = json.loads((repo / "opencode.json").read_text())
+    assert opencode["mcp"]["ctx"]["type"] == "local" and opencode["mcp"]["ctx"]["command"][-1] == "serve"
+    codex = tomllib.loads((repo / ".codex" / "config.toml").read_text())["mcp_servers"]["ctx"]
+    assert codex["args"] == ["serve"] and codex["startup_timeout_sec"] == 30
+    for file in (".mcp.json", ".cursor/mcp.json", ".gemini/settings.json", ".vscode/mcp.json", "opencode.json",
+                 ".codex/config.toml"):
+        assert str(repo) not in (repo / file).read_text(), file
     assert (repo / ".gitignore").read_text() == "node_modules/\n.ctx/\n"  # already covered by .ctx/
 
 
 def test_a_file_with_comments_is_left_alone(repo: Path, cli: Callable[..., Any]) -> None:
     jsonc = '{\n  // my servers\n  "servers": {}\n}\n'
     write_files(repo, {".vscode/mcp.json": jsonc})
-    result = cli("init", "--client", "vscode", cwd=repo)
-    assert result.exit_code == 0
+    result = cli("init", "--client", "vscode,claude", cwd=repo)
+    assert result.exit_code == 3  # not a success, though the other client was written
     assert (repo / ".vscode" / "mcp.json").read_text() == jsonc
-    assert "VS Code: skipped" in result.stdout and "not plain JSON (comments?)" in result.stderr
+    assert (repo / ".mcp.json").is_file()
+    assert "VS Code / GitHub Copilot: skipped" in result.stdout and "not plain JSON (comments?)" in result.stderr
     assert '"ctx": {' in result.stderr  # the entry to paste by hand
 
 
@@ -87,19 +96,42 @@ def test_codex_shows_the_change_and_needs_consent(repo: Path, cli: Callable[...,
     config = codex_home / "config.toml"
     original = '# my codex settings\nmodel = "o4"\n\n[mcp_servers.other]\ncommand = "other-server"\n'
     config.write_text(original)
-    refused = cli("init", "--client", "codex", cwd=repo)
+    refused = cli("init", "--client", "codex-user", cwd=repo)
     assert refused.exit_code == 2 and "without --yes" in refused.stderr
     assert "+[mcp_servers.ctx]" in refused.stderr and config.read_text() == original
-    done = cli("init", "--client", "codex", "--yes", cwd=repo)
+    done = cli("init", "--client", "codex-user", "--yes", cwd=repo)
     assert done.exit_code == 0, done.stderr
     text = config.read_text()
     assert text.startswith(original) and "# my codex settings" in text
     data = tomllib.loads(text)
     assert data["model"] == "o4" and data["mcp_servers"]["other"] == {"command": "other-server"}
     ctx = data["mcp_servers"]["ctx"]
-    assert Path(ctx["command"]).is_absolute() and ctx["args"] == ["serve"] and ctx["startup_timeout_sec"] == 30
-    assert "Codex: updated" in done.stdout
-    assert cli("init", "--client", "codex", cwd=repo).exit_code == 0  # unchanged: nothing to ask
+    assert ctx["args"] == ["serve"] and ctx["startup_timeout_sec"] == 30
+    assert "Codex (user-wide): updated" in done.stdout
+    assert cli("init", "--client", "codex-user", cwd=repo).exit_code == 0  # unchanged: nothing to ask
+
+
+def test_copilot_cli_and_antigravity_user_files_carry_ctx_home(
+        repo: Path, cli: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "user-home"
+    monkeypatch.setenv("HOME", str(home))
+    ctx_home = os.environ["CTX_HOME"]
+    result = cli("init", "--client", "copilot,antigravity", "--yes", "--json", cwd=repo)
+    assert result.exit_code == 0, result.stderr
+    copilot = json.loads((home / ".copilot" / "mcp-config.json").read_text())["mcpServers"]["ctx"]
+    assert copilot["type"] == "local" and copilot["args"] == ["serve"] and copilot["env"] == {"CTX_HOME": ctx_home}
+    antigravity = json.loads((home / ".gemini" / "antigravity" / "mcp_config.json").read_text())["mcpServers"]["ctx"]
+    assert antigravity["args"] == ["serve", "--root", str(repo)]  # a user-wide file: the project is named
+    vscode = json.loads((repo / ".vscode" / "mcp.json").read_text())["servers"]["ctx"]
+    assert vscode["env"] == {"CTX_HOME": ctx_home}
+
+
+def test_a_commented_codex_project_config_is_merged_keeping_its_comments(repo: Path, cli: Callable[..., Any]) -> None:
+    original = '# team settings\nmodel = "o4"  # keep\n'
+    write_files(repo, {".codex/config.toml": original})
+    assert cli("init", "--client", "codex", cwd=repo).exit_code == 0
+    text = (repo / ".codex" / "config.toml").read_text()
+    assert text.startswith(original) and tomllib.loads(text)["mcp_servers"]["ctx"]["args"] == ["serve"]
 
 
 def test_unknown_client_is_a_usage_error(repo: Path, cli: Callable[..., Any]) -> None:
@@ -115,9 +147,9 @@ def test_the_registered_command_starts_a_working_server(
     assert cli("run", "index", cwd=repo).exit_code == 0
     assert cli("init", "--client", "claude", cwd=repo).exit_code == 0
     entry = json.loads((repo / ".mcp.json").read_text())["mcpServers"]["ctx"]
-    # Launched the way a client does: elsewhere, with the entry's command and arguments only.
+    # Launched the way Claude Code does: in the project folder, with the entry's command and arguments only.
     params = StdioServerParameters(command=entry["command"], args=entry["args"], env=dict(os.environ),
-                                   cwd=str(repo.parent))
+                                   cwd=str(repo / "src"))
 
     async def main() -> None:
         async with Client(params) as client:

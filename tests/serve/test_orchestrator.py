@@ -14,6 +14,7 @@ import pytest
 from memlogs import claude, write_jsonl
 
 from ctxlake.schemas.config import load_settings
+from ctxlake.schemas.trust import trust
 from ctxlake.serve.service.orchestrator import Orchestrator, healthy
 from ctxlake.serve.service.schedules import pause_schedule, set_schedule
 
@@ -55,6 +56,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Orchestr
     (project / ".ctx").mkdir(parents=True)
     logs.mkdir(parents=True)
     (project / ".ctx" / "config.toml").write_text(CONFIG.format(logs=logs), encoding="utf-8")
+    trust(project / ".ctx" / "config.toml", home)  # memory.roots is honoured only from a trusted file
     saved = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "CTX_HOME")}
     os.environ.pop("PREFECT_API_URL", None)
     os.environ["CTX_HOME"] = str(home)  # the flow-run processes inherit it

@@ -87,6 +87,26 @@ def test_forwarded_output_equals_in_process_and_files_are_private(indexed: Path,
     assert in_process.stdout == via_service.stdout and in_process.stderr == via_service.stderr
 
 
+def test_forced_index_runs_in_a_child_and_reports_through_the_service(indexed: Path, service: Path) -> None:
+    pid = service_pid(service)
+    before = {c.pid for c in psutil.Process(pid).children(recursive=True)}
+    seen: set[int] = set()
+    proc = subprocess.Popen([CTX, "run", "index", "--force", "--json"], cwd=indexed, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    while proc.poll() is None:  # the whole-tree run is a child of the service, not its own thread
+        with contextlib.suppress(psutil.Error):
+            seen |= {c.pid for c in psutil.Process(pid).children(recursive=False)
+                     if c.pid not in before and "in_process" in " ".join(c.cmdline())}
+        time.sleep(0.05)
+    out, err = proc.communicate()
+    assert proc.returncode == 0, err
+    report = json.loads(out)
+    assert report["added"] >= 2 and report["files_seen"] >= 2  # the child's report came back whole
+    assert seen, "no child process ran the forced index"
+    assert service_pid(service) == pid
+    assert json.loads(ctx("search", "invoice total", "--json", cwd=indexed).stdout)["hits"]
+
+
 def test_thin_client_imports_nothing_heavy(indexed: Path, service: Path) -> None:
     run = subprocess.run([sys.executable, "-X", "importtime", "-m", "ctxlake.serve.service.client", "search",
                           "invoice"], cwd=indexed, capture_output=True, text=True, timeout=60, check=False)
@@ -152,6 +172,52 @@ def test_garbage_gets_an_error_and_the_service_stays_up(indexed: Path, service: 
             assert reply["op"] == "error" and "bad request" in reply["message"]
     assert ctx("search", "invoice", cwd=indexed).returncode == 0
     assert "Service: up" in ctx("status", cwd=indexed).stdout
+
+
+def _as_nobody(sock_path: str) -> str:
+    """Connect to the service from a forked child running as uid 65534; what happened, as a word."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop to nobody, try, report one word through the pipe, exit at once
+        word = b"?"
+        try:
+            # Enter the folder first: the test's tmp parents are root's own (0700), and a relative
+            # path then tests only the service folder's and the socket's permissions.
+            os.chdir(os.path.dirname(sock_path))
+            os.setgid(65534)
+            os.setuid(65534)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(10)
+                sock.connect(os.path.basename(sock_path))
+                sock.sendall(struct.pack(">I", 2) + b"{}")
+                (length,) = struct.unpack(">I", sock.recv(4))
+                reply = json.loads(sock.recv(length))
+                word = b"refused" if "another user" in reply.get("message", "") else b"served"
+        except PermissionError:
+            word = b"denied"
+        except BaseException:
+            word = b"error"
+        os.write(write_end, word)
+        os._exit(0)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    with os.fdopen(read_end, "rb") as fh:
+        return fh.read().decode()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to another uid needs root")
+def test_another_user_is_refused(indexed: Path, service: Path) -> None:
+    folder = service_dir(service)
+    sock_path = str(folder / "ctx.sock")
+    assert _as_nobody(sock_path) == "denied"  # the 0700 folder and 0600 socket keep others out
+    folder.chmod(0o755)  # a user who loosens the permissions still gets no service from it:
+    (folder / "ctx.sock").chmod(0o666)  # the service checks the peer's uid (SO_PEERCRED)
+    try:
+        assert _as_nobody(sock_path) == "refused"
+    finally:
+        folder.chmod(0o700)
+        (folder / "ctx.sock").chmod(0o600)
+    assert ctx("search", "invoice", cwd=indexed).returncode == 0
 
 
 def test_down_leaves_no_child_processes(indexed: Path, service: Path) -> None:
