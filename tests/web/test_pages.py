@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from uisite import CHROMIUM, SESSION_TEXT, Site, ui_site
+from uisite import CHROMIUM, SESSION_TEXT, Site
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e .[dev])")
 if not os.access(CHROMIUM, os.X_OK):
@@ -22,10 +22,6 @@ expect = playwright_api.expect
 DEADLINE_MS = 60_000  # functional deadlines only: a loaded CI machine is slow, never wrong
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory, prefect_server: None) -> Iterator[Site]:
-    with ui_site(tmp_path_factory.mktemp("ui")) as built:
-        yield built
 
 
 @pytest.fixture(scope="module")
