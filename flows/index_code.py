@@ -18,6 +18,7 @@ from ctxlake.tasks.embedders import Embedder, make_embedder
 from ctxlake.tasks.lake import IndexState, check_model, reset_lake
 from ctxlake.tasks.merkle import Diff, Tree, load_snapshot, save_snapshot, scan
 from ctxlake.tasks.progress import reporter
+from ctxlake.tasks.run_log import record_run
 from ctxlake.tasks.store import (
     FTS_TAG,
     LakeTables,
@@ -116,6 +117,10 @@ class Writer:
         self.state.roots = {**(self.state.roots or {}), self.source: tree.root_hash}
         self.state.last_run = report.as_dict()
         self.state.write(self.lake)
+        try:
+            record_run(self.lake, self.tables, self.source, report)
+        except Exception as exc:  # the history is a nicety: a failure to append loses no index data
+            report.warnings.append(f"index_runs not recorded: {exc}")
 
 
 @flow(name="index-code", validate_parameters=False, log_prints=False)

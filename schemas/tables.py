@@ -212,3 +212,23 @@ KNOWLEDGE = pa.schema(
 )
 
 KNOWLEDGE_TYPES = ("decision", "error", "insight")
+
+
+# One row per index run (a `ctx run index`, a watcher batch): what the lake held when it ended,
+# so analytics can draw the index's size over time. Appended only; small.
+INDEX_RUNS = pa.schema(
+    [
+        pa.field("finished_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("files", pa.int64(), nullable=False),  # indexed files of every source, after the run
+        pa.field("chunks", pa.int64(), nullable=False),
+        pa.field("embedded", pa.int64(), nullable=False),  # chunks with a vector
+        pa.field("lake_bytes", pa.int64(), nullable=False),  # the lake folder on disk
+        pa.field("added", pa.int32(), nullable=False),
+        pa.field("modified", pa.int32(), nullable=False),
+        pa.field("removed", pa.int32(), nullable=False),
+        pa.field("seconds", pa.float64(), nullable=False),
+    ],
+    metadata=_meta("finished_at,source", "one row per index run: the lake's size over time"),
+)
+INDEX_RUNS_TABLE = "index_runs"

@@ -24,6 +24,7 @@ from ctxlake.serve.cli import hooks as cli_hooks
 from ctxlake.serve.cli import mcp as cli_mcp
 from ctxlake.serve.cli import memory as cli_memory
 from ctxlake.serve.cli import read as cli_read
+from ctxlake.serve.cli import stats as cli_stats
 from ctxlake.serve.cli.base import _prefect_quietly, ensure_project
 from ctxlake.serve.cli.schedule import schedule_app
 from ctxlake.serve.cli.service import print_service_status, service_status
@@ -288,6 +289,7 @@ def clean(yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] =
 
 cli_eval.register(app)
 cli_read.register(app)
+cli_stats.register(app)
 
 
 @app.command()

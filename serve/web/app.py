@@ -25,7 +25,8 @@ from ctxlake.serve.web.security import Guard
 
 HERE = Path(__file__).resolve().parent  # an editable install links each file: serve the real folder (StaticFiles refuses links out)
 PAGES = [("overview", "/", "Overview"), ("search", "/search", "Search"), ("sessions", "/sessions", "Sessions"),
-         ("knowledge", "/knowledge", "Knowledge"), ("sources", "/sources", "Sources"), ("settings", "/settings", "Settings")]
+         ("knowledge", "/knowledge", "Knowledge"), ("sources", "/sources", "Sources"), ("analytics", "/analytics", "Analytics"),
+         ("settings", "/settings", "Settings")]
 MESSAGES_PAGE = 50
 CONTEXT_TYPES = {"conversations": ["message", "session"], "knowledge": ["knowledge"]}
 
@@ -282,6 +283,29 @@ def settings_page(request: Request, ctx: UiContext, root: str) -> dict[str, Any]
             "has_schedules": ctx.schedules.api_url is not None}
 
 
+def analytics_page(request: Request, ctx: UiContext, root: str) -> dict[str, Any]:
+    from ctxlake.serve.api.stats import lake_stats
+    from ctxlake.serve.web.charts import hbars, line, stacked_columns
+
+    everyone = request.query_params.get("all") == "1"
+    figures = lake_stats(ctx.settings(root), top=12, all_projects=everyone)
+    days = sorted({a.day for a in figures.activity})
+    tools = sorted({a.tool for a in figures.activity})
+    per = {(a.day, a.tool): a for a in figures.activity}
+    sessions = {t: [per[(d, t)].sessions if (d, t) in per else 0 for d in days] for t in tools}
+    messages = {t: [per[(d, t)].messages if (d, t) in per else 0 for d in days] for t in tools}
+    size = [(r.finished_at.strftime("%Y-%m-%d %H:%M"), r.lake_bytes / 2**20) for r in figures.index_size]
+    charts = [
+        ("Chunks per language", hbars([(c.label, c.count) for c in figures.chunks_per_language], "Chunks per language")),
+        ("Lake size after each index run (MB)", line(size, "Lake size after each index run", " MB")),
+        ("Sessions per tool per day", stacked_columns(days, sessions, "Sessions per tool per day")),
+        ("Messages per tool per day", stacked_columns(days, messages, "Messages per tool per day")),
+        ("Files most touched in sessions", hbars([(c.label, c.count) for c in figures.touched_files], "Files most touched in sessions")),
+        ("Most frequent errors", hbars([(c.label, c.count) for c in figures.frequent_errors], "Most frequent errors")),
+    ]
+    return {"figures": figures, "charts": charts, "everyone": everyone}
+
+
 # -- JSON endpoints ------------------------------------------------------------------------------------
 
 def _root(request: Request) -> str:
@@ -494,6 +518,7 @@ def create_app(ctx: UiContext, port_of: Callable[[], int]) -> Guard:
         Route("/knowledge", _page("knowledge", knowledge_page)),
         Route("/sources", _page("sources", sources_page)),
         Route("/settings", _page("settings", settings_page)),
+        Route("/analytics", _page("analytics", analytics_page)),
         Route("/healthz", health),
         Route("/api/overview", _json_api(api_overview)),
         Route("/api/search", _json_api(api_search)),

@@ -46,7 +46,7 @@ def page(browser: Any) -> Iterator[Any]:
     context.close()
 
 
-@pytest.mark.parametrize("path", ["/", "/search", "/sessions", "/knowledge", "/sources", "/settings"])
+@pytest.mark.parametrize("path", ["/", "/search", "/sessions", "/knowledge", "/sources", "/analytics", "/settings"])
 def test_page_loads_without_console_errors(site: Site, page: Any, path: str) -> None:
     response = page.goto(site.url.rstrip("/") + path)
     assert response.status == 200
@@ -55,6 +55,11 @@ def test_page_loads_without_console_errors(site: Site, page: Any, path: str) -> 
         expect(page.locator("body")).to_have_attribute("data-ready", "1")  # the panels' data arrived
         expect(page.locator("#projects")).to_contain_text("shop")
         expect(page.locator("#ingestion")).to_contain_text("claude")
+    if path == "/analytics":  # the headline figures and the charts drawn from the fixture's lake
+        expect(page.locator("#headline")).to_contain_text("Sessions")
+        expect(page.locator("section.chart svg")).to_have_count(6)
+        expect(page.locator("section.chart", has_text="Chunks per language")).to_contain_text("python")
+        expect(page.locator("section.chart", has_text="Sessions per tool per day")).to_contain_text("claude")
     page.wait_for_load_state("networkidle")
     assert page.problems == []
 

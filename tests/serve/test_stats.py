@@ -1,0 +1,89 @@
+"""`ctx stats` and the Analytics page's figures against counts taken independently from the lake."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree
+
+import pytest
+from memlogs import claude, slug, tool_result, tool_use, write_jsonl
+
+from ctxlake.schemas.config import load_settings
+from ctxlake.serve.api.stats import lake_stats
+from ctxlake.serve.web.charts import hbars, line, stacked_columns
+from ctxlake.tasks.lake import connect
+
+pytestmark = pytest.mark.usefixtures("prefect_server", "fake_embedder")
+
+FILES = {"app/models.py": "class User:\n    def name(self):\n        return 'u'\n",
+         "app/views.py": "def index(request):\n    return 'ok'\n\n\ndef detail(request, pk):\n    return pk\n",
+         "README.md": "# Demo\n\n## Setup\n\nRun it.\n"}
+
+
+def _logs(base: Path, cwd: str) -> Path:
+    logs = base / "claude"
+    folder = logs / "projects" / slug(cwd)
+    for n, (minute, error) in enumerate([(0, "ImportError: no module named foo"), (60 * 24, "ImportError: no module named foo"),
+                                          (60 * 25, None)]):
+        sid = f"s{n}"
+        write_jsonl(folder / f"{sid}.jsonl", [
+            claude("user", f"{sid}u1", minute, "fix the views", session=sid, cwd=cwd),
+            claude("assistant", f"{sid}a1", minute + 1, [tool_use("Edit", file_path=f"{cwd}/app/views.py")], session=sid, cwd=cwd),
+            claude("user", f"{sid}u2", minute + 2, tool_result(error or "ok", is_error=bool(error)), session=sid, cwd=cwd),
+            claude("assistant", f"{sid}a2", minute + 3, [{"type": "text", "text": "done"}], session=sid, cwd=cwd),
+        ])
+    return logs
+
+
+def test_figures_equal_independent_counts(make_repo: Callable[..., Path], cli: Callable[..., Any], tmp_path: Path) -> None:
+    repo = make_repo(FILES)
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    (repo / "app" / "forms.py").write_text("class Form:\n    pass\n")
+    assert cli("run", "index", cwd=repo).exit_code == 0  # a second run: two points of index history
+    assert cli("run", "ingest", f"--from=claude={_logs(tmp_path, str(repo))}", cwd=repo).exit_code == 0
+
+    settings = load_settings(repo)
+    figures = lake_stats(settings, top=5)
+    lake = connect(settings.lake_dir)
+    chunks = lake.open_table("chunks").to_arrow()
+    assert (figures.files, figures.chunks) == (lake.open_table("files").count_rows(), chunks.num_rows)
+    assert figures.embedded == sum(v is not None for v in chunks.column("vector").to_pylist())
+    langs = {c.label: c.count for c in figures.chunks_per_language}
+    assert langs["python"] == sum(lang == "python" for lang in chunks.column("lang").to_pylist())
+    assert len(figures.index_size) == 2 and figures.index_size[-1].files == 4 and figures.index_size[0].files == 3
+    assert figures.sessions == 3 and figures.messages == 12
+    assert [(a.day, a.tool, a.sessions) for a in figures.activity] == [("2026-03-02", "claude", 1), ("2026-03-03", "claude", 2)]
+    assert figures.touched_files[0].label.endswith("app/views.py") and figures.touched_files[0].count == 3
+    assert figures.frequent_errors[0].count == 2 and "ImportError" in figures.frequent_errors[0].label
+
+    out = cli("stats", "--json", cwd=repo)
+    assert out.exit_code == 0
+    assert json.loads(out.stdout)["sessions"] == 3
+    text = cli("stats", cwd=repo)
+    assert "python" in text.stdout and "ImportError" in text.stdout
+
+
+def test_a_lake_without_sessions_or_history(make_repo: Callable[..., Path], cli: Callable[..., Any]) -> None:
+    repo = make_repo(FILES)
+    assert cli("run", "index", "--no-embed", cwd=repo).exit_code == 0
+    figures = lake_stats(load_settings(repo))
+    assert figures.sessions == 0 and figures.activity == [] and figures.embedded_share == 0.0
+    assert cli("stats", cwd=repo).exit_code == 0
+
+
+def test_not_indexed_is_exit_4(tmp_path: Path, cli: Callable[..., Any]) -> None:
+    (tmp_path / ".ctx").mkdir()
+    result = cli("stats", cwd=tmp_path)
+    assert result.exit_code == 4 and "ctx run index" in result.stderr
+
+
+def test_charts_are_valid_svg_with_escaped_labels() -> None:
+    hostile = '<script>alert(1)</script> & "x"'
+    for svg in (hbars([(hostile, 3), ("b", 1)], hostile), stacked_columns(["2026-01-01"], {hostile: [2]}, "t"),
+                line([(hostile, 1.0), ("later", 2.0)], "t", " MB"), hbars([], "empty")):
+        root = ElementTree.fromstring(svg)  # parses: well-formed XML
+        assert root.tag.endswith("svg") and "<script" not in svg
+        assert root.find("{http://www.w3.org/2000/svg}title") is not None
