@@ -54,7 +54,7 @@ QUERIES = [
     "password hasher upgrade",
     "select_for_update skip locked",
 ]
-PAGES = ["/", "/search", "/sessions", "/knowledge", "/sources", "/settings"]
+PAGES = ["/", "/search", "/sessions", "/knowledge", "/sources", "/analytics", "/settings"]
 
 
 def log(msg: str) -> None:

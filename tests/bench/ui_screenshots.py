@@ -56,7 +56,7 @@ def main() -> int:
             browser = launch(pw)
             page = browser.new_page(viewport={"width": 1280, "height": 800})
             shots = {"overview": "", "sessions": "sessions", "knowledge": "knowledge", "sources": "sources",
-                     "settings": "settings"}
+                     "analytics": "analytics", "settings": "settings"}
             for name, path in shots.items():
                 page.goto(site.url + path)
                 if name == "overview":
