@@ -7,7 +7,7 @@ Policy needs no exception for them.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from html import escape
 
 PALETTE = ("#2563eb", "#d97706", "#059669", "#dc2626", "#7c3aed", "#0891b2", "#4b5563", "#be185d")
@@ -52,7 +52,7 @@ def hbars(rows: Sequence[tuple[str, float]], title: str, width: int = 640) -> st
     return _svg(width, height, title, desc, body)
 
 
-def stacked_columns(columns: Sequence[str], series: dict[str, Sequence[float]], title: str, width: int = 640) -> str:
+def stacked_columns(columns: Sequence[str], series: Mapping[str, Sequence[float]], title: str, width: int = 640) -> str:
     """One column per x label (e.g. a day), stacked by series (e.g. an agent tool), with a legend."""
     if not columns or not series:
         return _empty(title, width)
@@ -71,7 +71,7 @@ def stacked_columns(columns: Sequence[str], series: dict[str, Sequence[float]], 
     every = max(1, len(columns) // 8)  # at most ~8 x labels
     for i, column in enumerate(columns):
         x = left + i * step + (step - bar_w) / 2
-        y = legend_h + plot_h
+        y: float = legend_h + plot_h
         for k, (name, values) in enumerate(series.items()):
             h = plot_h * values[i] / top
             if h <= 0:
