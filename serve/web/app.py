@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +76,7 @@ class UiContext:
     _settings: dict[str, tuple[Any, Settings]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _engine: Any = None
+    _overview: tuple[Any, float, dict[str, Any]] | None = None
 
     def roots(self) -> list[str]:
         return list(dict.fromkeys(self.projects()))
@@ -316,13 +318,30 @@ def _root(request: Request) -> str:
     return root
 
 
+OVERVIEW_MAX_AGE_S = 10.0  # bounds how late a file edit shows as stale; an index run or ingest shows at once
+
+
 def api_overview(request: Request) -> dict[str, Any]:
+    """The Overview's data; recomputed when a lake changed or after OVERVIEW_MAX_AGE_S (the freshness
+    walk and lake size of a django-size project take ~0.4 s of the answer)."""
+    ctx = _ctx(request)
+    key = tuple((root, _memory_stamp(ctx.settings(root))) for root in ctx.roots())
+    with ctx._lock:
+        hit = ctx._overview
+    if hit is not None and hit[0] == key and time.monotonic() - hit[1] < OVERVIEW_MAX_AGE_S:
+        return dict(hit[2])
+    data = _overview(ctx)
+    with ctx._lock:
+        ctx._overview = (key, time.monotonic(), data)
+    return data
+
+
+def _overview(ctx: UiContext) -> dict[str, Any]:
     from ctxlake.serve.api.context import list_sessions
     from ctxlake.serve.api.overview import tool_ingestion
     from ctxlake.serve.api.queries import status
     from ctxlake.serve.api.source_queries import list_sources
 
-    ctx = _ctx(request)
     projects = []
     memory = None
     for root in ctx.roots():

@@ -6,6 +6,7 @@ Policy needs no exception for them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from html import escape
 
@@ -15,9 +16,10 @@ GRID = "#d1d5db"
 
 
 def _svg(width: int, height: int, title: str, desc: str, body: list[str]) -> str:
+    uid = "chart-" + (re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-") or "x")  # ids unique on a page of charts
     return (f'<svg xmlns="http://www.w3.org/2000/svg" role="img" viewBox="0 0 {width} {height}" '
-            f'width="100%" aria-labelledby="t d"><title id="t">{escape(title)}</title>'
-            f'<desc id="d">{escape(desc)}</desc>{"".join(body)}</svg>')
+            f'width="100%" aria-labelledby="{uid}-t {uid}-d"><title id="{uid}-t">{escape(title)}</title>'
+            f'<desc id="{uid}-d">{escape(desc)}</desc>{"".join(body)}</svg>')
 
 
 def _short(label: str, n: int) -> str:

@@ -6,9 +6,10 @@
 
 Targets (issue 13): first page load <= 300 ms, search-as-you-type answers p95 <= 150 ms.
 
-- First page load: a fresh browser context per load (empty cache), Navigation Timing read in the
-  page (`loadEventEnd`, from navigation start); for the Overview also until its panels' data has
-  arrived (the page fetches them after load).
+- First page load: a fresh browser context per load (empty browser cache), Navigation Timing read
+  in the page (`loadEventEnd`, from navigation start); the very first load of each page is shown
+  apart (the server's caches are cold), p50/p95 over the others; for the Overview also the time
+  until its panels' data has arrived (the page fetches it after load).
 - Search as you type: queries typed a key at a time (50 ms apart, a quick typist) into the box;
   every /api/search request the debounced page sends is timed by the browser (Resource Timing of
   the response, start to end), and each settled query's in-page time (fetch + render, measured with
@@ -53,7 +54,7 @@ QUERIES = [
     "password hasher upgrade",
     "select_for_update skip locked",
 ]
-PAGES = ["/", "/search", "/sessions", "/knowledge", "/sources", "/settings"]
+PAGES = ["/", "/search", "/sessions", "/knowledge", "/sources", "/analytics", "/settings"]
 
 
 def log(msg: str) -> None:
@@ -80,8 +81,10 @@ def page_loads(browser: Any, url: str, path: str, n: int) -> dict[str, Any]:
         nav = page.evaluate("JSON.stringify(performance.getEntriesByType('navigation')[0])")
         loads.append(float(json.loads(nav)["loadEventEnd"]))
         context.close()
-    out: dict[str, Any] = {"page": path, "n": n, "load_p50_ms": round(statistics.median(loads), 1),
-                           "load_p95_ms": round(pct(loads, 0.95), 1), "load_max_ms": round(max(loads), 1)}
+    # The first load of a page pays once for what the server caches (templates, settings, the lake).
+    out: dict[str, Any] = {"page": path, "n": n, "first_ms": round(loads[0], 1),
+                           "load_p50_ms": round(statistics.median(loads[1:] or loads), 1),
+                           "load_p95_ms": round(pct(loads[1:] or loads, 0.95), 1), "load_max_ms": round(max(loads), 1)}
     if ready:
         out["data_ready_p50_ms"] = round(statistics.median(ready), 1)
         out["data_ready_p95_ms"] = round(pct(ready, 0.95), 1)
@@ -160,9 +163,10 @@ def main() -> int:
     finally:
         ui.stop()
     print(f"web UI on {results['repo']} (load average {results['loadavg_before']} -> {results['loadavg_after']})")
-    print(f"{'page':<12} {'load p50':>9} {'load p95':>9} {'data p95':>9}   (target: load <= 300 ms)")
+    print(f"{'page':<12} {'first':>9} {'load p50':>9} {'load p95':>9} {'data p95':>9}   (target: load <= 300 ms)")
     for row in results["pages"]:
-        print(f"{row['page']:<12} {row['load_p50_ms']:>9} {row['load_p95_ms']:>9} {row.get('data_ready_p95_ms', '-')!s:>9}")
+        print(f"{row['page']:<12} {row['first_ms']:>9} {row['load_p50_ms']:>9} {row['load_p95_ms']:>9} "
+              f"{row.get('data_ready_p95_ms', '-')!s:>9}")
     print(f"{'search':<12} {'requests':>9} {'req p50':>9} {'req p95':>9} {'settled p95':>12}   (target: p95 <= 150 ms)")
     for row in results["search"]:
         print(f"{row['kind']:<12} {row['requests']:>9} {row['request_p50_ms']!s:>9} {row['request_p95_ms']!s:>9} "

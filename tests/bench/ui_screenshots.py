@@ -17,6 +17,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parent / "web")]
+os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="ctx-shots-prefect-"))
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -55,7 +56,7 @@ def main() -> int:
             browser = launch(pw)
             page = browser.new_page(viewport={"width": 1280, "height": 800})
             shots = {"overview": "", "sessions": "sessions", "knowledge": "knowledge", "sources": "sources",
-                     "settings": "settings"}
+                     "analytics": "analytics", "settings": "settings"}
             for name, path in shots.items():
                 page.goto(site.url + path)
                 if name == "overview":

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from uisite import CHROMIUM, SESSION_TEXT, Site, ui_site
+from uisite import CHROMIUM, SESSION_TEXT, Site
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e .[dev])")
 if not os.access(CHROMIUM, os.X_OK):
@@ -22,10 +22,6 @@ expect = playwright_api.expect
 DEADLINE_MS = 60_000  # functional deadlines only: a loaded CI machine is slow, never wrong
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory, prefect_server: None) -> Iterator[Site]:
-    with ui_site(tmp_path_factory.mktemp("ui")) as built:
-        yield built
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +70,7 @@ def test_search_as_you_type_finds_the_file_and_opens_it_at_the_hit(site: Site, p
         page.locator("#q").press_sequentially("refund voucher", delay=30)
     assert answer.value.status == 200
     results = page.locator("#results")
+    expect(results).to_have_attribute("data-q", "refund voucher")  # the answer to the whole query, not a prefix
     expect(results).to_have_attribute("data-state", "done")
     first = results.locator("article.hit").first
     expect(first).to_have_attribute("data-path", "billing/refunds.py")
@@ -169,6 +166,7 @@ def test_keyboard_and_a_narrow_window(site: Site, browser: Any) -> None:
     page.goto(site.url + "search")
     expect(page.locator("#q")).to_be_focused()  # the search page starts in its box
     page.keyboard.type("label printer")
+    expect(page.locator("#results")).to_have_attribute("data-q", "label printer")
     expect(page.locator("#results")).to_have_attribute("data-state", "done")
     hit = page.locator("#results .hit-open").first
     hit.focus()

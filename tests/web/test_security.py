@@ -8,17 +8,9 @@ import re
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-from uisite import Site, ui_site
-
-
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory, prefect_server: None) -> Iterator[Site]:
-    with ui_site(tmp_path_factory.mktemp("ui-sec")) as built:
-        yield built
+from uisite import Site
 
 
 def call(url: str, method: str = "GET", headers: dict[str, str] | None = None,

@@ -4,9 +4,12 @@ warm process on 127.0.0.1, and `ctx down` takes it away."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
+import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -24,13 +27,14 @@ def ctx(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProc
 @pytest.fixture
 def project(make_repo: Callable[..., Path], cli: Callable[..., Any], fake_embedder: Any, prefect_server: None,
             monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("CTX_SERVICE_SCHEDULES", "false")  # no Prefect server: this is about the UI
     repo = make_repo({"app/views.py": "def render_invoice(order):\n    return order\n"})
     assert cli("run", "index", cwd=repo).exit_code == 0
     return repo
 
 
-def test_up_prints_the_ui_and_down_stops_it(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_service_hosts_the_ui_and_its_settings_page_drives_the_schedules(
+        project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CTX_SERVICE_SCHEDULES", "true")  # the persistent Prefect server and deployments
     with socket.socket() as busy:  # the configured port is taken: the UI falls back to a free one
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
@@ -53,8 +57,39 @@ def test_up_prints_the_ui_and_down_stops_it(project: Path, monkeypatch: pytest.M
                 assert res.headers["content-type"].startswith("text/javascript") and b"csrf" in res.read()
             status = ctx("status", cwd=project)
             assert f"UI: {url}" in status.stdout
+            check_schedules(url, project)
         finally:
             down = ctx("down", cwd=project)
     assert down.returncode == 0
     with pytest.raises(OSError):
         urllib.request.urlopen(url, timeout=5)
+
+
+def check_schedules(url: str, project: Path) -> None:
+    """The settings page lists the service's schedules and pauses / resumes one (CSRF token in hand)."""
+    deadline, html, cookie = time.monotonic() + 180, "", ""
+    while time.monotonic() < deadline:  # the orchestrator comes up after the UI
+        with urllib.request.urlopen(url + "settings", timeout=60) as res:
+            html, cookie = res.read().decode(), res.headers["set-cookie"].split(";")[0]
+        if 'data-schedule="ingest_conversations"' in html:
+            break
+        time.sleep(1.0)
+    assert 'data-schedule="ingest_conversations"' in html, "the schedules never showed on the settings page"
+    token = re.search(r'name="csrf-token" content="([0-9a-f]+)"', html)
+    assert token
+
+    def change(action: str) -> dict[str, Any]:
+        req = urllib.request.Request(url + "api/schedules/ingest_conversations", method="POST",
+                                     data=json.dumps({"action": action}).encode(),
+                                     headers={"Content-Type": "application/json", "Cookie": cookie,
+                                              "X-CSRF-Token": token.group(1)})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as res:
+                return {s["name"]: s for s in json.loads(res.read())["schedules"]}
+        except urllib.error.HTTPError as exc:
+            raise AssertionError(f"{action}: {exc.code} {exc.read().decode()}") from None
+
+    assert change("pause")["ingest_conversations"]["paused"] is True
+    listed = {s["name"]: s for s in json.loads(ctx("schedule", "list", "--json", cwd=project).stdout)}
+    assert listed["ingest_conversations"]["paused"] is True  # the CLI sees what the page did
+    assert change("resume")["ingest_conversations"]["paused"] is False

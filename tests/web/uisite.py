@@ -57,6 +57,7 @@ def ui_site(base: Path) -> Iterator[Site]:
     ])
     env = {"CTX_HOME": str(base / "ctx-home"), "CTX_EMBED_PROVIDER": "fake", "CTX_EMBED_MODEL": "hash",
            "HOME": str(base / "home")}
+    (base / "home").mkdir(exist_ok=True)
     api = PREFECT_API_URL.value()
     if api:  # background jobs (ctx add) use this session's Prefect server instead of starting one
         env["PREFECT_API_URL"] = str(api)
