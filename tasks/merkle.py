@@ -280,6 +280,15 @@ class _Matcher:
             if self.path_re is not None and self.path_re.match(probe):
                 return True
             return None
+        if probe.endswith("/"):
+            # A folder: as in git, the last pattern that matches it decides. pathspec ranks a
+            # pattern matched only through its trailing slash (`!*/`) below a plain one (`*`), so
+            # the "ignore everything, re-include folders and *.*" idiom (zeromicro/go-zero) would
+            # drop every folder and index nothing.
+            for pattern in reversed(self.spec.patterns):
+                if pattern.include is not None and pattern.match_file(probe) is not None:
+                    return bool(pattern.include)
+            return None
         include: bool | None = self.spec.check_file(probe).include
         return include
 

@@ -51,6 +51,29 @@ def test_ignore_rules_defaults_gitignore_nested_and_globs(tmp_path: Path) -> Non
     assert {"src/app.log", "secret.txt", "src/generated/out.py"} <= indexed(no_gitignore)
 
 
+def test_ignore_all_then_reinclude_folders_matches_git(tmp_path: Path) -> None:
+    # zeromicro/go-zero's idiom: ignore everything, re-include names with a dot and every folder.
+    # git keeps core/x/a.go and drops the extensionless core/x/tool; an earlier matcher dropped
+    # every folder (and so indexed nothing).
+    write_files(tmp_path, {
+        ".gitignore": "*\n!*.*\n!*/\nbuild/\n",
+        "core/x/a.go": "package x\n",
+        "core/x/tool": "binary-ish\n",
+        "core/build/gen.go": "package gen\n",
+        "main.go": "package main\n",
+    })
+    kept = indexed(scan(tmp_path))
+    assert kept == {".gitignore", "core/x/a.go", "main.go"}
+    import shutil
+    import subprocess
+
+    if shutil.which("git"):
+        subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+        listed = subprocess.run(["git", "ls-files", "-o", "--exclude-standard"], cwd=tmp_path, check=True,
+                                capture_output=True, text=True).stdout.split()
+        assert set(listed) == kept
+
+
 def test_binary_huge_and_unreadable_files_are_skipped_and_counted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
