@@ -135,7 +135,7 @@ def parse_clients(value: str | None, root: Path) -> list[str]:
     return names
 
 
-def _read_json(path: Path) -> tuple[dict[str, Any] | None, str]:
+def read_json_object(path: Path) -> tuple[dict[str, Any] | None, str]:
     """(data, problem): the file's JSON object, or why it cannot be merged safely."""
     if not path.exists():
         return {}, ""
@@ -157,7 +157,7 @@ def _read_json(path: Path) -> tuple[dict[str, Any] | None, str]:
 
 def json_plan(client: str, path: Path, key: str, entry: dict[str, Any]) -> tuple[dict[str, Any] | None, Change | None]:
     """(merged data to write, None) or (None, the Change saying why not / that nothing changes)."""
-    data, problem = _read_json(path)
+    data, problem = read_json_object(path)
     if data is None or not isinstance(data.get(key, {}), dict):
         problem = problem or f"its {key!r} is not an object"
         snippet = json.dumps({key: {SERVER_NAME: entry}}, indent=2)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ctxlake.errors import ConfigError, InputError
+from ctxlake.serve.cli.clients import read_json_object
 from ctxlake.tasks.lake import write_atomic
 
 Style = Literal["nested", "cursor", "copilot", "plugin"]
@@ -154,24 +155,6 @@ def _entries(spec: HookClient, env: dict[str, str] | None) -> dict[str, dict[str
     return out
 
 
-def _read(path: Path) -> tuple[dict[str, Any] | None, str]:
-    if not path.exists():
-        return {}, ""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        return None, f"cannot read it ({exc})"
-    if not text.strip():
-        return {}, ""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        return None, f"it is not plain JSON (comments?): {exc.msg} at line {exc.lineno}"
-    if not isinstance(data, dict):
-        return None, "its top level is not a JSON object"
-    return data, ""
-
-
 def _hooks_of(data: dict[str, Any], spec: HookClient) -> dict[str, Any] | None:
     hooks = data.get("hooks")
     if hooks is None:
@@ -190,7 +173,7 @@ def install_json(spec: HookClient, root: Path, env: dict[str, str] | None = None
     """Merge our entries into the tool's JSON hook file; other hooks and keys stay as they were."""
     path = root / spec.file
     entries = _entries(spec, env)
-    data, problem = _read(path)
+    data, problem = read_json_object(path)
     hooks = _hooks_of(data, spec) if data is not None else None
     if data is None or hooks is None:
         raise UnmergeableFile(f"{path}: {problem or 'its hooks is not an object'}; not changed",
@@ -217,7 +200,7 @@ def install_json(spec: HookClient, root: Path, env: dict[str, str] | None = None
 def uninstall_json(spec: HookClient, root: Path) -> HookChange:
     """Remove only our entries (and the events or file they leave empty, when we created nothing else)."""
     path = root / spec.file
-    data, problem = _read(path)
+    data, problem = read_json_object(path)
     if data is not None and not path.exists():
         return HookChange(spec.name, str(path), "absent", "no hook file")
     hooks = _hooks_of(data, spec) if data is not None else None
@@ -249,7 +232,7 @@ def uninstall_json(spec: HookClient, root: Path) -> HookChange:
 
 def status_json(spec: HookClient, root: Path) -> HookChange:
     path = root / spec.file
-    data, problem = _read(path)
+    data, problem = read_json_object(path)
     if data is None:
         return HookChange(spec.name, str(path), "missing", problem)
     hooks = _hooks_of(data, spec) or {}
