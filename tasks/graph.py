@@ -238,10 +238,10 @@ def graph_rows(
                 )
             in_import = True
         elif lang == "ruby":
-            module = _ruby_require(node)
-            if module is not None:
+            required = _ruby_require(node)
+            if required is not None:
                 imports.append(
-                    {**base, "module": module, "resolved": resolve_import(module, path, lang, known)}
+                    {**base, "module": required, "resolved": resolve_import(required, path, lang, known)}
                 )
         if node.type in _IDENTS and _key(node) not in def_names:
             name = text(node)
