@@ -160,8 +160,26 @@ def _reference_kind(node: Node) -> str:
     return kind
 
 
-def resolve_import(module: str, path: str, lang: str, known: Collection[str]) -> str | None:
+class Known:
+    """Every path of a source, with a lookup by file name for `endswith` matches."""
+
+    def __init__(self, paths: Collection[str]) -> None:
+        self.paths = paths if isinstance(paths, set | frozenset) else set(paths)
+        self.by_name: dict[str, list[str]] = {}
+        for p in self.paths:
+            self.by_name.setdefault(posixpath.basename(p), []).append(p)
+
+    def __contains__(self, path: object) -> bool:
+        return path in self.paths
+
+    def ending(self, suffix: str) -> list[str]:
+        return [p for p in self.by_name.get(posixpath.basename(suffix), []) if p.endswith("/" + suffix)]
+
+
+def resolve_import(module: str, path: str, lang: str, known: Collection[str] | Known) -> str | None:
     """The indexed file an import names, when a plain path rule finds exactly one."""
+    if not isinstance(known, Known):
+        known = Known(known)
     folder = posixpath.dirname(path)
     candidates: list[str] = []
     if lang == "python":
@@ -176,14 +194,14 @@ def resolve_import(module: str, path: str, lang: str, known: Collection[str]) ->
         else:
             candidates = [rest + ".py", rest + "/__init__.py"]
             for suffix in list(candidates):  # a src/ layout or a nested project root
-                candidates += [k for k in known if k.endswith("/" + suffix)]
+                candidates += known.ending(suffix)
     elif module.startswith("."):
         stem = posixpath.normpath(posixpath.join(folder, module))
         exts = ("", ".js", ".ts", ".tsx", ".jsx", ".mjs", ".rb", "/index.js", "/index.ts")
         candidates = [stem + ext for ext in exts]
     elif lang in ("c", "cpp"):
         candidates = [posixpath.normpath(posixpath.join(folder, module)), module]
-        candidates += [k for k in known if k.endswith("/" + module)]
+        candidates += known.ending(module)
     for cand in candidates:
         if cand in known:
             return cand
@@ -191,7 +209,7 @@ def resolve_import(module: str, path: str, lang: str, known: Collection[str]) ->
 
 
 def graph_rows(
-    text_: str, lang: str, source: str, path: str, known: Collection[str] = ()
+    text_: str, lang: str, source: str, path: str, known: Collection[str] | Known = ()
 ) -> GraphRows:
     """One file's text -> its definitions, references and imports as row dicts (may raise)."""
     spec: LangSpec | None = LANGS.get(lang)
@@ -272,15 +290,18 @@ def to_tables(rows: GraphRows) -> tuple[pa.Table, pa.Table, pa.Table]:
 
 
 def graph_files(
-    files: Mapping[str, tuple[str, str]], source: str
+    files: Mapping[str, tuple[str, str]], source: str, known: Collection[str] | None = None
 ) -> tuple[pa.Table, pa.Table, pa.Table, list[str]]:
-    """{path: (text, lang)} -> the three tables for those files, plus `path: reason` per bad file."""
-    known = set(files)
+    """{path: (text, lang)} -> the three tables for those files, plus `path: reason` per bad file.
+
+    `known` is every path of the source (imports resolve against it); by default, these files.
+    """
+    index = Known(set(files) if known is None else known)
     acc = GraphRows([], [], [])
     bad: list[str] = []
     for path, (body, lang) in files.items():
         try:
-            rows = graph_rows(body, lang, source, path, known)
+            rows = graph_rows(body, lang, source, path, index)
         except Exception as exc:  # one bad file is counted and skipped, never the batch
             bad.append(f"{path}: {type(exc).__name__}: {exc}")
             continue
