@@ -19,6 +19,7 @@ from ctxlake.schemas.config import (
     resolve_root,
 )
 from ctxlake.serve.cli import eval as cli_eval
+from ctxlake.serve.cli import graph as cli_graph
 from ctxlake.serve.cli import handoff as cli_handoff
 from ctxlake.serve.cli import mcp as cli_mcp
 from ctxlake.serve.cli import memory as cli_memory
@@ -285,6 +286,7 @@ def clean(yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] =
 
 cli_eval.register(app)
 cli_read.register(app)
+cli_graph.register(app)
 
 
 @app.command()

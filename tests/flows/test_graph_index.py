@@ -61,3 +61,38 @@ def test_graph_rows_follow_edits_and_deletes_file_by_file(
     result = cli("sql", "--json", "SELECT count(*) AS n FROM refs WHERE name = 'parse'", cwd=repo)
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["rows"] == [[2]]  # the import and the call in main.py
+
+
+def test_cli_graph_readers_answer_in_json_rank_ambiguity_and_page(
+    make_repo: Callable[..., Path], cli: Callable[..., Any]
+) -> None:
+    repo = make_repo({"app/main.py": MAIN, "app/util.py": UTIL, "web/p.js": OTHER,
+                      "app/more.py": "from app.util import parse\nparse('a')\nparse('b')\n"})
+    assert cli("refs", "parse", cwd=repo).exit_code == 4  # not indexed yet
+    assert cli("run", "index", cwd=repo).exit_code == 0
+
+    answer = json.loads(cli("def", "parse", "--from", "app/main.py", "--json", cwd=repo).stdout)
+    assert [d["path"] for d in answer["definitions"]] == ["app/util.py", "web/p.js"]
+    assert answer["confidence"] == 0.9 and not answer["ambiguous"]
+    blind = json.loads(cli("def", "parse", "--json", cwd=repo).stdout)
+    # without an asking file, the file more files import wins, less surely
+    assert blind["definitions"][0]["path"] == "app/util.py" and blind["confidence"] < 0.9
+
+    first = json.loads(cli("refs", "parse", "--no-imports", "-n", "2", "--json", cwd=repo).stdout)
+    assert first["total"] == 4 and first["next_offset"] == 2
+    rest = json.loads(cli("refs", "parse", "--no-imports", "--offset", "2", "--json", cwd=repo).stdout)
+    got = [(r["path"], r["line"], r["resolved"]) for r in first["references"] + rest["references"]]
+    assert got == [("app/main.py", 5, True), ("app/more.py", 2, True), ("app/more.py", 3, True),
+                   ("web/p.js", 2, True)]  # p.js defines a parse of its own
+    assert first["references"][0]["snippet"] == "return parse(text)"
+    assert first["references"][0]["enclosing"] == "run"
+
+    unknown = cli("refs", "no_such_name", cwd=repo)
+    assert unknown.exit_code == 2 and "unknown symbol" in unknown.stderr
+
+    related = json.loads(cli("related", "app/util.py", "--json", cwd=repo).stdout)
+    assert {(r["path"], r["relation"]) for r in related["related"]} == {
+        ("app/main.py", "imported_by"), ("app/more.py", "imported_by")}
+    outline = json.loads(cli("outline", "web/p.js", "--json", cwd=repo).stdout)
+    assert [(i["qualname"], i["start_line"], i["depth"]) for i in outline["items"]] == [
+        ("parse", 1, 0), ("go", 2, 0)]
