@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import posixpath
+import re
 from collections.abc import Collection, Mapping
 from typing import Any, NamedTuple
 
@@ -37,6 +38,10 @@ _CALLS = frozenset(
     }
 )
 _CALLEE_FIELDS = ("function", "method", "name", "constructor", "type")
+
+
+# A Python string's prefix and opening quotes, to drop before the docstring's first line.
+_QUOTES = re.compile(r"""^[rRbBuUfF]*('{3}|"{3}|'|")""")
 
 
 class ImportSpec(NamedTuple):
@@ -79,7 +84,8 @@ def _doc(node: Node, lang: str) -> str | None:
         if first is not None and first.type == "expression_statement" and first.named_children:
             first = first.named_children[0]  # older grammars wrap the docstring
         if first is not None and first.type == "string":
-            lines = [ln.strip() for ln in text(first).strip("\"'rbuRBU").splitlines()]
+            body = _QUOTES.sub("", text(first)).rstrip("\"'")
+            lines = [ln.strip() for ln in body.splitlines()]
             return next((ln for ln in lines if ln), None)
         return None
     prev = node.prev_named_sibling

@@ -118,9 +118,9 @@ def test_methods_are_qualified_by_their_class_and_calls_name_their_enclosing_sym
 
 
 def test_docstring_first_line_and_signature() -> None:
-    body = 'def f(a, b):\n    """Adds.\n\n    Long text."""\n    return a + b\n'
+    body = 'def f(a, b):\n    r"""Returns.\n\n    Long text."""\n    return a + b\n'
     (d,) = graph_rows(body, "python", "project", "f.py").definitions
-    assert d["doc"] == "Adds." and d["signature"] == "def f(a, b):"
+    assert d["doc"] == "Returns." and d["signature"] == "def f(a, b):"
     assert (d["start_line"], d["end_line"]) == (1, 5)
 
 
