@@ -84,8 +84,8 @@ def _doc(node: Node, lang: str) -> str | None:
         if first is not None and first.type == "expression_statement" and first.named_children:
             first = first.named_children[0]  # older grammars wrap the docstring
         if first is not None and first.type == "string":
-            body = _QUOTES.sub("", text(first)).rstrip("\"'")
-            lines = [ln.strip() for ln in body.splitlines()]
+            doc = _QUOTES.sub("", text(first)).rstrip("\"'")
+            lines = [ln.strip() for ln in doc.splitlines()]
             return next((ln for ln in lines if ln), None)
         return None
     prev = node.prev_named_sibling
