@@ -97,6 +97,8 @@ class Writer:
         self.state.write(self.lake)
 
     def apply(self, diff: Diff, report: IndexReport, force: bool = False) -> None:
+        if not self.known:  # a watcher's writer: the lake's files stand in for the scan's tree
+            self.known = indexed_paths(self.tables, self.source) | set(diff.changed)
         _write_changes(self, diff, report, force)
 
     def embed(self, report: IndexReport, force: bool = False) -> None:
