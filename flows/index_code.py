@@ -16,13 +16,14 @@ from ctxlake.tasks.chunk_stage import chunk_files
 from ctxlake.tasks.cochange import update_cochange
 from ctxlake.tasks.embed import EmbeddingCache, embed_pending, fill_from_cache
 from ctxlake.tasks.embedders import Embedder, make_embedder
+from ctxlake.tasks.graph import graph_files
+from ctxlake.tasks.graph_store import open_graph, write_graph
 from ctxlake.tasks.lake import IndexState, check_model, reset_lake
 from ctxlake.tasks.merkle import Diff, Tree, load_snapshot, save_snapshot, scan
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.run_log import record_run
 from ctxlake.tasks.store import (
     FTS_TAG,
-    LakeTables,
     append_chunks,
     build_fts,
     indexed_paths,
@@ -50,6 +51,7 @@ class IndexReport:
     secrets_masked: int = 0  # values masked in the files this run chunked
     chunks_inserted: int = 0
     chunks_deleted: int = 0
+    graph_rows: int = 0  # definitions, references and imports written
     vectors_from_cache: int = 0
     embedded: int = 0
     cochange_commits: int = 0  # git commits read into the co-change table this run
@@ -88,6 +90,8 @@ class Writer:
         self.state.model_id, self.state.dims = embedder.model_id, embedder.dims
         self.lake.mkdir(parents=True, exist_ok=True)
         self.tables = open_for_write(self.lake, embedder.dims)
+        self.graph = open_graph(self.lake)
+        self.known: set[str] = set()  # every path of the source, for import resolution
         self.cache = EmbeddingCache(settings.cache_dir, embedder.model_id, embedder.dims)
 
     def begin(self, diff: Diff) -> None:
@@ -99,8 +103,9 @@ class Writer:
         self.state.write(self.lake)
 
     def apply(self, diff: Diff, report: IndexReport, force: bool = False) -> None:
-        _write_changes(self.tables, self.cache, self.root, self.source, diff, self.settings,
-                       self.embedder.dims, report, force)
+        if not self.known:  # a watcher's writer: the lake's files stand in for the scan's tree
+            self.known = indexed_paths(self.tables, self.source) | set(diff.changed)
+        _write_changes(self, diff, report, force)
 
     def embed(self, report: IndexReport, force: bool = False) -> None:
         result = embed_pending(self.tables, self.cache, self.embedder, use_cache=not force,
@@ -164,6 +169,7 @@ def index_code(
         gone = sorted(indexed_paths(writer.tables, source) - set(tree.entries))
         diff = Diff(diff.added, diff.modified, sorted(set(diff.removed) | set(gone)))
         report.removed = len(diff.removed)
+    writer.known = set(tree.entries)
     writer.begin(diff)
     writer.apply(diff, report, force)
     if build_fts(writer.tables):
@@ -192,18 +198,10 @@ def index_code(
     return report
 
 
-def _write_changes(
-    tables: LakeTables,
-    cache: EmbeddingCache,
-    root: Path,
-    source: str,
-    diff: Diff,
-    settings: Settings,
-    dims: int,
-    report: IndexReport,
-    force: bool,
-) -> None:
-    """Changed and removed files -> the lake, one transaction per batch of files."""
+def _write_changes(writer: Writer, diff: Diff, report: IndexReport, force: bool) -> None:
+    """Changed and removed files -> the lake, one transaction per table and batch of files."""
+    tables, cache, root, source = writer.tables, writer.cache, writer.root, writer.source
+    settings, dims = writer.settings, writer.embedder.dims
     progress = reporter()
     todo = diff.changed + diff.removed
     if not todo:
@@ -211,6 +209,7 @@ def _write_changes(
     # A lake with no rows of this source cannot hold stale rows: append instead of merging.
     where = f"source = {sql_str(source)}"
     cold = tables.files.count_rows(where) == 0 and tables.chunks.count_rows(where) == 0
+    graph_cold = all(t.count_rows(where) == 0 for t in writer.graph)
     removed = set(diff.removed)
     progress.start("chunk", len(todo), "chunking")
     for batch in _batches(todo, BATCH_FILES):
@@ -229,5 +228,11 @@ def _write_changes(
             result = upsert(tables, source, chunks, rows.files, batch)
             report.chunks_inserted += result.inserted
             report.chunks_deleted += result.deleted
+        # The graph after the chunks: a crash between them leaves the batch journaled, redone next run.
+        defs, refs, imports, bad = graph_files(rows.texts, source, writer.known or set(rows.texts))
+        report.warnings.extend(f"graph skipped {b}" for b in bad)
+        if bad:
+            report.skipped["graph_error"] = report.skipped.get("graph_error", 0) + len(bad)
+        report.graph_rows += write_graph(writer.graph, source, (defs, refs, imports), batch, graph_cold)
         progress.advance("chunk", len(batch))
     progress.finish("chunk")

@@ -248,3 +248,45 @@ COCHANGE = pa.schema(
     metadata=_meta("source,path,other", "files changed together in git history (recency-weighted)"),
 )
 COCHANGE_TABLE = "cochange"
+
+# The symbol graph (tasks/graph.py), replaced per file with the chunks: definitions, the names
+# each file uses, and what it imports. Rows of a file are keyed by (source, path).
+DEFINITIONS = pa.schema(
+    [
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("path", pa.string(), nullable=False),
+        pa.field("qualname", pa.string(), nullable=False),  # e.g. Flask.register_blueprint
+        pa.field("name", pa.string(), nullable=False),  # the last part of qualname
+        pa.field("kind", pa.string(), nullable=False),  # function | method | class | struct ...
+        pa.field("start_line", pa.int32(), nullable=False),  # 1-based, inclusive
+        pa.field("end_line", pa.int32(), nullable=False),
+        pa.field("signature", pa.string(), nullable=False),  # the definition's first line
+        pa.field("doc", pa.string()),  # first line of its docstring or doc comment
+        pa.field("parent", pa.string()),  # qualname of the enclosing definition
+    ],
+    metadata=_meta("source,path,qualname,start_line", "symbol definitions per file"),
+)
+
+REFERENCES = pa.schema(
+    [
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("path", pa.string(), nullable=False),
+        pa.field("line", pa.int32(), nullable=False),  # 1-based
+        pa.field("name", pa.string(), nullable=False),  # the identifier as written
+        pa.field("enclosing", pa.string()),  # qualname of the definition it sits in
+        pa.field("kind", pa.string(), nullable=False),  # call | attribute | name | import
+    ],
+    metadata=_meta("source,path,line,name", "identifier uses per file"),
+)
+
+IMPORTS = pa.schema(
+    [
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("path", pa.string(), nullable=False),
+        pa.field("module", pa.string(), nullable=False),  # as written: os.path, ./util, <stdio.h>
+        pa.field("resolved", pa.string()),  # the indexed file it names, or null
+    ],
+    metadata=_meta("source,path,module", "imports per file, resolved to files where possible"),
+)
+
+REFERENCE_KINDS = ("call", "attribute", "name", "import")

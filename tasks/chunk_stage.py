@@ -30,6 +30,8 @@ class ChunkedFiles(NamedTuple):
     skipped: dict[str, int]  # reason -> count (vanished, undecodable, ...)
     warnings: list[str]
     secrets: MaskReport  # values masked in these files
+    # path -> (masked text, lang) of the code files read, for the graph stage (no second read)
+    texts: dict[str, tuple[str, str]]
 
 
 def decode_text(data: bytes) -> tuple[str | None, str | None]:
@@ -93,6 +95,7 @@ def chunk_files(
     skipped: dict[str, int] = {}
     warnings: list[str] = []
     secrets = MaskReport()
+    texts: dict[str, tuple[str, str]] = {}
     for path in paths:
         full = root / path
         try:
@@ -127,6 +130,8 @@ def chunk_files(
         if chunk_warning:
             warnings.append(f"{path}: {chunk_warning}")
         chunk_rows_all.extend(rows)
+        if lang is not None:
+            texts[path] = (text, lang)
         file_rows.append(
             {
                 "source": source,
@@ -145,4 +150,5 @@ def chunk_files(
         skipped,
         warnings,
         secrets,
+        texts,
     )

@@ -19,12 +19,12 @@ from ctxlake.schemas.config import (
     resolve_root,
 )
 from ctxlake.serve.cli import eval as cli_eval
+from ctxlake.serve.cli import graph as cli_graph
 from ctxlake.serve.cli import handoff as cli_handoff
 from ctxlake.serve.cli import hooks as cli_hooks
 from ctxlake.serve.cli import mcp as cli_mcp
 from ctxlake.serve.cli import memory as cli_memory
 from ctxlake.serve.cli import read as cli_read
-from ctxlake.serve.cli import related as cli_related
 from ctxlake.serve.cli import stats as cli_stats
 from ctxlake.serve.cli.base import _prefect_quietly, ensure_project
 from ctxlake.serve.cli.schedule import schedule_app
@@ -292,7 +292,7 @@ def clean(yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] =
 cli_eval.register(app)
 cli_read.register(app)
 cli_stats.register(app)
-cli_related.register(app)
+cli_graph.register(app)
 
 
 @app.command()

@@ -15,7 +15,6 @@ from pydantic import Field
 
 from ctxlake.serve.api.models import SearchMode
 from ctxlake.serve.api.models_sources import SourceList
-from ctxlake.serve.api.related import RelatedFiles
 from ctxlake.serve.api.tool_models import (
     CodeSearchResult,
     DocContent,
@@ -89,18 +88,6 @@ def register_code_tools(server: MCPServer, state: ServerState) -> None:
         if fuzziness and search_type == "semantic":
             out.warnings.append("fuzziness applies to keyword, fuzzy and hybrid; semantic search ignores it")
         return _trim(out, state.settings.mcp.max_response_chars)
-
-    @server.tool(annotations=READ_ONLY)
-    @tool_errors
-    def related_files(
-        path: Annotated[str, Field(description="a file of this project, relative to its root")],
-        top_k: Annotated[int, Field(ge=1, le=50, description="number of files to return")] = 10,
-    ) -> RelatedFiles:
-        """Files most often changed in the same git commits as `path` (newer commits weigh more): what else
-        probably needs a look or an edit when this file changes."""
-        from ctxlake.serve.api.related import related_files as related
-
-        return related(state.settings, path, top_k)
 
     @server.tool(annotations=READ_ONLY)
     @tool_errors

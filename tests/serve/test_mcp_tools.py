@@ -25,7 +25,6 @@ pytestmark = pytest.mark.usefixtures("prefect_server")
 CONTRACT = {
     "search_code": {"query", "top_k", "search_type", "bm25_weight", "fuzziness", "file_filter", "sources", "budget_tokens"},
     "find_files": {"query", "top_k", "search_type", "file_filter", "exclude_tests", "sources"},
-    "related_files": {"path", "top_k"},
     "fuzzy_find": {"symbol_name", "symbol_type"},
     "get_file_context": {"filepath", "start_line", "end_line", "include_related"},
     "get_stale_status": set(),
@@ -37,6 +36,10 @@ CONTRACT = {
     "session_detail": {"session_ref", "offset", "limit"},
     "handoff_brief": {"from_tool", "session_ref", "budget"},
     "project_knowledge": {"type", "query", "limit"},
+    "find_definition": {"symbol", "from_path", "limit"},
+    "find_references": {"symbol", "offset", "limit", "include_imports"},
+    "related_files": {"path", "limit"},
+    "file_outline": {"path", "limit"},
 }
 SAVE_TOOLS = {"save_decision", "save_error_solution", "save_insight"}
 
@@ -525,3 +528,27 @@ def test_agents_and_added_sources_are_wired_into_the_server(
         assert {"question", "sources"} <= set(tool.input_schema["properties"])
 
     with_client(build_server(settings, ServeOptions(allow_agents=True)), with_agents)
+
+
+def test_graph_tools_answer_through_the_client(shop: tuple[Path, dict[str, str]]) -> None:
+    """find_references / find_definition / related_files / file_outline over the shop's graph."""
+    server = build_server(settings_for(*shop))
+
+    async def body(client: Client) -> None:
+        refs = await call_ok(client, "find_references", {"symbol": "compute_invoice_total"})
+        assert [(r["path"], r["line"], r["kind"], r["enclosing"]) for r in refs["references"]] == [
+            ("src/billing/invoice.py", 15, "call", "InvoicePrinter.render")]
+        assert refs["references"][0]["snippet"].startswith("total = compute_invoice_total(")
+        found = await call_ok(client, "find_definition", {"symbol": "UserRepository.getUserById"})
+        first = found["definitions"][0]
+        assert (first["path"], first["start_line"], first["kind"]) == ("src/users/service.py", 10, "method")
+        assert first["doc"] == "Return the user with this id, or None." and found["confidence"] == 1.0
+        outline = await call_ok(client, "file_outline", {"path": "web/app.js"})
+        assert [(i["qualname"], i["depth"]) for i in outline["items"]] == [
+            ("renderInvoice", 0), ("CartView", 0), ("CartView.constructor", 1), ("CartView.totalItems", 1)]
+        related = await call_ok(client, "related_files", {"path": "src/billing/invoice.py"})
+        assert related["related"] == []
+        error = await call_error(client, "find_references", {"symbol": "noSuchThingAnywhere"})
+        assert "unknown symbol" in error
+
+    with_client(server, body)

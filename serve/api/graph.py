@@ -1,0 +1,271 @@
+"""Read API over the symbol graph (tables definitions, refs, imports; cochange when present):
+find_definition, find_references, related_files, file_outline. The CLI and MCP both call these."""
+
+from __future__ import annotations
+
+import posixpath
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, Field
+
+from ctxlake.errors import InputError, NotIndexedError
+from ctxlake.schemas.tables import COCHANGE_TABLE, PROJECT_SOURCE
+from ctxlake.tasks import safe_io
+from ctxlake.tasks.cochange import newest_weight
+from ctxlake.tasks.graph_store import DEFINITIONS_TABLE, IMPORTS_TABLE, REFERENCES_TABLE
+from ctxlake.tasks.lake import connect, open_table, table_names
+from ctxlake.tasks.store import sql_str
+
+if TYPE_CHECKING:
+    from lancedb.table import Table
+
+MAX_LIMIT = 200
+SNIPPET_CHARS = 160
+
+
+class Definition(BaseModel):
+    path: str = Field(description="file, relative to its source root")
+    qualname: str = Field(description="qualified name, e.g. Class.method")
+    kind: str = Field(description="function, method, class, struct, ...")
+    start_line: int = Field(description="first line, 1-based")
+    end_line: int = Field(description="last line, inclusive")
+    signature: str = Field(description="the definition's first line")
+    doc: str | None = Field(default=None, description="first line of its docstring or doc comment")
+    parent: str | None = Field(default=None, description="qualname of the enclosing definition")
+    source: str = Field(default=PROJECT_SOURCE, description="the source the file belongs to")
+
+
+class DefinitionAnswer(BaseModel):
+    symbol: str = Field(description="the name asked for")
+    definitions: list[Definition] = Field(description="best first; the first is the answer")
+    ambiguous: bool = Field(description="true when several definitions match and none clearly wins")
+    confidence: float = Field(description="0-1: how sure the first definition is the one meant")
+    reason: str = Field(description="why the first one ranks first")
+
+
+class Reference(BaseModel):
+    path: str = Field(description="file, relative to its source root")
+    line: int = Field(description="line, 1-based")
+    kind: str = Field(description="call, attribute, name or import")
+    enclosing: str | None = Field(default=None, description="qualname of the definition it sits in")
+    snippet: str = Field(default="", description="the line's text, trimmed")
+    resolved: bool = Field(description="true when the file defines or imports the symbol's file")
+
+
+class ReferencePage(BaseModel):
+    symbol: str = Field(description="the name asked for")
+    total: int = Field(description="references found in all")
+    offset: int = Field(description="index of the first reference on this page")
+    references: list[Reference] = Field(description="this page, resolved ones first, then by path and line")
+    next_offset: int | None = Field(default=None, description="offset of the next page, or null")
+    definitions: list[str] = Field(description="path:line of the definitions the name has")
+
+
+class RelatedFile(BaseModel):
+    path: str = Field(description="the related file")
+    relation: str = Field(description="imports (this file imports it), imported_by, or cochange")
+    weight: float = Field(default=1.0, description=(
+        "1.0 for import links; for co-change 1 - 0.5 ** n, n the commits that changed both files, "
+        "newer ones weighing more (a year-old commit counts half)"))
+    commits: int | None = Field(default=None, description="co-change: the commits that changed both files")
+
+
+class RelatedAnswer(BaseModel):
+    path: str = Field(description="the file asked about")
+    related: list[RelatedFile] = Field(description="imports first, then importers, then co-changed files")
+    unresolved_imports: list[str] = Field(description="modules it imports that map to no indexed file")
+
+
+class OutlineItem(BaseModel):
+    qualname: str = Field(description="qualified name")
+    kind: str = Field(description="function, method, class, ...")
+    start_line: int = Field(description="first line, 1-based")
+    end_line: int = Field(description="last line")
+    signature: str = Field(description="the first line of the definition")
+    doc: str | None = Field(default=None, description="first docstring line")
+    depth: int = Field(description="nesting depth: 0 for top level, 1 for a method ...")
+
+
+class Outline(BaseModel):
+    path: str = Field(description="the file")
+    items: list[OutlineItem] = Field(description="definitions in file order")
+
+
+def _rows(table: Table, where: str, columns: list[str] | None = None) -> list[dict[str, Any]]:
+    query = table.search().where(where)
+    if columns:
+        query = query.select(columns)
+    out: list[dict[str, Any]] = query.limit(None).to_arrow().to_pylist()
+    return out
+
+
+class GraphReader:
+    """The graph tables of one lake, opened once (the MCP server keeps one)."""
+
+    def __init__(self, lake_dir: Path, root: Path | None = None) -> None:
+        db = connect(lake_dir)
+        if DEFINITIONS_TABLE not in table_names(db):
+            raise NotIndexedError(f"the lake at {lake_dir} has no symbol graph",
+                                  hint="run `ctx run index` (a lake from before the graph needs `--force`)")
+        self.root = root
+        self.lake_dir = lake_dir
+        self.defs = db.open_table(DEFINITIONS_TABLE)
+        self.refs = db.open_table(REFERENCES_TABLE)
+        self.imports = db.open_table(IMPORTS_TABLE)
+        self.cochange = open_table(db, COCHANGE_TABLE)
+
+    # -- definitions -------------------------------------------------------------------------
+    def _matching(self, symbol: str) -> list[dict[str, Any]]:
+        symbol = symbol.strip()
+        if not symbol:
+            raise InputError("the symbol is empty")
+        last = symbol.replace("::", ".").rsplit(".", 1)[-1]
+        rows = _rows(self.defs, f"name = {sql_str(last)}")
+        if "." in symbol.replace("::", "."):
+            want = symbol.replace("::", ".")
+            rows = [r for r in rows if r["qualname"] == want or r["qualname"].endswith("." + want)]
+        return rows
+
+    def _importers(self, paths: set[str]) -> Counter[str]:
+        if not paths:
+            return Counter()
+        listed = ", ".join(sql_str(p) for p in sorted(paths))
+        return Counter(r["resolved"] for r in _rows(self.imports, f"resolved IN ({listed})", ["resolved"]))
+
+    def _imported_by(self, path: str) -> set[str]:
+        return {r["resolved"] for r in _rows(self.imports, f"path = {sql_str(path)}", ["resolved"])
+                if r["resolved"]}
+
+    def find_definition(self, symbol: str, from_path: str | None = None, limit: int = 10) -> DefinitionAnswer:
+        rows = self._matching(symbol)
+        if not rows:
+            raise InputError(f"no definition of {symbol!r} in the index",
+                             hint="check the spelling, or `ctx search` for text; names are case-sensitive")
+        imported = self._imported_by(from_path) if from_path else set()
+        folder = posixpath.dirname(from_path) if from_path else None
+        fans = self._importers({r["path"] for r in rows})
+
+        def key(r: dict[str, Any]) -> tuple[int, int, int]:
+            """(imported by the asking file, same folder, how many files import its file)."""
+            return (int(r["path"] in imported or r["path"] == from_path),
+                    int(folder is not None and posixpath.dirname(r["path"]) == folder),
+                    fans[r["path"]])
+
+        rows.sort(key=lambda r: (*(-k for k in key(r)), r["path"], r["start_line"]))
+        first = rows[0]
+        if len(rows) == 1:
+            confidence, reason = 1.0, "the only definition"
+        elif key(first)[0] and not key(rows[1])[0]:
+            confidence, reason = 0.9, f"{from_path} imports {first['path']}"
+        elif key(first)[1] and not key(rows[1])[1]:
+            confidence, reason = 0.7, "same folder as the asking file"
+        elif key(first)[2] > key(rows[1])[2]:
+            share = key(first)[2] / max(1, sum(fans[r["path"]] for r in rows))
+            confidence = round(max(1 / len(rows), min(0.8, share)), 2)
+            reason = f"its file is imported by {key(first)[2]} files, more than the others"
+        else:
+            confidence, reason = round(1 / len(rows), 2), "no signal tells the definitions apart"
+        defs = [Definition(**{k: r[k] for k in Definition.model_fields}) for r in rows[:_bound(limit)]]
+        return DefinitionAnswer(symbol=symbol, definitions=defs, ambiguous=confidence < 0.7,
+                                confidence=confidence, reason=reason)
+
+    # -- references ----------------------------------------------------------------------------
+    def find_references(self, symbol: str, offset: int = 0, limit: int = 20,
+                        include_imports: bool = True) -> ReferencePage:
+        if offset < 0:
+            raise InputError(f"offset must be at least 0, not {offset}")
+        defs = self._matching(symbol)
+        last = symbol.replace("::", ".").strip().rsplit(".", 1)[-1]
+        where = f"name = {sql_str(last)}" + ("" if include_imports else " AND kind != 'import'")
+        rows = _rows(self.refs, where, ["source", "path", "line", "kind", "enclosing"])
+        if not rows and not defs:
+            raise InputError(f"unknown symbol {symbol!r}: no definition or reference in the index",
+                             hint="names are case-sensitive; `ctx search --mode fuzzy` finds near names")
+        def_paths = {d["path"] for d in defs}
+        linked = def_paths | {r["path"] for r in self._importing(def_paths)}
+        # A definition's own line is not a use of it.
+        own = {(d["path"], d["start_line"]) for d in defs}
+        rows = [r for r in rows if (r["path"], r["line"]) not in own]
+        rows.sort(key=lambda r: (r["path"] not in linked, r["path"], r["line"]))
+        page = rows[offset: offset + _bound(limit)]
+        out = [Reference(path=r["path"], line=r["line"], kind=r["kind"], enclosing=r["enclosing"],
+                         snippet=self._line(r["source"], r["path"], r["line"]),
+                         resolved=r["path"] in linked) for r in page]
+        nxt = offset + len(page)
+        return ReferencePage(symbol=symbol, total=len(rows), offset=offset, references=out,
+                             next_offset=nxt if nxt < len(rows) else None,
+                             definitions=[f"{d['path']}:{d['start_line']}" for d in defs[:20]])
+
+    def _importing(self, paths: set[str]) -> list[dict[str, Any]]:
+        if not paths:
+            return []
+        listed = ", ".join(sql_str(p) for p in sorted(paths))
+        return _rows(self.imports, f"resolved IN ({listed})", ["path"])
+
+    def _line(self, source: str, path: str, line: int) -> str:
+        if self.root is None or source != PROJECT_SOURCE:
+            return ""
+        try:
+            data = safe_io.read_regular(self.root / path, 4_000_000)
+        except (OSError, safe_io.NotRegularFile, safe_io.TooLarge):
+            return ""
+        lines = data.decode("utf-8", "replace").split("\n")
+        return lines[line - 1].strip()[:SNIPPET_CHARS] if 0 < line <= len(lines) else ""
+
+    # -- files ---------------------------------------------------------------------------------
+    def related_files(self, path: str, limit: int = 30) -> RelatedAnswer:
+        path = _norm(path)
+        own = _rows(self.imports, f"path = {sql_str(path)}", ["module", "resolved"])
+        importers = _rows(self.imports, f"resolved = {sql_str(path)}", ["path"])
+        if not own and not importers and not self._known(path):
+            raise InputError(f"{path} is not in the index", hint="paths are relative to the project root")
+        related: list[RelatedFile] = []
+        seen: set[tuple[str, str]] = set()
+        for rel, paths in (("imports", [r["resolved"] for r in own if r["resolved"]]),
+                           ("imported_by", sorted({r["path"] for r in importers}))):
+            for p in paths:
+                if (p, rel) not in seen and p != path:
+                    seen.add((p, rel))
+                    related.append(RelatedFile(path=p, relation=rel))
+        top = newest_weight(self.lake_dir, PROJECT_SOURCE)
+        if self.cochange is not None and top:
+            rows = _rows(self.cochange, f"source = {sql_str(PROJECT_SOURCE)} AND path = {sql_str(path)}",
+                         ["other", "weight", "commits"])
+            rows.sort(key=lambda r: (-float(r["weight"]), r["other"]))
+            related += [RelatedFile(path=r["other"], relation="cochange", commits=int(r["commits"]),
+                                    weight=round(1.0 - 0.5 ** (float(r["weight"]) / top), 4))
+                        for r in rows[:_bound(limit)]]
+        unresolved = sorted({r["module"] for r in own if not r["resolved"]})
+        return RelatedAnswer(path=path, related=related[:_bound(limit)], unresolved_imports=unresolved[:50])
+
+    def _known(self, path: str) -> bool:
+        return bool(_rows(self.defs, f"path = {sql_str(path)}", ["path"])[:1]) or bool(
+            _rows(self.refs, f"path = {sql_str(path)}", ["path"])[:1])
+
+    def file_outline(self, path: str, limit: int = MAX_LIMIT) -> Outline:
+        path = _norm(path)
+        rows = _rows(self.defs, f"path = {sql_str(path)}")
+        if not rows and not self._known(path):
+            raise InputError(f"{path} is not in the index or has no definitions",
+                             hint="paths are relative to the project root")
+        rows.sort(key=lambda r: (r["start_line"], -r["end_line"]))
+        items = [OutlineItem(qualname=r["qualname"], kind=r["kind"], start_line=r["start_line"],
+                             end_line=r["end_line"], signature=r["signature"], doc=r["doc"],
+                             depth=r["parent"].count(".") + 1 if r["parent"] else 0)
+                 for r in rows[:_bound(limit)]]
+        return Outline(path=path, items=items)
+
+
+def _bound(limit: int) -> int:
+    if limit < 1:
+        raise InputError(f"limit must be at least 1, not {limit}")
+    return min(limit, MAX_LIMIT)
+
+
+def _norm(path: str) -> str:
+    path = path.strip().replace("\\", "/")
+    while path.startswith("./"):
+        path = path[2:]
+    return path

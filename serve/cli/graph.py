@@ -1,0 +1,101 @@
+"""`ctx def`, `ctx refs`, `ctx related`, `ctx outline`: the symbol graph's readers (serve/api/graph.py)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ctxlake.schemas.config import load_settings, resolve_root
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")]
+LimitOpt = Annotated[int, typer.Option("-n", "--limit", min=1, max=200, help="at most this many results")]
+
+
+def _reader():  # type: ignore[no-untyped-def]
+    from ctxlake.serve.api.graph import GraphReader
+
+    settings = load_settings(resolve_root(None, for_write=False))
+    return GraphReader(settings.lake_dir, settings.root)
+
+
+def _json(model: object) -> None:
+    from ctxlake.serve.cli.render import print_json
+
+    print_json(model.model_dump())  # type: ignore[attr-defined]
+
+
+def definition(
+    symbol: Annotated[str, typer.Argument(help="a name or qualified name, e.g. Query.filter")],
+    from_path: Annotated[str | None, typer.Option("--from", help="the file asking: its imports rank first")] = None,
+    limit: LimitOpt = 10,
+    as_json: JsonOpt = False,
+) -> None:
+    """Where SYMBOL is defined, best first, with how sure the first answer is."""
+    answer = _reader().find_definition(symbol, from_path, limit)
+    if as_json:
+        _json(answer)
+        return
+    for d in answer.definitions:
+        typer.echo(f"{d.path}:{d.start_line}\t{d.kind} {d.qualname}\t{d.signature}")
+    note = "ambiguous, " if answer.ambiguous else ""
+    typer.echo(f"({note}confidence {answer.confidence:.2f}: {answer.reason})", err=True)
+
+
+def refs(
+    symbol: Annotated[str, typer.Argument(help="a name or qualified name")],
+    offset: Annotated[int, typer.Option("--offset", min=0, help="skip this many (paging)")] = 0,
+    limit: LimitOpt = 20,
+    no_imports: Annotated[bool, typer.Option("--no-imports", help="leave out import lines")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Where SYMBOL is used: path:line, the enclosing symbol and the line."""
+    page = _reader().find_references(symbol, offset, limit, include_imports=not no_imports)
+    if as_json:
+        _json(page)
+        return
+    for r in page.references:
+        mark = "" if r.resolved else "?"
+        typer.echo(f"{r.path}:{r.line}{mark}\t{r.kind}\t{r.enclosing or '-'}\t{r.snippet}")
+    more = f"; next: --offset {page.next_offset}" if page.next_offset is not None else ""
+    typer.echo(f"({len(page.references)} of {page.total}{more}; ? = file not linked to a definition by imports)",
+               err=True)
+
+
+def related(
+    path: Annotated[str, typer.Argument(help="an indexed file, relative to the project root")],
+    limit: LimitOpt = 30,
+    as_json: JsonOpt = False,
+) -> None:
+    """Files PATH imports, files importing it, and files changed with it (when co-change is indexed)."""
+    answer = _reader().related_files(path, limit)
+    if as_json:
+        _json(answer)
+        return
+    for r in answer.related:
+        weight = f"\t{r.weight:.3f}" if r.relation == "cochange" else ""
+        typer.echo(f"{r.relation}\t{r.path}{weight}")
+    if answer.unresolved_imports:
+        typer.echo(f"(not in the index: {', '.join(answer.unresolved_imports[:10])})", err=True)
+
+
+def outline(
+    path: Annotated[str, typer.Argument(help="an indexed file, relative to the project root")],
+    limit: LimitOpt = 200,
+    as_json: JsonOpt = False,
+) -> None:
+    """The definitions of PATH as a tree, with lines and signatures."""
+    answer = _reader().file_outline(path, limit)
+    if as_json:
+        _json(answer)
+        return
+    for item in answer.items:
+        typer.echo(f"{'  ' * item.depth}{item.start_line}-{item.end_line}\t{item.signature}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `ctx def`, `ctx refs`, `ctx related` and `ctx outline` to the CLI."""
+    app.command("def")(definition)
+    app.command("refs")(refs)
+    app.command("related")(related)
+    app.command("outline")(outline)

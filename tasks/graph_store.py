@@ -1,0 +1,87 @@
+"""Store stage for the symbol graph: DEFINITIONS, REFERENCES (table `refs`) and IMPORTS rows of
+changed/removed files -> LanceDB, one merge_insert per table and batch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+import pyarrow as pa
+
+from ctxlake.schemas.tables import DEFINITIONS, IMPORTS, REFERENCES
+from ctxlake.tasks.lake import connect, open_table, writing
+from ctxlake.tasks.store import paths_filter
+
+if TYPE_CHECKING:
+    from lancedb.table import Table
+
+DEFINITIONS_TABLE = "definitions"
+# `references` is a reserved word in SQL: `ctx sql` could not name the table without quotes.
+REFERENCES_TABLE = "refs"
+IMPORTS_TABLE = "imports"
+
+# Merge keys: a row with the same key is the same fact (kept); other rows of the batch's paths go.
+KEYS: dict[str, list[str]] = {
+    DEFINITIONS_TABLE: ["source", "path", "qualname", "start_line"],
+    REFERENCES_TABLE: ["source", "path", "line", "name", "kind"],
+    IMPORTS_TABLE: ["source", "path", "module"],
+}
+SCHEMAS = {DEFINITIONS_TABLE: DEFINITIONS, REFERENCES_TABLE: REFERENCES, IMPORTS_TABLE: IMPORTS}
+
+
+class GraphTables(NamedTuple):
+    definitions: Table
+    refs: Table
+    imports: Table
+
+
+def open_graph(lake_dir: Path) -> GraphTables:
+    """The three graph tables, created with their declared schemas when missing."""
+    with writing(f"the graph tables at {lake_dir}"):
+        db = connect(lake_dir, create=True)
+        out = []
+        for name, schema in SCHEMAS.items():
+            table = open_table(db, name)
+            out.append(table if table is not None else db.create_table(name, schema=schema))
+    return GraphTables(*out)
+
+
+def dedupe(table: pa.Table, key: Sequence[str]) -> pa.Table:
+    """First row per key: `f(f(x))` names f twice on one line, one fact for the graph."""
+    if table.num_rows == 0:
+        return table
+    idx = pa.array(range(table.num_rows), pa.int64())
+    grouped = table.select(list(key)).append_column("_i", idx).group_by(list(key), use_threads=False)
+    firsts = grouped.aggregate([("_i", "min")]).column("_i_min")
+    return table.take(firsts)
+
+
+def write_graph(
+    tables: GraphTables,
+    source: str,
+    rows: tuple[pa.Table, pa.Table, pa.Table],
+    paths: Sequence[str],
+    cold: bool,
+) -> int:
+    """The graph rows of `paths` (changed or removed) replace what the lake held for them."""
+    if not paths:
+        return 0
+    where = paths_filter(source, paths)
+    written = 0
+    for table, (name, new) in zip(tables, zip(SCHEMAS, rows, strict=True), strict=True):
+        new = dedupe(new, KEYS[name])
+        written += new.num_rows
+        with writing(name):
+            if cold:
+                if new.num_rows:
+                    table.add(new)
+                continue
+            (
+                table.merge_insert(KEYS[name])
+                .when_matched_update_all()
+                .when_not_matched_insert_all()
+                .when_not_matched_by_source_delete(where)
+                .execute(new)
+            )
+    return written

@@ -1,0 +1,128 @@
+"""Symbol graph benchmark: per-language reference recall/precision on the test fixtures, then on
+django (from the bare mirror): cold index time and lake size and the graph's share of both,
+find_references p50 through the MCP in-memory client, and `ctx refs` output for 20 symbols.
+
+    python3 dev.py bench graph                    # django from ../.mirror (or --mirror DIR)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "tasks"))
+CTX = Path(sys.executable).parent / "ctx"
+SYMBOLS = ["get_object_or_404", "reverse", "QuerySet.filter", "render", "HttpResponse", "slugify",
+           "get_user_model", "cached_property", "Signal.send", "ValidationError", "force_str",
+           "import_string", "Model.save", "transaction.atomic", "mark_safe", "timezone.now",
+           "BaseCommand", "override_settings", "ContentType", "format_html"]
+
+
+def fixture_scores() -> None:
+    from test_graph import FIXTURES
+
+    from ctxlake.tasks.graph import graph_rows
+
+    print("language      recall  precision   (call sites of `compute` in tests/tasks/test_graph.py)")
+    for lang, (path, body) in sorted(FIXTURES.items()):
+        rows = graph_rows(body, lang, "project", path)
+        want = {i for i, line in enumerate(body.split("\n"), 1) if "CALL" in line}
+        got = {r["line"] for r in rows.references if r["name"] == "compute" and r["kind"] == "call"}
+        hit = len(want & got)
+        print(f"{lang:12} {hit / len(want):7.0%} {hit / max(1, len(got)):10.0%}")
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def django(mirror: Path) -> None:
+    from mcp import Client
+
+    from ctxlake.schemas.config import load_settings
+    from ctxlake.serve.mcp.server import build_server
+    from ctxlake.tasks.chunk import language_for
+    from ctxlake.tasks.graph import graph_files
+
+    work = Path(tempfile.mkdtemp(prefix="bench-graph-"))
+    tree = work / "django"
+    tree.mkdir()
+    archive = subprocess.Popen(["git", f"--git-dir={mirror}", "archive", "HEAD"], stdout=subprocess.PIPE)
+    subprocess.run(["tar", "-x", "-C", str(tree)], stdin=archive.stdout, check=True)
+    archive.wait()
+    env = {**os.environ, "CTX_HOME": str(work / "home"), "CTX_EMBED_PROVIDER": "fake", "CTX_EMBED_MODEL": "hash"}
+    started = time.perf_counter()
+    subprocess.run([str(CTX), "run", "index"], cwd=tree, env=env, check=True, capture_output=True)
+    index_s = time.perf_counter() - started
+    lake = tree / ".ctx" / "lake"
+    graph_bytes = sum(folder_bytes(lake / f"{t}.lance") for t in ("definitions", "refs", "imports"))
+    lake_bytes = folder_bytes(lake)
+
+    # The graph stage alone, in process, on the same files: its share of the cold index.
+    files = {}
+    for p in tree.rglob("*"):
+        rel = p.relative_to(tree).as_posix()
+        lang = language_for(rel)
+        if p.is_file() and lang and not rel.startswith(".ctx/"):
+            with contextlib.suppress(UnicodeDecodeError, OSError):
+                files[rel] = (p.read_text("utf-8"), lang)
+    t0 = time.perf_counter()
+    defs, refs, imports, bad = graph_files(files, "project")
+    graph_s = time.perf_counter() - t0
+    print(f"\ndjango: {len(files)} code files, cold index (fake embedder) {index_s:.1f} s, "
+          f"graph stage {graph_s:.1f} s = +{graph_s / max(0.01, index_s - graph_s):.0%} over the rest")
+    print(f"lake {lake_bytes / 1e6:.1f} MB, graph tables {graph_bytes / 1e6:.1f} MB = "
+          f"+{graph_bytes / max(1, lake_bytes - graph_bytes):.0%} over the rest; rows: {defs.num_rows} "
+          f"definitions, {refs.num_rows} refs, {imports.num_rows} imports, {len(bad)} bad files")
+    resolved = sum(1 for r in imports.column("resolved").to_pylist() if r)
+    print(f"imports resolved to a django file: {resolved}/{imports.num_rows}")
+
+    os.environ.update({k: v for k, v in env.items() if k.startswith("CTX_")})
+    server = build_server(load_settings(tree, {"mcp": {"stale_check_s": 0}}))
+
+    async def timings() -> list[float]:
+        out = []
+        async with Client(server) as client:
+            await client.call_tool("find_references", {"symbol": "render"})  # opens the tables
+            for _ in range(3):
+                for sym in SYMBOLS:
+                    t = time.perf_counter()
+                    await client.call_tool("find_references", {"symbol": sym, "limit": 20})
+                    out.append((time.perf_counter() - t) * 1000)
+        return out
+
+    ms = asyncio.run(timings())
+    print(f"find_references through MCP (in-memory client), {len(ms)} calls: p50 {statistics.median(ms):.1f} ms, "
+          f"p90 {sorted(ms)[int(len(ms) * 0.9)]:.1f} ms")
+    print(f"load: {os.getloadavg()[0]:.2f}")
+    for sym in SYMBOLS:
+        out = subprocess.run([str(CTX), "refs", sym, "-n", "3", "--no-imports"], cwd=tree, env=env,
+                             capture_output=True, text=True)
+        print(f"\n$ ctx refs {sym} -n 3 --no-imports   (exit {out.returncode})")
+        print(out.stdout.rstrip() or out.stderr.strip())
+        print(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mirror", type=Path, default=ROOT.parent / ".mirror" / "swe-bench+django__django" / "repo",
+                        help="a bare git mirror of django")
+    args = parser.parse_args()
+    fixture_scores()
+    if args.mirror.is_dir():
+        django(args.mirror)
+    else:
+        print(f"\n(no django mirror at {args.mirror}: fetch github:django/django into ../.mirror)")
+
+
+if __name__ == "__main__":
+    main()

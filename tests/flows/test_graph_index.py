@@ -1,0 +1,98 @@
+"""The symbol graph through `ctx run index`: built with the chunks, replaced per edited file, gone
+with a deleted file, readable with `ctx sql`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxlake.tasks.graph_store import DEFINITIONS_TABLE, IMPORTS_TABLE, REFERENCES_TABLE
+from ctxlake.tasks.lake import connect
+
+pytestmark = pytest.mark.usefixtures("prefect_server", "fake_embedder")
+
+MAIN = "from app.util import parse\n\n\ndef run(text):\n    return parse(text)\n"
+UTIL = "def parse(text):\n    \"\"\"Split on commas.\"\"\"\n    return text.split(',')\n"
+OTHER = "function parse(s) { return s; }\nfunction go() { return parse('x'); }\n"
+
+
+def rows(root: Path, table: str) -> list[dict[str, Any]]:
+    db = connect(root / ".ctx" / "lake")
+    out: list[dict[str, Any]] = db.open_table(table).to_arrow().to_pylist()
+    return out
+
+
+def of(root: Path, table: str, path: str) -> list[tuple[Any, ...]]:
+    return sorted(tuple(sorted(r.items())) for r in rows(root, table) if r["path"] == path)
+
+
+def test_graph_rows_follow_edits_and_deletes_file_by_file(
+    make_repo: Callable[..., Path], cli: Callable[..., Any]
+) -> None:
+    repo = make_repo({"app/main.py": MAIN, "app/util.py": UTIL, "web/p.js": OTHER})
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    defs = {(r["path"], r["qualname"]): r for r in rows(repo, DEFINITIONS_TABLE)}
+    assert defs[("app/util.py", "parse")]["doc"] == "Split on commas."
+    assert ("web/p.js", "parse") in defs and ("app/main.py", "run") in defs
+    calls = {(r["path"], r["line"], r["enclosing"]) for r in rows(repo, REFERENCES_TABLE)
+             if r["name"] == "parse" and r["kind"] == "call"}
+    assert calls == {("app/main.py", 5, "run"), ("web/p.js", 2, "go")}
+    imports = {(r["path"], r["module"]): r["resolved"] for r in rows(repo, IMPORTS_TABLE)}
+    assert imports[("app/main.py", "app.util")] == "app/util.py"
+
+    js_before = {t: of(repo, t, "web/p.js") for t in (DEFINITIONS_TABLE, REFERENCES_TABLE)}
+    (repo / "app" / "util.py").write_text(UTIL.replace("def parse", "def parse_csv"))
+    report = json.loads(cli("run", "index", "--json", cwd=repo).stdout)
+    assert report["modified"] == 1
+    util_defs = {r["qualname"] for r in rows(repo, DEFINITIONS_TABLE) if r["path"] == "app/util.py"}
+    assert util_defs == {"parse_csv"}
+    assert {t: of(repo, t, "web/p.js") for t in js_before} == js_before
+
+    (repo / "web" / "p.js").unlink()
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    for table in (DEFINITIONS_TABLE, REFERENCES_TABLE, IMPORTS_TABLE):
+        assert all(r["path"] != "web/p.js" for r in rows(repo, table)), table
+    assert any(r["path"] == "app/main.py" for r in rows(repo, REFERENCES_TABLE))
+
+    result = cli("sql", "--json", "SELECT count(*) AS n FROM refs WHERE name = 'parse'", cwd=repo)
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["rows"] == [[2]]  # the import and the call in main.py
+
+
+def test_cli_graph_readers_answer_in_json_rank_ambiguity_and_page(
+    make_repo: Callable[..., Path], cli: Callable[..., Any]
+) -> None:
+    repo = make_repo({"app/main.py": MAIN, "app/util.py": UTIL, "web/p.js": OTHER,
+                      "app/more.py": "from app.util import parse\nparse('a')\nparse('b')\n"})
+    assert cli("refs", "parse", cwd=repo).exit_code == 4  # not indexed yet
+    assert cli("run", "index", cwd=repo).exit_code == 0
+
+    answer = json.loads(cli("def", "parse", "--from", "app/main.py", "--json", cwd=repo).stdout)
+    assert [d["path"] for d in answer["definitions"]] == ["app/util.py", "web/p.js"]
+    assert answer["confidence"] == 0.9 and not answer["ambiguous"]
+    blind = json.loads(cli("def", "parse", "--json", cwd=repo).stdout)
+    # without an asking file, the file more files import wins, less surely
+    assert blind["definitions"][0]["path"] == "app/util.py" and blind["confidence"] < 0.9
+
+    first = json.loads(cli("refs", "parse", "--no-imports", "-n", "2", "--json", cwd=repo).stdout)
+    assert first["total"] == 4 and first["next_offset"] == 2
+    rest = json.loads(cli("refs", "parse", "--no-imports", "--offset", "2", "--json", cwd=repo).stdout)
+    got = [(r["path"], r["line"], r["resolved"]) for r in first["references"] + rest["references"]]
+    assert got == [("app/main.py", 5, True), ("app/more.py", 2, True), ("app/more.py", 3, True),
+                   ("web/p.js", 2, True)]  # p.js defines a parse of its own
+    assert first["references"][0]["snippet"] == "return parse(text)"
+    assert first["references"][0]["enclosing"] == "run"
+
+    unknown = cli("refs", "no_such_name", cwd=repo)
+    assert unknown.exit_code == 2 and "unknown symbol" in unknown.stderr
+
+    related = json.loads(cli("related", "app/util.py", "--json", cwd=repo).stdout)
+    assert {(r["path"], r["relation"]) for r in related["related"]} == {
+        ("app/main.py", "imported_by"), ("app/more.py", "imported_by")}
+    outline = json.loads(cli("outline", "web/p.js", "--json", cwd=repo).stdout)
+    assert [(i["qualname"], i["start_line"], i["depth"]) for i in outline["items"]] == [
+        ("parse", 1, 0), ("go", 2, 0)]

@@ -1,0 +1,158 @@
+"""Graph stage: definitions, call sites and imports from real tree-sitter parses, per language."""
+
+from __future__ import annotations
+
+from typing import cast
+
+import pyarrow as pa
+import pytest
+
+from ctxlake.schemas.tables import DEFINITIONS, IMPORTS, REFERENCES
+from ctxlake.tasks.graph import graph_files, graph_rows
+
+# One small file per language: `compute` is defined once and called on the lines marked CALL;
+# `other` is a decoy with a similar role that must not be counted.
+FIXTURES: dict[str, tuple[str, str]] = {
+    "python": (
+        "pkg/m.py",
+        "import os\n"
+        "def compute(x):\n"
+        "    return x\n"
+        "def other():\n"
+        "    return compute(1)  # CALL\n"
+        "class K:\n"
+        "    def run(self):\n"
+        "        return self.compute2() + compute(2)  # CALL\n",
+    ),
+    "javascript": (
+        "src/m.js",
+        'import { z } from "./z";\n'
+        "function compute(x) { return x; }\n"
+        "function other() { return compute(1); } // CALL\n"
+        "class K { run() { return compute(2) + this.other2(); } } // CALL\n",
+    ),
+    "typescript": (
+        "src/m.ts",
+        'import { z } from "./z";\n'
+        "function compute(x: number): number { return x; }\n"
+        "const other = (): number => compute(1); // CALL\n"
+        "class K { run(): number { return compute(2); } } // CALL\n",
+    ),
+    "go": (
+        "m.go",
+        'package m\nimport "fmt"\n'
+        "func compute(x int) int { return x }\n"
+        "func other() int { return compute(1) } // CALL\n"
+        "type K struct{}\n"
+        "func (k K) Run() int { fmt.Println(1); return compute(2) } // CALL\n",
+    ),
+    "rust": (
+        "src/m.rs",
+        "use std::fmt;\n"
+        "fn compute(x: i32) -> i32 { x }\n"
+        "fn other() -> i32 { compute(1) } // CALL\n"
+        "struct K;\n"
+        "impl K { fn run(&self) -> i32 { compute(2) } } // CALL\n",
+    ),
+    "java": (
+        "M.java",
+        "import java.util.List;\n"
+        "class M {\n"
+        "  static int compute(int x) { return x; }\n"
+        "  int other() { return compute(1); } // CALL\n"
+        "  int run() { return M.compute(2); } // CALL\n"
+        "}\n",
+    ),
+    "c": (
+        "m.c",
+        '#include "m.h"\n'
+        "int compute(int x) { return x; }\n"
+        "int other(void) { return compute(1); } // CALL\n"
+        "int run(void) { return compute(2); } // CALL\n",
+    ),
+    "cpp": (
+        "m.cpp",
+        "#include <vector>\n"
+        "int compute(int x) { return x; }\n"
+        "class K { public: int run() { return compute(1); } }; // CALL\n"
+        "int other() { return compute(2); } // CALL\n",
+    ),
+    "ruby": (
+        "m.rb",
+        "require_relative 'z'\n"
+        "def compute(x)\n  x\nend\n"
+        "def other\n  compute(1) # CALL\nend\n"
+        "class K\n  def run\n    compute(2) # CALL\n  end\nend\n",
+    ),
+    "php": (
+        "m.php",
+        "<?php\nuse App\\Util;\n"
+        "function compute($x) { return $x; }\n"
+        "function other() { return compute(1); } // CALL\n"
+        "class K { function run() { return compute(2); } } // CALL\n",
+    ),
+}
+
+
+@pytest.mark.parametrize("lang", sorted(FIXTURES))
+def test_every_call_site_of_compute_is_found_and_nothing_else(lang: str) -> None:
+    path, body = FIXTURES[lang]
+    rows = graph_rows(body, lang, "project", path)
+    expected = {i for i, line in enumerate(body.split("\n"), 1) if "CALL" in line}
+    got = {r["line"] for r in rows.references if r["name"] == "compute" and r["kind"] == "call"}
+    assert got == expected
+    defs = [d for d in rows.definitions if d["name"] == "compute"]
+    assert len(defs) == 1 and defs[0]["kind"] in ("function", "method")
+    # the definition's own name is not a reference
+    assert all(r["line"] != defs[0]["start_line"] or r["name"] != "compute" for r in rows.references)
+    assert rows.imports, f"{lang}: the import line was not seen"
+
+
+def test_methods_are_qualified_by_their_class_and_calls_name_their_enclosing_symbol() -> None:
+    path, body = FIXTURES["python"]
+    rows = graph_rows(body, "python", "project", path)
+    quals = {d["qualname"]: d for d in rows.definitions}
+    assert quals["K.run"]["kind"] == "method" and quals["K.run"]["parent"] == "K"
+    enclosing = {r["enclosing"] for r in rows.references if r["name"] == "compute"}
+    assert enclosing == {"other", "K.run"}
+
+
+def test_docstring_first_line_and_signature() -> None:
+    body = 'def f(a, b):\n    r"""Returns.\n\n    Long text."""\n    return a + b\n'
+    (d,) = graph_rows(body, "python", "project", "f.py").definitions
+    assert d["doc"] == "Returns." and d["signature"] == "def f(a, b):"
+    assert (d["start_line"], d["end_line"]) == (1, 5)
+
+
+def test_imports_resolve_to_indexed_files_where_a_path_rule_applies() -> None:
+    files = {
+        "pkg/a.py": ("from .b import x\nfrom pkg.c import y\nimport json\n", "python"),
+        "pkg/b.py": ("x = 1\n", "python"),
+        "pkg/c/__init__.py": ("y = 2\n", "python"),
+        "web/app.ts": ('import { u } from "./util";\n', "typescript"),
+        "web/util.ts": ("export const u = 1;\n", "typescript"),
+        "lib/m.c": ('#include "m.h"\n', "c"),
+        "lib/m.h": ("int m;\n", "c"),
+    }
+    _, _, imports, bad = graph_files(files, "project")
+    assert not bad
+    resolved = {(r["path"], r["module"]): r["resolved"] for r in imports.to_pylist()}
+    assert resolved[("pkg/a.py", ".b")] == "pkg/b.py"
+    assert resolved[("pkg/a.py", "pkg.c")] == "pkg/c/__init__.py"
+    assert resolved[("pkg/a.py", "json")] is None
+    assert resolved[("web/app.ts", "./util")] == "web/util.ts"
+    assert resolved[("lib/m.c", "m.h")] == "lib/m.h"
+
+
+def test_tables_carry_the_declared_schemas_and_a_bad_file_is_counted_and_skipped() -> None:
+    # bytes where text is expected: the parser raises for that file only
+    files = {
+        "ok.py": ("def f():\n    return g()\n", "python"),
+        "bad.py": (cast(str, b"def h(): pass"), "python"),
+    }
+    defs, refs, imports, bad = graph_files(files, "project")
+    assert defs.schema.equals(DEFINITIONS) and refs.schema.equals(REFERENCES)
+    assert imports.schema.equals(IMPORTS)
+    assert isinstance(defs, pa.Table) and defs.column("qualname").to_pylist() == ["f"]
+    assert len(bad) == 1 and bad[0].startswith("bad.py: ")
+    assert set(refs.column("path").to_pylist()) == {"ok.py"}
