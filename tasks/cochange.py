@@ -55,12 +55,14 @@ def head(root: Path) -> str | None:
 def commits(root: Path, since: str | None, limit: int = MAX_COMMITS) -> Iterator[Commit]:
     """Commits reachable from HEAD (newest first), after `since` when given; merges left out."""
     span = f"{since}..HEAD" if since else "HEAD"
-    out = _git(root, "log", "--no-merges", "--no-renames", "-z", "--name-only", "--format=%x01%H %ct",
+    out = _git(root, "log", "--no-merges", "--no-renames", "-z", "--name-only", "--format=%x01%H %ct %P",
                f"-n{limit}", span, "--")
-    # Each commit: "\x01<sha> <time>\x00\n" then its paths, each ended by "\x00".
+    # Each commit: "\x01<sha> <time> <parents>\x00\n" then its paths, each ended by "\x00".
     for block in (out or "").split("\x01")[1:]:
         header, _, names = block.partition("\x00")
-        sha, _, stamp = header.strip().partition(" ")
+        sha, stamp, *parents = header.split()
+        if not parents:  # a root commit brings a codebase in: its files did not change together
+            continue
         files = sorted({n.strip("\n") for n in names.split("\x00") if n.strip("\n")})
         yield Commit(sha, int(stamp or 0), files)
 

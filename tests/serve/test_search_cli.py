@@ -247,4 +247,4 @@ def test_sql_over_the_lake_is_read_only(indexed: Path, cli: Callable[..., Any]) 
     refused = cli("sql", "COPY files TO 'out.csv'", cwd=indexed)
     assert refused.exit_code == 2 and "read-only" in refused.stderr
     broken = cli("sql", "SELECT nope FROM files", cwd=indexed)
-    assert broken.exit_code == 2 and "SQL error" in broken.stderr and "tables: chunks, files" in broken.stderr
+    assert broken.exit_code == 2 and "SQL error" in broken.stderr and "tables: chunks, definitions, files, imports, index_runs, refs" in broken.stderr

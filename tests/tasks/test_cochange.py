@@ -58,10 +58,11 @@ def test_pairs_are_weighted_by_recency_and_bulk_commits_skipped(repo: Path, cli:
     assert cli("run", "index", cwd=repo).exit_code == 0
     rel = related(repo, "a.py")
     assert not any(p.startswith("gen/") for p in rel), "a bulk commit made pairs"
-    # a-b and a-c were each changed together twice (the first commit too); a-c's second is newer.
-    assert rel["b.py"].commits == 2 and rel["c.py"].commits == 2
+    # a-b and a-c were each changed together once (the root commit, which adds the files, does not
+    # count); a-c's commit is newer, so it weighs more.
+    assert rel["b.py"].commits == 1 and rel["c.py"].commits == 1 and "d.py" not in rel
     assert rel["c.py"].strength > rel["b.py"].strength
-    assert related(repo, "c.py")["a.py"].commits == 2  # both directions stored
+    assert related(repo, "c.py")["a.py"].commits == 1  # both directions stored
     assert 0 < rel["b.py"].strength < 1
 
 
@@ -89,8 +90,8 @@ def test_rewritten_history_is_rebuilt(repo: Path, cli: Callable[..., Any]) -> No
     commit(repo, {"b.py": "b = 9\n", "d.py": "d = 9\n"}, T0 + 500 * DAY)
     assert cli("run", "index", cwd=repo).exit_code == 0
     rel = related(repo, "a.py")
-    assert rel["c.py"].commits == 1  # only the first commit still pairs them
-    assert related(repo, "d.py")["b.py"].commits == 2
+    assert "c.py" not in rel and rel["b.py"].commits == 1  # the a-c commit is gone with the history
+    assert related(repo, "d.py")["b.py"].commits == 1
 
 
 def test_outside_git_there_is_no_cochange(tmp_path: Path, cli: Callable[..., Any]) -> None:
