@@ -196,8 +196,10 @@ def _copilot(items: list[ConfigItem]) -> list[Output]:
             out.append(Output(f".github/instructions/{i.name}.instructions.md",
                               _md_file({"description": i.description, "applyTo": apply_to}, i)))
         elif i.kind == "command":
-            out.append(Output(f".github/prompts/{i.name}.prompt.md",
-                              _md_file({"description": i.description, "mode": "agent"}, i)))
+            pfm: dict[str, Any] = {"description": i.description, "agent": "agent"}
+            if i.argument_hint:
+                pfm["argument-hint"] = i.argument_hint
+            out.append(Output(f".github/prompts/{i.name}.prompt.md", _md_file(pfm, i)))
     return out
 
 

@@ -36,6 +36,8 @@ CONTRACT = {
     "recent_sessions": {"limit", "tool_filter"},
     "session_detail": {"session_ref", "offset", "limit"},
     "handoff_brief": {"from_tool", "session_ref", "budget"},
+    "list_configs": {"kind"},
+    "get_config": {"name", "kind"},
     "project_knowledge": {"type", "query", "limit"},
 }
 SAVE_TOOLS = {"save_decision", "save_error_solution", "save_insight"}
