@@ -66,6 +66,8 @@ def load_registry(root: Path) -> list[ConfigItem]:
         folder = registry_dir(root) / KIND_DIRS[kind]
         if not folder.is_dir():
             continue
+        if folder.is_symlink() or registry_dir(root).is_symlink():
+            raise InputError(f"{_source(kind, '*')}: the registry folder is a symlink; it must live in the project")
         for path in sorted(folder.glob("*.md")):
             label = f"{_source(kind, path.stem)}"
             item = parse_item(kind, _read_text(path), label, default_name=path.stem)
@@ -262,8 +264,11 @@ def _put_section(text: str, section: str | None) -> str:
         after = text[end + len(SECTION_END):]
         after = after[1:] if after.startswith("\n") else after
         before = text[:start]
-        if section is None:
-            return (before.rstrip("\n") + "\n" + after) if (before.strip() and after.strip()) else (before + after)
+        if section is None:  # undo what adding did: the blank line before the block goes too
+            head, tail = before.rstrip("\n"), after.lstrip("\n")
+            if not head.strip():
+                return tail
+            return head + "\n" + ("\n" + tail if tail.strip() else "")
         return before + block + after
     if section is None:
         return text

@@ -224,3 +224,37 @@ def test_registry_list_and_show_cli(project: Path, capsys: pytest.CaptureFixture
     assert json.loads(res.stdout)["model"] == "sonnet"
     res = _ctx(capsys, "registry", "show", "nope", "--root", str(project))
     assert res.exit_code == 2
+
+
+def test_coexists_with_hooks_section_and_refuses_symlinked_folders(tmp_path: Path) -> None:
+    from ctxlake.serve.cli.hook_files import SECTION_END as HOOK_END
+    from ctxlake.serve.cli.hook_files import SECTION_START as HOOK_START
+
+    (tmp_path / ".ctx").mkdir()
+    save_item(tmp_path, ITEMS[3])
+    hooks = f"# Agents\n\n{HOOK_START}\nCall handoff_brief first.\n{HOOK_END}\n"
+    (tmp_path / "AGENTS.md").write_text(hooks, encoding="utf-8")
+    sync(tmp_path, ["codex"])
+    text = (tmp_path / "AGENTS.md").read_text(encoding="utf-8")
+    assert text.startswith(hooks) and SECTION_START in text and "Use type hints" in text
+    (tmp_path / ".ctx/registry/rules/py-style.md").unlink()
+    sync(tmp_path, ["codex"])
+    assert (tmp_path / "AGENTS.md").read_text(encoding="utf-8") == hooks
+    # A client folder that is a symlink to somewhere else is refused, nothing written there.
+    outside = tmp_path.parent / (tmp_path.name + "-outside")
+    outside.mkdir()
+    (tmp_path / ".cursor").symlink_to(outside, target_is_directory=True)
+    save_item(tmp_path, ITEMS[3])
+    with pytest.raises(InputError, match="outside the project"):
+        sync(tmp_path, ["cursor"])
+    assert list(outside.iterdir()) == []
+
+
+def test_symlinked_registry_folder_is_refused(tmp_path: Path) -> None:
+    elsewhere = tmp_path.parent / (tmp_path.name + "-rules")
+    elsewhere.mkdir()
+    (elsewhere / "x.md").write_text("---\nname: x\n---\nsecret\n", encoding="utf-8")
+    (tmp_path / ".ctx/registry").mkdir(parents=True)
+    (tmp_path / ".ctx/registry/rules").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(InputError, match="symlink"):
+        load_registry(tmp_path)
