@@ -25,6 +25,7 @@ from ctxlake.serve.cli import hooks as cli_hooks
 from ctxlake.serve.cli import mcp as cli_mcp
 from ctxlake.serve.cli import memory as cli_memory
 from ctxlake.serve.cli import read as cli_read
+from ctxlake.serve.cli import registry as cli_registry
 from ctxlake.serve.cli import stats as cli_stats
 from ctxlake.serve.cli.base import _prefect_quietly, ensure_project
 from ctxlake.serve.cli.schedule import schedule_app
@@ -385,6 +386,7 @@ def version() -> None:
 cli_memory.register(app, run_app)
 cli_handoff.register(app)
 cli_hooks.register(app)
+cli_registry.register(app)
 
 
 def run(argv: list[str] | None = None, started_at: float | None = None) -> int:

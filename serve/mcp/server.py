@@ -61,6 +61,7 @@ def tool_groups() -> list[ToolGroup]:
     from ctxlake.serve.mcp.graph import register_graph_tools
     from ctxlake.serve.mcp.handoff import register_handoff
     from ctxlake.serve.mcp.memory import register_memory_tools
+    from ctxlake.serve.mcp.registry import register_registry_tools
     from ctxlake.serve.mcp.resources import register_prompts, register_resources
     from ctxlake.serve.mcp.sources import register_source_tools
     from ctxlake.serve.mcp.tools import (
@@ -76,7 +77,8 @@ def tool_groups() -> list[ToolGroup]:
         register_memory_tools(server, state.settings, allow_writes=state.options.allow_writes)
 
     return [register_code_tools, register_docs_tools, register_index_tool, register_sources,
-            register_memory, register_resources, register_prompts, register_handoff, register_graph_tools]
+            register_memory, register_resources, register_prompts, register_handoff, register_graph_tools,
+            register_registry_tools]
 
 
 def _describe(errors: list[Any]) -> str:

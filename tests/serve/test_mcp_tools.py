@@ -35,6 +35,8 @@ CONTRACT = {
     "recent_sessions": {"limit", "tool_filter"},
     "session_detail": {"session_ref", "offset", "limit"},
     "handoff_brief": {"from_tool", "session_ref", "budget"},
+    "list_configs": {"kind"},
+    "get_config": {"name", "kind"},
     "project_knowledge": {"type", "query", "limit"},
     "find_definition": {"symbol", "from_path", "limit"},
     "find_references": {"symbol", "offset", "limit", "include_imports"},

@@ -1,0 +1,37 @@
+"""MCP tools `list_configs` and `get_config` over a project's .ctx/registry/ (through the SDK's in-memory Client)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import anyio
+from mcp import Client
+from mcp_helpers import call_error, call_ok
+
+from ctxlake.schemas.config import load_settings
+from ctxlake.schemas.registry import ConfigItem
+from ctxlake.serve.mcp.server import build_server
+from ctxlake.tasks.registry import save_item
+
+
+def test_list_and_get_config(tmp_path: Path) -> None:
+    (tmp_path / ".ctx").mkdir()
+    save_item(tmp_path, ConfigItem(kind="rule", name="py-style", description="Python style", globs=["**/*.py"],
+                                   body="Use type hints.\n"))
+    save_item(tmp_path, ConfigItem(kind="command", name="review", description="Review the diff", body="Review.\n"))
+    server = build_server(load_settings(tmp_path, {"mcp": {"stale_check_s": 0}}, env=dict(os.environ)))
+
+    async def main() -> None:
+        async with Client(server) as client:
+            listed = await call_ok(client, "list_configs")
+            assert [(i["kind"], i["name"]) for i in listed["items"]] == [("command", "review"), ("rule", "py-style")]
+            rules = await call_ok(client, "list_configs", {"kind": "rule"})
+            assert [i["source"] for i in rules["items"]] == [".ctx/registry/rules/py-style.md"]
+            got = await call_ok(client, "get_config", {"name": "py-style"})
+            assert got["globs"] == ["**/*.py"] and got["body"] == "Use type hints.\n"
+            assert "no registry item" in await call_error(client, "get_config", {"name": "nope"})
+            assert "invalid registry name" in await call_error(client, "get_config", {"name": "../etc"})
+            assert "unknown kind" in await call_error(client, "list_configs", {"kind": "bogus"})
+
+    anyio.run(main)
