@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import posixpath
 import re
 from collections.abc import Collection, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import pyarrow as pa
-from tree_sitter import Node
+from tree_sitter import Node, Query, QueryCursor
+from tree_sitter_language_pack import SupportedLanguage, get_language
 
 from ctxlake.schemas.tables import DEFINITIONS, IMPORTS, REFERENCES
 from ctxlake.tasks.chunk import _parser
@@ -21,6 +23,8 @@ _IDENTS = frozenset(
         "constant", "name", "simple_identifier", "shorthand_property_identifier",
     }
 )
+# The receiver of a method body: a use of it on every other line, never a symbol anyone looks up.
+_RECEIVERS = {"python": frozenset({"self", "cls"})}
 # Member access: `a.b`, `a->b`, `a::b`; the last named child is the member.
 _MEMBERS = frozenset(
     {
@@ -153,33 +157,43 @@ def _reference_kind(node: Node) -> str:
     target = node
     kind = "name"
     parent = node.parent
-    if parent is not None and parent.type in _MEMBERS and parent.named_children:
-        if _key(parent.named_children[-1]) != _key(node):
-            return "name"  # the object of `a.b` is a plain use of `a`
-        target, kind = parent, "attribute"
-        parent = parent.parent
+    if parent is not None and parent.type in _MEMBERS:
+        count = parent.named_child_count
+        if count:
+            last = parent.named_child(count - 1)
+            if last is None or last.start_byte != node.start_byte:
+                return "name"  # the object of `a.b` is a plain use of `a`
+            target, kind = parent, "attribute"
+            parent = parent.parent
     if parent is not None and parent.type in _CALLS:
         for field in _CALLEE_FIELDS:
             callee = parent.child_by_field_name(field)
-            if callee is not None and _key(callee) in (_key(target), _key(node)):
+            if callee is not None and callee.start_byte in (target.start_byte, node.start_byte) \
+                    and callee.end_byte in (target.end_byte, node.end_byte):
                 return "call"
     return kind
 
 
 class Known:
-    """Every path of a source, with a lookup by file name for `endswith` matches."""
+    """Every path of a source, with a lookup by path ending (`b/c.py` finds `a/b/c.py`)."""
 
     def __init__(self, paths: Collection[str]) -> None:
         self.paths = paths if isinstance(paths, set | frozenset) else set(paths)
-        self.by_name: dict[str, list[str]] = {}
-        for p in self.paths:
-            self.by_name.setdefault(posixpath.basename(p), []).append(p)
+        self._endings: dict[str, list[str]] | None = None
 
     def __contains__(self, path: object) -> bool:
         return path in self.paths
 
     def ending(self, suffix: str) -> list[str]:
-        return [p for p in self.by_name.get(posixpath.basename(suffix), []) if p.endswith("/" + suffix)]
+        """Paths that end with `/suffix` (the index is built on first use)."""
+        if self._endings is None:
+            self._endings = {}
+            for p in self.paths:
+                cut = p.find("/")
+                while cut != -1:
+                    self._endings.setdefault(p[cut + 1 :], []).append(p)
+                    cut = p.find("/", cut + 1)
+        return self._endings.get(suffix, [])
 
 
 def resolve_import(module: str, path: str, lang: str, known: Collection[str] | Known) -> str | None:
@@ -199,8 +213,10 @@ def resolve_import(module: str, path: str, lang: str, known: Collection[str] | K
             candidates = [stem + ".py", posixpath.join(stem, "__init__.py")]
         else:
             candidates = [rest + ".py", rest + "/__init__.py"]
-            for suffix in list(candidates):  # a src/ layout or a nested project root
-                candidates += known.ending(suffix)
+            for suffix in list(candidates):  # a src/ layout or a nested project root: the folder
+                # above the package is no package itself (else `import json` would find any json.py)
+                candidates += [p for p in known.ending(suffix)
+                               if p[: len(p) - len(suffix)] + "__init__.py" not in known]
     elif module.startswith("."):
         stem = posixpath.normpath(posixpath.join(folder, module))
         exts = ("", ".js", ".ts", ".tsx", ".jsx", ".mjs", ".rb", "/index.js", "/index.ts")
@@ -214,75 +230,110 @@ def resolve_import(module: str, path: str, lang: str, known: Collection[str] | K
     return None
 
 
+@functools.cache
+def _query(lang: str) -> Query:
+    """One query per grammar capturing what the graph reads: possible definitions (@def), names
+    (@ref), import statements (@imp) and, for Ruby, calls that may be `require` (@call)."""
+    language = get_language(cast(SupportedLanguage, lang))
+    spec, imp = LANGS[lang], IMPORT_SPECS[lang]
+
+    def alternation(types: Collection[str], capture: str) -> str:
+        known = sorted(t for t in types if language.id_for_node_kind(t, True) is not None)
+        return f"[{' '.join(f'({t})' for t in known)}] @{capture}" if known else ""
+
+    parts = [
+        alternation({*spec.defs, *spec.resolvers, *spec.wrappers}, "def"),
+        alternation(_IDENTS, "ref"),
+        alternation(imp.nodes, "imp"),
+        alternation({"call"} if lang == "ruby" else set(), "call"),
+    ]
+    return Query(language, "\n".join(p for p in parts if p))
+
+
 def graph_rows(
     text_: str, lang: str, source: str, path: str, known: Collection[str] | Known = ()
 ) -> GraphRows:
-    """One file's text -> its definitions, references and imports as row dicts (may raise)."""
+    """One file's text -> its definitions, references and imports as row dicts (may raise).
+
+    A tree-sitter query finds the candidate nodes in C; definitions then nest by byte range
+    (the innermost one around a name is its enclosing symbol), so no Python walks every node.
+    """
     spec: LangSpec | None = LANGS.get(lang)
     if spec is None or lang not in IMPORT_SPECS:
         return GraphRows([], [], [])
     imp = IMPORT_SPECS[lang]
     root = _parser(lang).parse(text_.encode("utf-8", "surrogatepass")).root_node
+    found_nodes = QueryCursor(_query(lang)).captures(root)
     lines = text_.split("\n")
-    defs: list[dict[str, Any]] = []
-    refs: list[dict[str, Any]] = []
-    imports: list[dict[str, Any]] = []
-    def_names: set[tuple[int, int, str]] = set()
     base = {"source": source, "path": path}
 
-    def walk(node: Node, scope: str | None, in_class: bool, in_import: bool) -> None:
-        found = describe(node, spec) if node.is_named else None
-        if found is not None and found.name:
-            qual = f"{scope}.{found.name}" if scope else found.name
-            kind = "method" if in_class and found.kind == "function" else found.kind
-            name_node = _name_node(found.node, qual.rsplit(".", 1)[-1])
-            if name_node is not None:
-                def_names.add(_key(name_node))
-            row = found.node.start_point.row
-            defs.append(
-                {
-                    **base,
-                    "qualname": qual,
-                    "name": qual.rsplit(".", 1)[-1],
-                    "kind": kind,
-                    "start_line": row + 1,
-                    "end_line": found.node.end_point.row + 1,
-                    "signature": lines[row].strip()[:200] if row < len(lines) else "",
-                    "doc": _doc(found.node, lang),
-                    "parent": scope,
-                }
-            )
-            for child in found.node.children:
-                walk(child, qual, found.node.type in spec.method_parents, in_import)
-            return
-        if node.type in imp.nodes:
-            for module in _module_text(node, imp):
-                imports.append(
-                    {**base, "module": module, "resolved": resolve_import(module, path, lang, known)}
-                )
-            in_import = True
-        elif lang == "ruby":
-            required = _ruby_require(node)
-            if required is not None:
-                imports.append(
-                    {**base, "module": required, "resolved": resolve_import(required, path, lang, known)}
-                )
-        if node.type in _IDENTS and _key(node) not in def_names:
-            name = text(node)
-            if name:
-                refs.append(
-                    {
-                        **base,
-                        "line": node.start_point.row + 1,
-                        "name": name,
-                        "enclosing": scope,
-                        "kind": "import" if in_import else _reference_kind(node),
-                    }
-                )
-        for child in node.children:
-            walk(child, scope, in_class, in_import)
+    defs: list[dict[str, Any]] = []
+    spans: list[tuple[int, int, str]] = []  # (start, end, qualname) of each definition, in order
+    seen: set[tuple[int, int, str]] = set()
+    def_names: set[tuple[int, int, str]] = set()
+    stack: list[tuple[int, str, bool]] = []  # (end byte, qualname, members are methods)
+    for node in sorted(found_nodes.get("def", ()), key=lambda n: (n.start_byte, -n.end_byte)):
+        if _key(node) in seen:
+            continue
+        found = describe(node, spec)
+        if found is None or not found.name or _key(found.node) in seen:
+            continue
+        seen.add(_key(found.node))
+        start = found.node.start_byte
+        while stack and stack[-1][0] <= start:
+            stack.pop()
+        scope, in_class = (stack[-1][1], stack[-1][2]) if stack else (None, False)
+        qual = f"{scope}.{found.name}" if scope else found.name
+        kind = "method" if in_class and found.kind == "function" else found.kind
+        name_node = _name_node(found.node, qual.rsplit(".", 1)[-1])
+        if name_node is not None:
+            def_names.add(_key(name_node))
+        row = found.node.start_point.row
+        defs.append({
+            **base, "qualname": qual, "name": qual.rsplit(".", 1)[-1], "kind": kind,
+            "start_line": row + 1, "end_line": found.node.end_point.row + 1,
+            "signature": lines[row].strip()[:200] if row < len(lines) else "",
+            "doc": _doc(found.node, lang), "parent": scope,
+        })
+        spans.append((start, found.node.end_byte, qual))
+        stack.append((found.node.end_byte, qual, found.node.type in spec.method_parents))
 
-    walk(root, None, False, False)
+    imports: list[dict[str, Any]] = []
+    import_spans: list[tuple[int, int]] = []
+    for node in sorted(found_nodes.get("imp", ()), key=lambda n: n.start_byte):
+        import_spans.append((node.start_byte, node.end_byte))
+        for module in _module_text(node, imp):
+            imports.append({**base, "module": module, "resolved": resolve_import(module, path, lang, known)})
+    for node in sorted(found_nodes.get("call", ()), key=lambda n: n.start_byte):
+        required = _ruby_require(node)
+        if required is not None:
+            imports.append({**base, "module": required, "resolved": resolve_import(required, path, lang, known)})
+
+    refs: list[dict[str, Any]] = []
+    receivers = _RECEIVERS.get(lang, frozenset())
+    scopes: list[tuple[int, str]] = []  # (end byte, qualname) of the definitions around the cursor
+    next_def = next_imp = 0
+    for node in sorted(found_nodes.get("ref", ()), key=lambda n: n.start_byte):
+        if _key(node) in def_names:
+            continue
+        at = node.start_byte
+        while next_def < len(spans) and spans[next_def][0] <= at:
+            while scopes and scopes[-1][0] <= spans[next_def][0]:
+                scopes.pop()
+            scopes.append((spans[next_def][1], spans[next_def][2]))
+            next_def += 1
+        while scopes and scopes[-1][0] <= at:
+            scopes.pop()
+        while next_imp < len(import_spans) and import_spans[next_imp][1] <= at:
+            next_imp += 1
+        in_import = next_imp < len(import_spans) and import_spans[next_imp][0] <= at
+        name = text(node)
+        if name and name not in receivers:
+            refs.append({
+                **base, "line": node.start_point.row + 1, "name": name,
+                "enclosing": scopes[-1][1] if scopes else None,
+                "kind": "import" if in_import else _reference_kind(node),
+            })
     return GraphRows(defs, refs, imports)
 
 

@@ -117,6 +117,18 @@ def test_methods_are_qualified_by_their_class_and_calls_name_their_enclosing_sym
     assert enclosing == {"other", "K.run"}
 
 
+def test_nested_scopes_and_decorators_name_the_innermost_definition() -> None:
+    body = ("@register\nclass A:\n    @cached\n    def m(self):\n        def inner():\n"
+            "            return use_a()\n        return use_b()\n\n\ndef top():\n    return use_c()\n")
+    rows = graph_rows(body, "python", "project", "n.py")
+    assert [d["qualname"] for d in rows.definitions] == ["A", "A.m", "A.m.inner", "top"]
+    where = {r["name"]: (r["line"], r["enclosing"], r["kind"]) for r in rows.references}
+    assert where["use_a"] == (6, "A.m.inner", "call") and where["use_b"] == (7, "A.m", "call")
+    assert where["use_c"] == (11, "top", "call")
+    # decorators are uses of their names, outside the definition they decorate
+    assert where["register"] == (1, None, "name") and where["cached"] == (3, "A", "name")
+
+
 def test_docstring_first_line_and_signature() -> None:
     body = 'def f(a, b):\n    r"""Returns.\n\n    Long text."""\n    return a + b\n'
     (d,) = graph_rows(body, "python", "project", "f.py").definitions
@@ -129,6 +141,12 @@ def test_imports_resolve_to_indexed_files_where_a_path_rule_applies() -> None:
         "pkg/a.py": ("from .b import x\nfrom pkg.c import y\nimport json\n", "python"),
         "pkg/b.py": ("x = 1\n", "python"),
         "pkg/c/__init__.py": ("y = 2\n", "python"),
+        "pkg/__init__.py": ("", "python"),
+        "pkg/fields/__init__.py": ("", "python"),
+        "pkg/fields/json.py": ("", "python"),  # inside a package: never what `import json` means
+        "app/main.py": ("import tool.run\n", "python"),
+        "src/tool/__init__.py": ("", "python"),
+        "src/tool/run.py": ("", "python"),  # a src/ layout: src/ is no package
         "web/app.ts": ('import { u } from "./util";\n', "typescript"),
         "web/util.ts": ("export const u = 1;\n", "typescript"),
         "lib/m.c": ('#include "m.h"\n', "c"),
@@ -140,6 +158,7 @@ def test_imports_resolve_to_indexed_files_where_a_path_rule_applies() -> None:
     assert resolved[("pkg/a.py", ".b")] == "pkg/b.py"
     assert resolved[("pkg/a.py", "pkg.c")] == "pkg/c/__init__.py"
     assert resolved[("pkg/a.py", "json")] is None
+    assert resolved[("app/main.py", "tool.run")] == "src/tool/run.py"
     assert resolved[("web/app.ts", "./util")] == "web/util.ts"
     assert resolved[("lib/m.c", "m.h")] == "lib/m.h"
 
