@@ -12,6 +12,7 @@ from prefect import flow
 from ctxlake.schemas.config import Settings
 from ctxlake.schemas.tables import PROJECT_SOURCE
 from ctxlake.tasks.embedders import make_embedder
+from ctxlake.tasks.graph_store import optimize_graph
 from ctxlake.tasks.lake import IndexState
 from ctxlake.tasks.merkle import (
     Diff,
@@ -94,6 +95,7 @@ def watch_code(settings: Settings, source: str = PROJECT_SOURCE, root: Path | No
 
 def _optimize(writer: Writer) -> None:
     optimize(writer.tables)
+    optimize_graph(writer.graph)
     writer.state.unoptimized_rows = 0
     writer.state.write(writer.lake)
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from ctxlake.schemas.tables import DEFINITIONS, IMPORTS, REFERENCES
 from ctxlake.tasks.lake import connect, open_table, writing
-from ctxlake.tasks.store import paths_filter
+from ctxlake.tasks.store import KEEP_VERSIONS, paths_filter, sql_str
 
 if TYPE_CHECKING:
     from lancedb.table import Table
@@ -28,6 +28,11 @@ KEYS: dict[str, list[str]] = {
     IMPORTS_TABLE: ["source", "path", "module"],
 }
 SCHEMAS = {DEFINITIONS_TABLE: DEFINITIONS, REFERENCES_TABLE: REFERENCES, IMPORTS_TABLE: IMPORTS}
+# The columns the readers filter on: a B-tree each turns a scan of django's 640k refs into a lookup
+# (find_references 45 -> 12 ms in process).
+LOOKUP_COLUMNS: dict[str, tuple[str, ...]] = {
+    DEFINITIONS_TABLE: ("name",), REFERENCES_TABLE: ("name",), IMPORTS_TABLE: ("resolved", "path"),
+}
 
 
 class GraphTables(NamedTuple):
@@ -45,6 +50,31 @@ def open_graph(lake_dir: Path) -> GraphTables:
             table = open_table(db, name)
             out.append(table if table is not None else db.create_table(name, schema=schema))
     return GraphTables(*out)
+
+
+def optimize_graph(tables: GraphTables) -> None:
+    """Compact the graph tables and give their lookup columns a B-tree (built once; later rows are
+    folded in by optimize, and rows not yet folded in are still found by a scan)."""
+    from lancedb.index import BTree
+
+    for name, table in zip(SCHEMAS, tables, strict=True):
+        with writing(f"the {name} table (optimize)"):
+            if table.count_rows() == 0:
+                continue
+            indexed = {c for idx in table.list_indices() for c in idx.columns}
+            for column in LOOKUP_COLUMNS[name]:
+                if column not in indexed:
+                    table.create_index(column, config=BTree(), replace=True)
+            table.optimize(cleanup_older_than=KEEP_VERSIONS)
+
+
+def clear_graph(tables: GraphTables, source: str) -> None:
+    """Drop a source's graph rows (the graph was switched off: no stale answers stay behind)."""
+    where = f"source = {sql_str(source)}"
+    for name, table in zip(SCHEMAS, tables, strict=True):
+        if table.count_rows(where):
+            with writing(name):
+                table.delete(where)
 
 
 def dedupe(table: pa.Table, key: Sequence[str]) -> pa.Table:

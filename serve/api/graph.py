@@ -190,8 +190,9 @@ class GraphReader:
         rows = [r for r in rows if (r["path"], r["line"]) not in own]
         rows.sort(key=lambda r: (r["path"] not in linked, r["path"], r["line"]))
         page = rows[offset: offset + _bound(limit)]
+        files: dict[str, list[str]] = {}
         out = [Reference(path=r["path"], line=r["line"], kind=r["kind"], enclosing=r["enclosing"],
-                         snippet=self._line(r["source"], r["path"], r["line"]),
+                         snippet=self._line(r["source"], r["path"], r["line"], files),
                          resolved=r["path"] in linked) for r in page]
         nxt = offset + len(page)
         return ReferencePage(symbol=symbol, total=len(rows), offset=offset, references=out,
@@ -204,14 +205,19 @@ class GraphReader:
         listed = ", ".join(sql_str(p) for p in sorted(paths))
         return _rows(self.imports, f"resolved IN ({listed})", ["path"])
 
-    def _line(self, source: str, path: str, line: int) -> str:
+    def _line(self, source: str, path: str, line: int, seen: dict[str, list[str]] | None = None) -> str:
+        """The stripped line, read safely from disk; `seen` keeps a page's files read once."""
         if self.root is None or source != PROJECT_SOURCE:
             return ""
-        try:
-            data = safe_io.read_regular(self.root / path, 4_000_000)
-        except (OSError, safe_io.NotRegularFile, safe_io.TooLarge):
-            return ""
-        lines = data.decode("utf-8", "replace").split("\n")
+        lines = seen.get(path) if seen is not None else None
+        if lines is None:
+            try:
+                data = safe_io.read_regular(self.root / path, 4_000_000)
+            except (OSError, safe_io.NotRegularFile, safe_io.TooLarge):
+                return ""
+            lines = data.decode("utf-8", "replace").split("\n")
+            if seen is not None:
+                seen[path] = lines
         return lines[line - 1].strip()[:SNIPPET_CHARS] if 0 < line <= len(lines) else ""
 
     # -- files ---------------------------------------------------------------------------------
