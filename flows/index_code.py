@@ -17,7 +17,7 @@ from ctxlake.tasks.cochange import update_cochange
 from ctxlake.tasks.embed import EmbeddingCache, embed_pending, fill_from_cache
 from ctxlake.tasks.embedders import Embedder, make_embedder
 from ctxlake.tasks.graph import graph_files
-from ctxlake.tasks.graph_store import open_graph, write_graph
+from ctxlake.tasks.graph_store import clear_graph, open_graph, optimize_graph, write_graph
 from ctxlake.tasks.lake import IndexState, check_model, reset_lake
 from ctxlake.tasks.merkle import Diff, Tree, load_snapshot, save_snapshot, scan
 from ctxlake.tasks.progress import reporter
@@ -170,6 +170,8 @@ def index_code(
         diff = Diff(diff.added, diff.modified, sorted(set(diff.removed) | set(gone)))
         report.removed = len(diff.removed)
     writer.known = set(tree.entries)
+    if not settings.index.graph:
+        clear_graph(writer.graph, source)
     writer.begin(diff)
     writer.apply(diff, report, force)
     if build_fts(writer.tables):
@@ -188,6 +190,7 @@ def index_code(
     if force or previous is None or backlog >= OPTIMIZE_AFTER_ROWS:
         progress.start("optimize", None, "optimizing")
         optimize(writer.tables)
+        optimize_graph(writer.graph)
         progress.finish("optimize")
         backlog = 0
     writer.state.unoptimized_rows = backlog
@@ -228,6 +231,9 @@ def _write_changes(writer: Writer, diff: Diff, report: IndexReport, force: bool)
             result = upsert(tables, source, chunks, rows.files, batch)
             report.chunks_inserted += result.inserted
             report.chunks_deleted += result.deleted
+        if not settings.index.graph:
+            progress.advance("chunk", len(batch))
+            continue
         # The graph after the chunks: a crash between them leaves the batch journaled, redone next run.
         defs, refs, imports, bad = graph_files(rows.texts, source, writer.known or set(rows.texts))
         report.warnings.extend(f"graph skipped {b}" for b in bad)

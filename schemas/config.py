@@ -43,6 +43,8 @@ class IndexSettings(_Section):
     secret_files: Literal["skip", "mask"] = Field(
         "skip", description="files that are secrets by name (.env*, *.pem, *.key, id_rsa*, credentials...): "
                             "skip = not indexed, counted; mask = indexed with every assigned value masked")
+    graph: bool = Field(True, description="build the symbol graph (definitions, refs, imports) for ctx "
+                                          "def/refs/related/outline; off: those tables are emptied")
 
 
 class EmbedSettings(_Section):

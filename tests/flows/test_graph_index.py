@@ -43,6 +43,10 @@ def test_graph_rows_follow_edits_and_deletes_file_by_file(
     assert calls == {("app/main.py", 5, "run"), ("web/p.js", 2, "go")}
     imports = {(r["path"], r["module"]): r["resolved"] for r in rows(repo, IMPORTS_TABLE)}
     assert imports[("app/main.py", "app.util")] == "app/util.py"
+    db = connect(repo / ".ctx" / "lake")  # the first build gives the readers' lookup columns a B-tree
+    assert {(t, tuple(i.columns), i.index_type) for t in (DEFINITIONS_TABLE, REFERENCES_TABLE)
+            for i in db.open_table(t).list_indices()} == {
+        (DEFINITIONS_TABLE, ("name",), "BTree"), (REFERENCES_TABLE, ("name",), "BTree")}
 
     js_before = {t: of(repo, t, "web/p.js") for t in (DEFINITIONS_TABLE, REFERENCES_TABLE)}
     (repo / "app" / "util.py").write_text(UTIL.replace("def parse", "def parse_csv"))
@@ -96,3 +100,22 @@ def test_cli_graph_readers_answer_in_json_rank_ambiguity_and_page(
     outline = json.loads(cli("outline", "web/p.js", "--json", cwd=repo).stdout)
     assert [(i["qualname"], i["start_line"], i["depth"]) for i in outline["items"]] == [
         ("parse", 1, 0), ("go", 2, 0)]
+
+
+def test_graph_switched_off_empties_the_tables_and_readers_say_so(
+    make_repo: Callable[..., Path], cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = make_repo({"app/main.py": MAIN, "app/util.py": UTIL})
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    assert rows(repo, DEFINITIONS_TABLE) and rows(repo, REFERENCES_TABLE)
+    monkeypatch.setenv("CTX_INDEX_GRAPH", "false")
+    (repo / "app" / "more.py").write_text("from app.util import parse\nparse('a')\n")
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    for table in (DEFINITIONS_TABLE, REFERENCES_TABLE, IMPORTS_TABLE):
+        assert rows(repo, table) == [], table
+    refs = cli("refs", "parse", cwd=repo)
+    assert refs.exit_code == 2 and "unknown symbol" in refs.stderr
+    monkeypatch.setenv("CTX_INDEX_GRAPH", "true")
+    assert cli("run", "index", "--force", cwd=repo).exit_code == 0
+    assert {r["path"] for r in rows(repo, REFERENCES_TABLE) if r["name"] == "parse"} == {
+        "app/main.py", "app/more.py"}
