@@ -270,7 +270,7 @@ def graph_rows(
     defs: list[dict[str, Any]] = []
     spans: list[tuple[int, int, str]] = []  # (start, end, qualname) of each definition, in order
     seen: set[tuple[int, int, str]] = set()
-    def_names: set[tuple[int, int, str]] = set()
+    def_names: set[int] = set()  # start bytes of the identifiers that name a definition
     stack: list[tuple[int, str, bool]] = []  # (end byte, qualname, members are methods)
     for node in sorted(found_nodes.get("def", ()), key=lambda n: (n.start_byte, -n.end_byte)):
         if _key(node) in seen:
@@ -287,7 +287,7 @@ def graph_rows(
         kind = "method" if in_class and found.kind == "function" else found.kind
         name_node = _name_node(found.node, qual.rsplit(".", 1)[-1])
         if name_node is not None:
-            def_names.add(_key(name_node))
+            def_names.add(name_node.start_byte)
         row = found.node.start_point.row
         defs.append({
             **base, "qualname": qual, "name": qual.rsplit(".", 1)[-1], "kind": kind,
@@ -311,12 +311,13 @@ def graph_rows(
 
     refs: list[dict[str, Any]] = []
     receivers = _RECEIVERS.get(lang, frozenset())
+    once: set[tuple[int, str, str]] = set()
     scopes: list[tuple[int, str]] = []  # (end byte, qualname) of the definitions around the cursor
     next_def = next_imp = 0
     for node in sorted(found_nodes.get("ref", ()), key=lambda n: n.start_byte):
-        if _key(node) in def_names:
-            continue
         at = node.start_byte
+        if at in def_names:
+            continue
         while next_def < len(spans) and spans[next_def][0] <= at:
             while scopes and scopes[-1][0] <= spans[next_def][0]:
                 scopes.pop()
@@ -328,12 +329,13 @@ def graph_rows(
             next_imp += 1
         in_import = next_imp < len(import_spans) and import_spans[next_imp][0] <= at
         name = text(node)
-        if name and name not in receivers:
-            refs.append({
-                **base, "line": node.start_point.row + 1, "name": name,
-                "enclosing": scopes[-1][1] if scopes else None,
-                "kind": "import" if in_import else _reference_kind(node),
-            })
+        if not name or name in receivers:
+            continue
+        fact = (node.start_point.row + 1, name, "import" if in_import else _reference_kind(node))
+        if fact not in once:  # `f(f(x))`: one fact per line and kind (the table's merge key)
+            once.add(fact)
+            refs.append({**base, "line": fact[0], "name": name,
+                         "enclosing": scopes[-1][1] if scopes else None, "kind": fact[2]})
     return GraphRows(defs, refs, imports)
 
 

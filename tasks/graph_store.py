@@ -100,7 +100,8 @@ def write_graph(
     where = paths_filter(source, paths)
     written = 0
     for table, (name, new) in zip(tables, zip(SCHEMAS, rows, strict=True), strict=True):
-        new = dedupe(new, KEYS[name])
+        if name != REFERENCES_TABLE:  # graph_rows keeps one ref per key already (the biggest table)
+            new = dedupe(new, KEYS[name])
         written += new.num_rows
         with writing(name):
             if cold:
