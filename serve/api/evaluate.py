@@ -20,6 +20,7 @@ from ctxlake.errors import InputError
 from ctxlake.schemas.config import IndexSettings, Settings
 from ctxlake.schemas.tables import PROJECT_SOURCE
 from ctxlake.serve.api.models import SearchMode
+from ctxlake.serve.api.query_terms import query_title
 from ctxlake.serve.api.ranking import VARIANTS, RankOptions, is_test_path
 from ctxlake.tasks.evaluate import (
     EvalTask,
@@ -99,6 +100,7 @@ class EvalReport(BaseModel):
     modes: list[SearchMode]
     corpora: list[str]
     include: list[str]
+    query: str = Field("full", description="full: the whole issue text is the query; title: its first line only")
     options: dict[str, Any] = Field(description="the ranking options of the `full` variant")
     runs: list[RunSummary]
     index: list[IndexRecord]
@@ -118,6 +120,14 @@ class EvalPlan:
     ablate: bool = False
     only: Sequence[str] = ()
     limit: int | None = None
+    query: str = "full"  # or "title": the issue's first line alone, what an agent types
+
+
+def task_query(task: EvalTask, part: str) -> str:
+    """The query a task is scored with: its whole text, or only its title line."""
+    if part == "title":
+        return query_title(task.query) or task.query.strip().split("\n", 1)[0]
+    return task.query
 
 
 Log = Callable[[str], None]
@@ -244,8 +254,9 @@ def run_eval(base: Settings, plan: EvalPlan, log: Log | None = None) -> EvalRepo
                         t0 = time.perf_counter()
                         mode_all: SearchMode = "hybrid" if need_vectors else "keyword"
                         gathered = file_search.file_evidence(
-                            lake, task.query, mode_all, where, dataclasses.replace(
-                                plan.options, squeeze_logs=options.squeeze_logs))
+                            lake, task_query(task, plan.query), mode_all, where, dataclasses.replace(
+                                plan.options, squeeze_logs=options.squeeze_logs,
+                                import_neighbours=plan.options.import_neighbours or plan.ablate))
                         cache[options.squeeze_logs] = (gathered, time.perf_counter() - t0)
                     evidence, gather_s = cache[options.squeeze_logs]
                     t0 = time.perf_counter() - gather_s
@@ -263,7 +274,8 @@ def run_eval(base: Settings, plan: EvalPlan, log: Log | None = None) -> EvalRepo
                         if variant == FULL:
                             ranks.append(f"{mode}/{corpus}={results[-1].rank or '-'}")
                 if plan.ablate:
-                    results += chunk_search_results(lake, task, plan.modes, corpus, gold, indexed, label)
+                    results += chunk_search_results(lake, task, plan.modes, corpus, gold, indexed, label,
+                                                    plan.query)
             what = "reused" if record.reused else f"indexed in {record.seconds:.1f} s"
             say(f"[{label} {number}/{len(tasks)}] {task.instance_id}: {what}; gold rank {' '.join(ranks)}")
     return EvalReport(
@@ -278,6 +290,7 @@ def run_eval(base: Settings, plan: EvalPlan, log: Log | None = None) -> EvalRepo
         modes=list(plan.modes),
         corpora=list(plan.corpora),
         include=list(plan.include),
+        query=plan.query,
         options=dataclasses.asdict(plan.options),
         runs=summarise_runs(results),
         index=index_records,
@@ -288,7 +301,7 @@ def run_eval(base: Settings, plan: EvalPlan, log: Log | None = None) -> EvalRepo
 
 def chunk_search_results(
     lake: Any, task: EvalTask, modes: Sequence[SearchMode], corpus: str, gold: list[str],
-    indexed: set[str], profile: str,
+    indexed: set[str], profile: str, query: str = "full",
 ) -> list[TaskResult]:
     """`ctx search` itself (chunks, as an agent sees them) collapsed to files in order of first hit."""
     from ctxlake.serve.api.queries import search
@@ -296,7 +309,7 @@ def chunk_search_results(
     out = []
     for mode in modes:
         t0 = time.perf_counter()
-        hits = search(lake, task.query, mode=mode, limit=CHUNK_SEARCH_HITS, check_stale=False,
+        hits = search(lake, task_query(task, query), mode=mode, limit=CHUNK_SEARCH_HITS, check_stale=False,
                       exclude_tests=corpus == "non-test").hits
         ranked = list(dict.fromkeys(h.path for h in hits))[:RANKED_FILES]
         out.append(TaskResult(

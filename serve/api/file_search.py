@@ -27,6 +27,7 @@ from ctxlake.serve.api.ranking import (
     down_weight_tests,
     file_scores,
     folder_scores,
+    neighbour_scores,
     ordered,
     path_scores,
     rrf,
@@ -49,6 +50,7 @@ class FileEvidence:
     path: dict[FileKey, float] = field(default_factory=dict)
     stem: dict[FileKey, float] = field(default_factory=dict)
     folder: dict[FileKey, float] = field(default_factory=dict)
+    imports: dict[FileKey, set[FileKey]] = field(default_factory=dict)  # file -> files it imports
     asks_for_tests: bool = False
     warnings: list[str] = field(default_factory=list)
 
@@ -96,6 +98,8 @@ def file_evidence(
         if options.stem_evidence:
             out.stem = stem_scores(analysis, catalog)
             out.folder = folder_scores(analysis, catalog)
+    if options.import_neighbours:
+        out.imports = lake.imports()
     return out
 
 
@@ -127,6 +131,9 @@ def fuse_files(evidence: FileEvidence, options: RankOptions) -> list[tuple[FileK
         for key, score in evidence.folder.items():
             names[key] = names.get(key, 0.0) + options.folder_share * score
         add_bonus(fused, names, options.stem_weight, options.stem_scale, k)
+    if options.import_neighbours and evidence.imports:
+        neighbours = neighbour_scores(fused, evidence.imports, options.neighbour_hits)
+        add_bonus(fused, neighbours, options.neighbour_weight, options.neighbour_scale, k)
     if options.test_weight != 1.0 and not evidence.asks_for_tests:
         fused = down_weight_tests(fused, options.test_weight)
     return ordered(fused)

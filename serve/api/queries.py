@@ -85,6 +85,7 @@ class Lake:
             self._embedder = embedder
         self._fraction: tuple[int, float] | None = None  # (table version, embedded share)
         self._catalogs: dict[str | None, tuple[int, LakeCatalog]] = {}
+        self._imports: tuple[int, dict[tuple[str, str], set[tuple[str, str]]]] | None = None
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -125,6 +126,26 @@ class Lake:
                 table.column("symbol").to_pylist(), strict=True), assigned)
             cached = self._catalogs[where] = (version, catalog)
         return cached[1]
+
+    def imports(self) -> dict[tuple[str, str], set[tuple[str, str]]]:
+        """(source, path) -> the indexed files it imports (the graph's resolved imports), cached per
+        table version; empty for a lake without the graph."""
+        from ctxlake.tasks.graph_store import IMPORTS_TABLE
+
+        table = open_table(self.db, IMPORTS_TABLE)
+        if table is None:
+            return {}
+        version = table.version
+        if self._imports is None or self._imports[0] != version:
+            rows = table.search().where("resolved IS NOT NULL").select(["source", "path", "resolved"]) \
+                .limit(None).to_arrow()
+            out: dict[tuple[str, str], set[tuple[str, str]]] = {}
+            for source, path, resolved in zip(rows.column("source").to_pylist(), rows.column("path").to_pylist(),
+                                              rows.column("resolved").to_pylist(), strict=True):
+                if resolved != path:
+                    out.setdefault((source, path), set()).add((source, resolved))
+            self._imports = (version, out)
+        return self._imports[1]
 
     def refresh(self) -> None:
         self.state = IndexState.read(self.settings.lake_dir) or self.state

@@ -51,6 +51,7 @@ class RankOptions:
     path_evidence: bool = True  # bonus: files the query names (paths, traceback frames, dotted modules)
     stem_evidence: bool = True  # bonus: files named like a word of the query
     test_weight: float = 0.5  # score factor for test files when the query does not ask for tests
+    import_neighbours: bool = False  # tried: files the top hits import (the symbol graph) gain
     squeeze_logs: bool = False  # tried: drop repeated log lines from the keyword query
     file_sum_weight: float = 0.0  # tried: file score = best chunk + this share of its next chunks
     folder_share: float = 0.0  # tried: a folder named like a query word counts this much of a file name
@@ -69,6 +70,9 @@ class RankOptions:
     path_scale: float = 1.0
     stem_weight: float = 0.5
     stem_scale: float = 5.0
+    neighbour_hits: int = 5  # the top files whose imports gain
+    neighbour_weight: float = 0.5
+    neighbour_scale: float = 1.0
     pool: int = 300  # chunks each ranked list contributes before aggregation
     max_identifiers: int = 40
 
@@ -85,6 +89,7 @@ class RankOptions:
             "+squeeze_logs": {"squeeze_logs": True},
             "+file_sum": {"file_sum_weight": 0.2},
             "+folder_names": {"folder_share": 0.5},
+            "+import_neighbours": {"import_neighbours": True},
         }
         if name not in changes:
             raise ValueError(f"unknown variant {name!r}; known: {', '.join(changes)}")
@@ -94,12 +99,12 @@ class RankOptions:
         """Plain BM25 collapsed to files (each file's best chunk): every technique off."""
         return replace(self, title_list=False, identifier_list=False, symbol_evidence=False,
                        path_evidence=False, stem_evidence=False, test_weight=1.0, squeeze_logs=False,
-                       file_sum_weight=0.0, folder_share=0.0)
+                       file_sum_weight=0.0, folder_share=0.0, import_neighbours=False)
 
 
 TECHNIQUES = ("title_list", "identifier_list", "symbol_evidence", "path_evidence", "stem_evidence",
               "test_weight", "semantic")
-TRIED = ("squeeze_logs", "file_sum", "folder_names")
+TRIED = ("squeeze_logs", "file_sum", "folder_names", "import_neighbours")
 VARIANTS = tuple(f"-{t}" for t in TECHNIQUES) + tuple(f"+{t}" for t in TRIED)
 
 
@@ -295,6 +300,19 @@ def add_bonus(
     for key, s in evidence.items():
         if s > 0:
             fused[key] = fused.get(key, 0.0) + weight * (s / (s + scale)) / (k + 1)
+
+
+def neighbour_scores(fused: Mapping[FileKey, float], imports: Mapping[FileKey, set[FileKey]],
+                     hits: int) -> dict[FileKey, float]:
+    """Files imported by the best-ranked files: each of the top `hits` passes 1/rank to the files it
+    imports, shared among them (a test that imports one module points at it; a file importing
+    thirty says little about each)."""
+    out: dict[FileKey, float] = defaultdict(float)
+    for rank, (key, _) in enumerate(ordered(fused)[:hits], start=1):
+        targets = imports.get(key, set())
+        for target in targets:
+            out[target] += 1.0 / rank / math.sqrt(len(targets))
+    return dict(out)
 
 
 def wants_tests(query: str) -> bool:

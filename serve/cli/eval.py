@@ -38,6 +38,7 @@ def eval_command(
     markdown: Annotated[Path | None, typer.Option("--markdown", help="write the tables (and ablation) as Markdown")] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="draw Acc@k per mode/profile to this PNG (needs matplotlib)")] = None,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="no per-task lines on stderr")] = False,
+    query: Annotated[str, typer.Option("--query", help="full: the whole issue text; title: its first line only")] = "full",
 ) -> None:
     """Score file localisation on a task file: Acc@1/3/5/10, Recall@20 and MRR with 95% CIs."""
     from ctxlake.serve.api.evaluate import CORPORA, MODES, EvalPlan, run_eval
@@ -52,6 +53,8 @@ def eval_command(
     chosen_corpora = _split(corpora) or list(CORPORA)
     if any(c not in CORPORA for c in chosen_corpora):
         raise InputError(f"unknown corpus in {', '.join(chosen_corpora)}", hint="all, non-test")
+    if query not in ("full", "title"):
+        raise InputError(f"unknown --query {query!r}", hint="full or title")
     if plot is not None:
         _require_matplotlib()
     cwd = Path.cwd()
@@ -71,6 +74,7 @@ def eval_command(
         profiles=_split(profiles), mirrors=mirror_dirs, corpora=chosen_corpora,
         include=_split(include) or settings.eval.include,
         options=RankOptions(rrf_k=settings.search.rrf_k), ablate=ablate, only=_split(only), limit=limit,
+        query=query,
     )
     log = None if quiet else (lambda msg: typer.echo(msg, err=True))
     report = run_eval(settings, plan, log=log)
@@ -273,8 +277,8 @@ def report_markdown(report: EvalReport) -> str:
         f"# ctx eval: {Path(report.tasks_file).name}",
         "",
         f"{report.tasks} tasks; profiles {', '.join(report.profiles)}; corpus globs "
-        f"{', '.join(report.include)}; ctxlake {report.ctxlake_version}; {report.created_at}; "
-        f"{report.seconds:.0f} s.",
+        f"{', '.join(report.include)}; query: {'the title line alone' if report.query == 'title' else 'the whole issue text'}; "
+        f"ctxlake {report.ctxlake_version}; {report.created_at}; {report.seconds:.0f} s.",
         "Acc@k and Recall@20 in %, MRR in 0..1; intervals are 95% percentile bootstraps over tasks.",
         "",
         _md_table(SUMMARY_HEADER, summary_rows(report)),

@@ -136,7 +136,16 @@ def test_eval_end_to_end(
     second_report = json.loads(again.stdout)
     assert all(r["reused"] for r in second_report["index"])
     variants = {r["variant"] for r in second_report["runs"]}
-    assert {"full", "plain-bm25", "-symbol_evidence", "-path_evidence", "-test_weight", "+file_sum"} <= variants
+    assert {"full", "plain-bm25", "-symbol_evidence", "-path_evidence", "-test_weight", "+file_sum",
+            "+import_neighbours"} <= variants
+    # The title line alone as the query (what an agent types); a one-line issue is its own title.
+    title = cli("eval", str(tasks), "--modes", "keyword", "--mirrors", str(mirrors), "--json", "--corpus", "all",
+                "--query", "title", cwd=tmp_path)
+    assert title.exit_code == 0, title.stderr
+    titled = json.loads(title.stdout)
+    assert titled["query"] == "title" and second_report["query"] == "full"
+    assert {r["instance_id"]: r["rank"] for r in titled["results"]}["invoice-tax"] == 1
+    assert cli("eval", str(tasks), "--query", "summary", cwd=tmp_path).exit_code == 2
     human = cli("eval", str(tasks), "--modes", "keyword", "--mirrors", str(mirrors), "--corpus", "all",
                 "--ablate", "-q", cwd=tmp_path)
     assert human.exit_code == 0 and "Ablation" in human.stdout and "plain-bm25" in human.stdout

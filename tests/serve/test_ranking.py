@@ -15,6 +15,7 @@ from ctxlake.serve.api.ranking import (
     file_scores,
     folder_scores,
     is_test_path,
+    neighbour_scores,
     ordered,
     path_scores,
     rrf,
@@ -117,3 +118,14 @@ def test_variants_turn_one_technique_over() -> None:
     assert plain.test_weight == 1.0
     with pytest.raises(ValueError):
         full.variant("-magic")
+
+
+def test_import_neighbours_pass_rank_to_what_the_top_files_import() -> None:
+    test, sessions, models, compat = ((P, p) for p in ("tests/test_sessions.py", "requests/sessions.py",
+                                                      "requests/models.py", "requests/compat.py"))
+    fused = {test: 0.05, sessions: 0.03, models: 0.01}
+    imports = {test: {sessions}, sessions: {models, compat}, models: {compat}}
+    got = neighbour_scores(fused, imports, hits=2)
+    # the first file imports one file (1/1); the second shares 1/2 between its two imports
+    assert got == pytest.approx({sessions: 1.0, models: 0.5 / math.sqrt(2), compat: 0.5 / math.sqrt(2)})
+    assert neighbour_scores(fused, imports, hits=0) == {} and neighbour_scores(fused, {}, hits=5) == {}
