@@ -9,10 +9,10 @@ from collections.abc import Collection, Mapping
 from typing import Any, NamedTuple
 
 import pyarrow as pa
-from tree_sitter import Node, Query, QueryCursor, QueryError
+from tree_sitter import Node, Query, QueryCursor, QueryError, Tree
 
 from ctxlake.schemas.tables import DEFINITIONS, IMPORTS, REFERENCES
-from ctxlake.tasks.chunk import _parser
+from ctxlake.tasks.chunk import _parser, parse
 from ctxlake.tasks.chunk_langs import LANGS, LangSpec, describe, text
 
 # Leaves that spell a name in some grammar.
@@ -150,19 +150,24 @@ def _ruby_require(node: Node) -> str | None:
 
 
 class Known:
-    """Every path of a source, with a lookup by file name for `endswith` matches."""
+    """Every path of a source, with a lookup by path suffix for `endswith` matches."""
 
     def __init__(self, paths: Collection[str]) -> None:
         self.paths = paths if isinstance(paths, set | frozenset) else set(paths)
-        self.by_name: dict[str, list[str]] = {}
-        for p in self.paths:
-            self.by_name.setdefault(posixpath.basename(p), []).append(p)
+        self._suffixes: dict[str, list[str]] | None = None
 
     def __contains__(self, path: object) -> bool:
         return path in self.paths
 
     def ending(self, suffix: str) -> list[str]:
-        return [p for p in self.by_name.get(posixpath.basename(suffix), []) if p.endswith("/" + suffix)]
+        """Paths that end with `/suffix`, from an index of every proper suffix (built on first use)."""
+        if self._suffixes is None:
+            self._suffixes = {}
+            for p in self.paths:
+                parts = p.split("/")
+                for i in range(1, len(parts)):
+                    self._suffixes.setdefault("/".join(parts[i:]), []).append(p)
+        return self._suffixes.get(suffix, [])
 
 
 def resolve_import(module: str, path: str, lang: str, known: Collection[str] | Known) -> str | None:
@@ -282,7 +287,9 @@ def _import_idents(node: Node) -> list[Node]:
     return out
 
 
-def _extract(text_: str, lang: str, source: str, path: str, known: Known, out: _Columns) -> None:
+def _extract(
+    text_: str, lang: str, source: str, path: str, known: Known, out: _Columns, tree: Tree | None = None
+) -> None:
     """One file's definitions, references and imports, appended to `out` (may raise).
 
     References kept: calls, member accesses and import names, plus plain names the file
@@ -297,7 +304,7 @@ def _extract(text_: str, lang: str, source: str, path: str, known: Known, out: _
     if query is None:
         return
     src = text_.encode("utf-8", "surrogatepass")
-    root = _parser(lang).parse(src).root_node
+    root = (tree if tree is not None else parse(text_, lang)).root_node
     caps = QueryCursor(query).captures(root)
     lines = text_.split("\n")
 
@@ -342,10 +349,10 @@ def _extract(text_: str, lang: str, source: str, path: str, known: Known, out: _
     modules: list[str] = []
     kinds: dict[int, tuple[Node, str]] = {}
     import_idents: list[Node] = []
-    for node in caps.get("import", ()):
+    for node in sorted(caps.get("import", ()), key=_start):
         modules += _module_text(node, imp)
         import_idents += _import_idents(node)
-    for node in caps.get("rcall", ()):
+    for node in sorted(caps.get("rcall", ()), key=_start):
         required = _ruby_require(node)
         if required is not None:
             modules.append(required)
@@ -415,19 +422,24 @@ def to_tables(rows: GraphRows) -> tuple[pa.Table, pa.Table, pa.Table]:
 
 
 def graph_files(
-    files: Mapping[str, tuple[str, str]], source: str, known: Collection[str] | None = None
+    files: Mapping[str, tuple[str, str]],
+    source: str,
+    known: Collection[str] | None = None,
+    trees: Mapping[str, Tree] | None = None,
 ) -> tuple[pa.Table, pa.Table, pa.Table, list[str]]:
     """{path: (text, lang)} -> the three tables for those files, plus `path: reason` per bad file.
 
     `known` is every path of the source (imports resolve against it); by default, these files.
+    `trees` are the chunker's parses of those same texts, reused instead of parsing again.
     """
+    trees = trees or {}
     index = Known(set(files) if known is None else known)
     acc = _Columns()
     bad: list[str] = []
     for path, (body, lang) in files.items():
         one = _Columns()
         try:
-            _extract(body, lang, source, path, index, one)
+            _extract(body, lang, source, path, index, one, trees.get(path))
         except Exception as exc:  # one bad file is counted and skipped, never the batch
             bad.append(f"{path}: {type(exc).__name__}: {exc}")
             continue
