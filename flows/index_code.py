@@ -17,7 +17,7 @@ from ctxlake.tasks.cochange import update_cochange
 from ctxlake.tasks.embed import EmbeddingCache, embed_pending, fill_from_cache
 from ctxlake.tasks.embedders import Embedder, make_embedder
 from ctxlake.tasks.graph import graph_files
-from ctxlake.tasks.graph_store import open_graph, write_graph
+from ctxlake.tasks.graph_store import open_graph, optimize_graph, write_graph
 from ctxlake.tasks.lake import IndexState, check_model, reset_lake
 from ctxlake.tasks.merkle import Diff, Tree, load_snapshot, save_snapshot, scan
 from ctxlake.tasks.progress import reporter
@@ -188,6 +188,7 @@ def index_code(
     if force or previous is None or backlog >= OPTIMIZE_AFTER_ROWS:
         progress.start("optimize", None, "optimizing")
         optimize(writer.tables)
+        optimize_graph(writer.graph)
         progress.finish("optimize")
         backlog = 0
     writer.state.unoptimized_rows = backlog

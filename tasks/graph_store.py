@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from ctxlake.schemas.tables import DEFINITIONS, IMPORTS, REFERENCES
 from ctxlake.tasks.lake import connect, open_table, writing
-from ctxlake.tasks.store import paths_filter
+from ctxlake.tasks.store import KEEP_VERSIONS, paths_filter
 
 if TYPE_CHECKING:
     from lancedb.table import Table
@@ -85,3 +85,26 @@ def write_graph(
                 .execute(new)
             )
     return written
+
+
+# Columns the read API filters on: a BTREE index turns `name = 'render'` from a scan of every
+# reference into a lookup (find_references, find_definition, related_files, file_outline).
+SCALAR_INDEXES: dict[str, tuple[str, ...]] = {
+    DEFINITIONS_TABLE: ("name", "path"),
+    REFERENCES_TABLE: ("name",),
+    IMPORTS_TABLE: ("path", "resolved"),
+}
+
+
+def optimize_graph(tables: GraphTables) -> None:
+    """Compact the graph tables (one fragment per batch otherwise), fold new rows into their
+    scalar indexes, and create the indexes a table with rows still lacks."""
+    for table, name in zip(tables, SCHEMAS, strict=True):
+        with writing(f"the {name} table (optimize)"):
+            if table.count_rows() == 0:
+                continue
+            table.optimize(cleanup_older_than=KEEP_VERSIONS)
+            have = {tuple(idx.columns) for idx in table.list_indices()}
+            for column in SCALAR_INDEXES[name]:
+                if (column,) not in have:
+                    table.create_scalar_index(column, index_type="BTREE", replace=True)

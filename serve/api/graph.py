@@ -117,12 +117,12 @@ class GraphReader:
         self.cochange = open_table(db, COCHANGE_TABLE)
 
     # -- definitions -------------------------------------------------------------------------
-    def _matching(self, symbol: str) -> list[dict[str, Any]]:
+    def _matching(self, symbol: str, columns: list[str] | None = None) -> list[dict[str, Any]]:
         symbol = symbol.strip()
         if not symbol:
             raise InputError("the symbol is empty")
         last = symbol.replace("::", ".").rsplit(".", 1)[-1]
-        rows = _rows(self.defs, f"name = {sql_str(last)}")
+        rows = _rows(self.defs, f"name = {sql_str(last)}", columns)
         if "." in symbol.replace("::", "."):
             want = symbol.replace("::", ".")
             rows = [r for r in rows if r["qualname"] == want or r["qualname"].endswith("." + want)]
@@ -176,7 +176,7 @@ class GraphReader:
                         include_imports: bool = True) -> ReferencePage:
         if offset < 0:
             raise InputError(f"offset must be at least 0, not {offset}")
-        defs = self._matching(symbol)
+        defs = self._matching(symbol, ["path", "qualname", "start_line"])
         last = symbol.replace("::", ".").strip().rsplit(".", 1)[-1]
         where = f"name = {sql_str(last)}" + ("" if include_imports else " AND kind != 'import'")
         rows = _rows(self.refs, where, ["source", "path", "line", "kind", "enclosing"])
@@ -190,8 +190,9 @@ class GraphReader:
         rows = [r for r in rows if (r["path"], r["line"]) not in own]
         rows.sort(key=lambda r: (r["path"] not in linked, r["path"], r["line"]))
         page = rows[offset: offset + _bound(limit)]
+        files: dict[tuple[str, str], list[str]] = {}  # each file of the page read once
         out = [Reference(path=r["path"], line=r["line"], kind=r["kind"], enclosing=r["enclosing"],
-                         snippet=self._line(r["source"], r["path"], r["line"]),
+                         snippet=self._line(r["source"], r["path"], r["line"], files),
                          resolved=r["path"] in linked) for r in page]
         nxt = offset + len(page)
         return ReferencePage(symbol=symbol, total=len(rows), offset=offset, references=out,
@@ -204,14 +205,16 @@ class GraphReader:
         listed = ", ".join(sql_str(p) for p in sorted(paths))
         return _rows(self.imports, f"resolved IN ({listed})", ["path"])
 
-    def _line(self, source: str, path: str, line: int) -> str:
+    def _line(self, source: str, path: str, line: int, files: dict[tuple[str, str], list[str]]) -> str:
         if self.root is None or source != PROJECT_SOURCE:
             return ""
-        try:
-            data = safe_io.read_regular(self.root / path, 4_000_000)
-        except (OSError, safe_io.NotRegularFile, safe_io.TooLarge):
-            return ""
-        lines = data.decode("utf-8", "replace").split("\n")
+        lines = files.get((source, path))
+        if lines is None:
+            try:
+                data = safe_io.read_regular(self.root / path, 4_000_000)
+            except (OSError, safe_io.NotRegularFile, safe_io.TooLarge):
+                data = b""
+            lines = files[(source, path)] = data.decode("utf-8", "replace").split("\n")
         return lines[line - 1].strip()[:SNIPPET_CHARS] if 0 < line <= len(lines) else ""
 
     # -- files ---------------------------------------------------------------------------------

@@ -43,6 +43,12 @@ def test_graph_rows_follow_edits_and_deletes_file_by_file(
     assert calls == {("app/main.py", 5, "run"), ("web/p.js", 2, "go")}
     imports = {(r["path"], r["module"]): r["resolved"] for r in rows(repo, IMPORTS_TABLE)}
     assert imports[("app/main.py", "app.util")] == "app/util.py"
+    # the cold run's optimize gave the read API its lookups: refs by name, imports by target
+    db = connect(repo / ".ctx" / "lake")
+    indexed = {t: {tuple(i.columns) for i in db.open_table(t).list_indices()}
+               for t in (DEFINITIONS_TABLE, REFERENCES_TABLE, IMPORTS_TABLE)}
+    assert ("name",) in indexed[REFERENCES_TABLE] and ("name",) in indexed[DEFINITIONS_TABLE]
+    assert ("resolved",) in indexed[IMPORTS_TABLE]
 
     js_before = {t: of(repo, t, "web/p.js") for t in (DEFINITIONS_TABLE, REFERENCES_TABLE)}
     (repo / "app" / "util.py").write_text(UTIL.replace("def parse", "def parse_csv"))

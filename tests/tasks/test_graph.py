@@ -8,6 +8,7 @@ import pyarrow as pa
 import pytest
 
 from ctxlake.schemas.tables import DEFINITIONS, IMPORTS, REFERENCES
+from ctxlake.tasks.chunk import chunk_text
 from ctxlake.tasks.graph import graph_files, graph_rows
 
 # One small file per language: `compute` is defined once and called on the lines marked CALL;
@@ -156,3 +157,33 @@ def test_tables_carry_the_declared_schemas_and_a_bad_file_is_counted_and_skipped
     assert isinstance(defs, pa.Table) and defs.column("qualname").to_pylist() == ["f"]
     assert len(bad) == 1 and bad[0].startswith("bad.py: ")
     assert set(refs.column("path").to_pylist()) == {"ok.py"}
+
+
+def test_references_keep_what_can_be_asked_about_and_drop_locals_and_parameters() -> None:
+    body = (
+        "from django.db import Model, transaction\n"
+        "from .utils import cached_property\n"
+        "class Book(Model):\n"
+        "    @cached_property\n"
+        "    def title(self, i):\n"
+        "        total = i + 1\n"
+        "        transaction.atomic()\n"
+        "        return self.name.upper(total)\n"
+    )
+    refs = {(r["line"], r["name"], r["kind"]) for r in graph_rows(body, "python", "project", "b.py").references}
+    assert (3, "Model", "name") in refs  # a base class the file imports
+    assert (4, "cached_property", "name") in refs  # a decorator
+    assert (7, "atomic", "call") in refs and (8, "name", "attribute") in refs and (8, "upper", "call") in refs
+    assert (1, "transaction", "import") in refs
+    names = {name for _, name, _ in refs}
+    assert not names & {"self", "i", "total"}  # a parameter, a single letter, a local
+
+
+def test_the_chunkers_parse_gives_the_same_rows_as_a_fresh_one() -> None:
+    files = {path: (body, lang) for lang, (path, body) in FIXTURES.items()}
+    trees = {path: chunk_text(body, lang).tree for path, (body, lang) in files.items()}
+    assert all(t is not None for t in trees.values())
+    reused = graph_files(files, "project", None, {p: t for p, t in trees.items() if t is not None})
+    fresh = graph_files(files, "project")
+    assert all(a.equals(b) for a, b in zip(reused[:3], fresh[:3], strict=True))
+    assert reused[1].num_rows > 0
