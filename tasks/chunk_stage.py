@@ -23,6 +23,9 @@ from ctxlake.tasks.terms import chunk_terms
 
 # A file decoded with more replacement characters than this share is not text we can index.
 MAX_REPLACED_SHARE = 0.01
+# Parses kept for the graph stage, by source size: a tree takes ~20x its text in memory, so a
+# batch keeps at most ~90 MB of them; the graph parses the files beyond that again.
+TREES_KEPT_CHARS = 4_000_000
 
 
 class ChunkedFiles(NamedTuple):
@@ -99,6 +102,7 @@ def chunk_files(
     secrets = MaskReport()
     texts: dict[str, tuple[str, str]] = {}
     trees: dict[str, Tree] = {}
+    kept_chars = 0
     for path in paths:
         full = root / path
         try:
@@ -135,8 +139,9 @@ def chunk_files(
         chunk_rows_all.extend(rows)
         if lang is not None:
             texts[path] = (text, lang)
-            if tree is not None:
+            if tree is not None and kept_chars + len(text) <= TREES_KEPT_CHARS:
                 trees[path] = tree
+                kept_chars += len(text)
         file_rows.append(
             {
                 "source": source,
