@@ -244,8 +244,9 @@ class GraphReader:
         return RelatedAnswer(path=path, related=related[:_bound(limit)], unresolved_imports=unresolved[:50])
 
     def _known(self, path: str) -> bool:
-        return bool(_rows(self.defs, f"path = {sql_str(path)}", ["path"])[:1]) or bool(
-            _rows(self.refs, f"path = {sql_str(path)}", ["path"])[:1])
+        where = f"path = {sql_str(path)}"  # one row answers it: the limit stops the scan early
+        return any(t.search().where(where).select(["path"]).limit(1).to_arrow().num_rows
+                   for t in (self.defs, self.refs))
 
     def file_outline(self, path: str, limit: int = MAX_LIMIT) -> Outline:
         path = _norm(path)

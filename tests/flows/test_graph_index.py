@@ -102,3 +102,6 @@ def test_cli_graph_readers_answer_in_json_rank_ambiguity_and_page(
     outline = json.loads(cli("outline", "web/p.js", "--json", cwd=repo).stdout)
     assert [(i["qualname"], i["start_line"], i["depth"]) for i in outline["items"]] == [
         ("parse", 1, 0), ("go", 2, 0)]
+    # a file with uses but no definitions is known (empty outline); an unindexed one is an input error
+    assert json.loads(cli("outline", "app/more.py", "--json", cwd=repo).stdout)["items"] == []
+    assert cli("related", "app/nope.py", cwd=repo).exit_code == 2
