@@ -235,7 +235,7 @@ def _write_changes(writer: Writer, diff: Diff, report: IndexReport, force: bool)
             progress.advance("chunk", len(batch))
             continue
         # The graph after the chunks: a crash between them leaves the batch journaled, redone next run.
-        defs, refs, imports, bad = graph_files(rows.texts, source, writer.known or set(rows.texts))
+        defs, refs, imports, bad = graph_files(rows.texts, source, writer.known or set(rows.texts), rows.trees)
         report.warnings.extend(f"graph skipped {b}" for b in bad)
         if bad:
             report.skipped["graph_error"] = report.skipped.get("graph_error", 0) + len(bad)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple, cast
 
-from tree_sitter import Node, Parser
+from tree_sitter import Node, Parser, Tree
 from tree_sitter_language_pack import SupportedLanguage, get_parser
 
 from ctxlake.schemas.config import IndexSettings
@@ -50,6 +50,7 @@ class ChunkOptions(NamedTuple):
 class ChunkResult(NamedTuple):
     chunks: list[Chunk]
     warning: str | None  # set when the file fell back to line windows
+    tree: Tree | None = None  # the tree-sitter parse chunks came from: the graph stage reuses it
 
 
 # (text, lang, opts) -> chunks. A chunker raises ValueError for text it cannot chunk;
@@ -340,11 +341,15 @@ def _check_parse(text: str, root: Node, lang: str) -> None:
         raise _Unparsable(f"syntax errors cover {bad * 100 // max(root.end_byte, 1)}% of the file")
 
 
-def _tree_chunks(text: str, lang: str, opts: ChunkOptions) -> list[Chunk]:
+def parse(text: str, lang: str) -> Tree:
+    # surrogatepass: text decoded with surrogateescape still parses (tree-sitter skips bad bytes).
+    return _parser(lang).parse(text.encode("utf-8", "surrogatepass"))
+
+
+def _tree_chunks(text: str, lang: str, opts: ChunkOptions, tree: Tree | None = None) -> list[Chunk]:
     """Code with a grammar: top-level symbols, opened into members only where needed."""
     lines = split_lines(text)
-    # surrogatepass: text decoded with surrogateescape still parses (tree-sitter skips bad bytes).
-    root = _parser(lang).parse(text.encode("utf-8", "surrogatepass")).root_node
+    root = (tree if tree is not None else parse(text, lang)).root_node
     _check_parse(text, root, lang)
     ctx = _Ctx(lines, opts, LANGS[lang])
     spans = _symbols(ctx, root.named_children, 0, None, False)
@@ -505,7 +510,11 @@ def chunk_text(text: str, lang: str | None, opts: ChunkOptions = DEFAULT_OPTIONS
     try:
         if not text.strip():
             return ChunkResult([], None)
-        return ChunkResult(CHUNKERS.get(name, _line_chunks)(text, name, opts), None)
+        chunker = CHUNKERS.get(name, _line_chunks)
+        if chunker is _tree_chunks:  # the parse is handed on with the chunks
+            tree = parse(text, name)
+            return ChunkResult(_tree_chunks(text, name, opts, tree), None, tree)
+        return ChunkResult(chunker(text, name, opts), None)
     except Exception as exc:  # a grammar or chunker bug must not lose the file
         reason = str(exc) if isinstance(exc, _Unparsable) else f"{type(exc).__name__}: {exc}"
         warning = f"{name} parse failed ({reason}); fell back to line windows"

@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import pyarrow as pa
 import xxhash
+from tree_sitter import Tree
 
 from ctxlake.schemas.config import IndexSettings
 from ctxlake.schemas.tables import FILES, chunks_schema
@@ -22,6 +23,9 @@ from ctxlake.tasks.terms import chunk_terms
 
 # A file decoded with more replacement characters than this share is not text we can index.
 MAX_REPLACED_SHARE = 0.01
+# Parses kept for the graph stage, by source size: a tree takes ~20x its text in memory, so a
+# batch keeps at most ~90 MB of them; the graph parses the files beyond that again.
+TREES_KEPT_CHARS = 4_000_000
 
 
 class ChunkedFiles(NamedTuple):
@@ -32,6 +36,7 @@ class ChunkedFiles(NamedTuple):
     secrets: MaskReport  # values masked in these files
     # path -> (masked text, lang) of the code files read, for the graph stage (no second read)
     texts: dict[str, tuple[str, str]]
+    trees: dict[str, Tree]  # path -> the chunker's parse of that text, so the graph does not parse again
 
 
 def decode_text(data: bytes) -> tuple[str | None, str | None]:
@@ -58,8 +63,8 @@ def chunk_id(source: str, path: str, chunk: Chunk, content_hash: str) -> str:
 
 def chunk_rows(
     source: str, path: str, text: str, lang: str | None, opts: ChunkOptions
-) -> tuple[list[dict[str, object]], str | None]:
-    """One decoded file -> its CHUNKS rows (without vectors) and the chunker's warning."""
+) -> tuple[list[dict[str, object]], str | None, Tree | None]:
+    """One decoded file -> its CHUNKS rows (without vectors), the chunker's warning and its parse."""
     result = chunk_text(text, lang, opts)
     rows: list[dict[str, object]] = []
     for chunk in result.chunks:
@@ -80,7 +85,7 @@ def chunk_rows(
                 "vector": None,
             }
         )
-    return rows, result.warning
+    return rows, result.warning, result.tree
 
 
 @stage("chunk")
@@ -96,6 +101,8 @@ def chunk_files(
     warnings: list[str] = []
     secrets = MaskReport()
     texts: dict[str, tuple[str, str]] = {}
+    trees: dict[str, Tree] = {}
+    kept_chars = 0
     for path in paths:
         full = root / path
         try:
@@ -126,12 +133,15 @@ def chunk_files(
         # the content hash (the embedding cache's key) and the terms are those of the masked text.
         text = mask_text(text, path, secrets)
         lang = language_for(path)
-        rows, chunk_warning = chunk_rows(source, path, text, lang, opts)
+        rows, chunk_warning, tree = chunk_rows(source, path, text, lang, opts)
         if chunk_warning:
             warnings.append(f"{path}: {chunk_warning}")
         chunk_rows_all.extend(rows)
         if lang is not None:
             texts[path] = (text, lang)
+            if tree is not None and kept_chars + len(text) <= TREES_KEPT_CHARS:
+                trees[path] = tree
+                kept_chars += len(text)
         file_rows.append(
             {
                 "source": source,
@@ -151,4 +161,5 @@ def chunk_files(
         warnings,
         secrets,
         texts,
+        trees,
     )

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import functools
 import posixpath
 import re
+import threading
 from collections.abc import Collection, Mapping
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 import pyarrow as pa
-from tree_sitter import Node, Query, QueryCursor
-from tree_sitter_language_pack import SupportedLanguage, get_language
+from tree_sitter import Node, Query, QueryCursor, QueryError, Tree
 
 from ctxlake.schemas.tables import DEFINITIONS, IMPORTS, REFERENCES
-from ctxlake.tasks.chunk import _parser
+from ctxlake.tasks.chunk import _parser, parse
 from ctxlake.tasks.chunk_langs import LANGS, LangSpec, describe, text
 
 # Leaves that spell a name in some grammar.
@@ -23,8 +22,6 @@ _IDENTS = frozenset(
         "constant", "name", "simple_identifier", "shorthand_property_identifier",
     }
 )
-# The receiver of a method body: a use of it on every other line, never a symbol anyone looks up.
-_RECEIVERS = {"python": frozenset({"self", "cls"})}
 # Member access: `a.b`, `a->b`, `a::b`; the last named child is the member.
 _MEMBERS = frozenset(
     {
@@ -152,48 +149,25 @@ def _ruby_require(node: Node) -> str | None:
     return ("./" + module if text(method) == "require_relative" else module) or None
 
 
-def _reference_kind(node: Node) -> str:
-    """call, attribute or name, from where the identifier sits."""
-    target = node
-    kind = "name"
-    parent = node.parent
-    if parent is not None and parent.type in _MEMBERS:
-        count = parent.named_child_count
-        if count:
-            last = parent.named_child(count - 1)
-            if last is None or last.start_byte != node.start_byte:
-                return "name"  # the object of `a.b` is a plain use of `a`
-            target, kind = parent, "attribute"
-            parent = parent.parent
-    if parent is not None and parent.type in _CALLS:
-        for field in _CALLEE_FIELDS:
-            callee = parent.child_by_field_name(field)
-            if callee is not None and callee.start_byte in (target.start_byte, node.start_byte) \
-                    and callee.end_byte in (target.end_byte, node.end_byte):
-                return "call"
-    return kind
-
-
 class Known:
-    """Every path of a source, with a lookup by path ending (`b/c.py` finds `a/b/c.py`)."""
+    """Every path of a source, with a lookup by path suffix for `endswith` matches."""
 
     def __init__(self, paths: Collection[str]) -> None:
         self.paths = paths if isinstance(paths, set | frozenset) else set(paths)
-        self._endings: dict[str, list[str]] | None = None
+        self._suffixes: dict[str, list[str]] | None = None
 
     def __contains__(self, path: object) -> bool:
         return path in self.paths
 
     def ending(self, suffix: str) -> list[str]:
-        """Paths that end with `/suffix` (the index is built on first use)."""
-        if self._endings is None:
-            self._endings = {}
+        """Paths that end with `/suffix`, from an index of every proper suffix (built on first use)."""
+        if self._suffixes is None:
+            self._suffixes = {}
             for p in self.paths:
-                cut = p.find("/")
-                while cut != -1:
-                    self._endings.setdefault(p[cut + 1 :], []).append(p)
-                    cut = p.find("/", cut + 1)
-        return self._endings.get(suffix, [])
+                parts = p.split("/")
+                for i in range(1, len(parts)):
+                    self._suffixes.setdefault("/".join(parts[i:]), []).append(p)
+        return self._suffixes.get(suffix, [])
 
 
 def resolve_import(module: str, path: str, lang: str, known: Collection[str] | Known) -> str | None:
@@ -230,113 +204,214 @@ def resolve_import(module: str, path: str, lang: str, known: Collection[str] | K
     return None
 
 
-@functools.cache
-def _query(lang: str) -> Query:
-    """One query per grammar capturing what the graph reads: possible definitions (@def), names
-    (@ref), import statements (@imp) and, for Ruby, calls that may be `require` (@call)."""
-    language = get_language(cast(SupportedLanguage, lang))
-    spec, imp = LANGS[lang], IMPORT_SPECS[lang]
+def _query_source(lang: str, spec: LangSpec, imp: ImportSpec) -> list[str]:
+    """Candidate query patterns: definitions, imports, identifiers, members and callees."""
+    language = _parser(lang).language
+    if language is None:
+        return []
+    has = [f"({t})" for t in sorted(_IDENTS) if language.id_for_node_kind(t, True)]
+    out = [f"({t}) @def" for t in sorted({*spec.defs, *spec.resolvers})]
+    out += [f"({t}) @import" for t in sorted(imp.nodes)]
+    if lang == "ruby":
+        out.append("(call) @rcall")
+    out.append("[" + " ".join(has) + "] @id")
+    for ident in has:
+        out += [f"({m} {ident} @attr .)" for m in sorted(_MEMBERS)]
+        for call in sorted(_CALLS):
+            for field in _CALLEE_FIELDS:
+                out.append(f"({call} {field}: {ident} @call)")
+                out += [f"({call} {field}: ({m} {ident} @call .))" for m in sorted(_MEMBERS)]
+    return out
 
-    def alternation(types: Collection[str], capture: str) -> str:
-        known = sorted(t for t in types if language.id_for_node_kind(t, True) is not None)
-        return f"[{' '.join(f'({t})' for t in known)}] @{capture}" if known else ""
 
-    parts = [
-        alternation({*spec.defs, *spec.resolvers, *spec.wrappers}, "def"),
-        alternation(_IDENTS, "ref"),
-        alternation(imp.nodes, "imp"),
-        alternation({"call"} if lang == "ruby" else set(), "call"),
-    ]
-    return Query(language, "\n".join(p for p in parts if p))
+_QUERIES: dict[str, Query | None] = {}
+_QUERIES_LOCK = threading.Lock()
+
+
+def _query(lang: str, spec: LangSpec, imp: ImportSpec) -> Query | None:
+    """One query per language finds every node the graph needs in a single pass in C.
+
+    Each candidate pattern is tried alone: a node type or field a grammar lacks drops that
+    pattern only (the tables above are shared by all languages).
+    """
+    with _QUERIES_LOCK:
+        if lang in _QUERIES:
+            return _QUERIES[lang]
+        language = _parser(lang).language
+        if language is None:
+            _QUERIES[lang] = None
+            return None
+        ok = []
+        for pattern in _query_source(lang, spec, imp):
+            try:
+                Query(language, pattern)
+            except (QueryError, NameError, SyntaxError, ValueError):
+                continue
+            ok.append(pattern)
+        query = _QUERIES[lang] = Query(language, "\n".join(ok)) if ok else None
+        return query
+
+
+class _Columns:
+    """Rows of the three tables as column lists: no dict per row, one Arrow build per batch."""
+
+    def __init__(self) -> None:
+        self.defs: dict[str, list[Any]] = {f.name: [] for f in DEFINITIONS}
+        self.refs: dict[str, list[Any]] = {f.name: [] for f in REFERENCES}
+        self.imports: dict[str, list[Any]] = {f.name: [] for f in IMPORTS}
+
+    def tables(self) -> tuple[pa.Table, pa.Table, pa.Table]:
+        return (
+            pa.Table.from_pydict(self.defs, schema=DEFINITIONS),
+            pa.Table.from_pydict(self.refs, schema=REFERENCES),
+            pa.Table.from_pydict(self.imports, schema=IMPORTS),
+        )
+
+    def rows(self) -> GraphRows:
+        def dicts(cols: dict[str, list[Any]]) -> list[dict[str, Any]]:
+            return [dict(zip(cols, values, strict=True)) for values in zip(*cols.values(), strict=True)]
+
+        return GraphRows(dicts(self.defs), dicts(self.refs), dicts(self.imports))
+
+
+def _start(node: Node) -> int:
+    return node.start_byte
+
+
+def _import_idents(node: Node) -> list[Node]:
+    out = []
+    stack = [node]
+    while stack:
+        cur = stack.pop()
+        if cur.type in _IDENTS:
+            out.append(cur)
+        stack.extend(cur.named_children)
+    return out
+
+
+def _extract(
+    text_: str, lang: str, source: str, path: str, known: Known, out: _Columns, tree: Tree | None = None
+) -> None:
+    """One file's definitions, references and imports, appended to `out` (may raise).
+
+    References kept: calls, member accesses and import names, plus plain names the file
+    imports or defines (or Capitalised ones: classes, constants). Locals, parameters and
+    single letters are not stored: nobody asks where `i` or `self` is used.
+    """
+    spec: LangSpec | None = LANGS.get(lang)
+    imp = IMPORT_SPECS.get(lang)
+    if spec is None or imp is None:
+        return
+    query = _query(lang, spec, imp)
+    if query is None:
+        return
+    src = text_.encode("utf-8", "surrogatepass")
+    root = (tree if tree is not None else parse(text_, lang)).root_node
+    caps = QueryCursor(query).captures(root)
+    lines = text_.split("\n")
+
+    # Definitions, outermost first: a stack of open ones gives each its scope.
+    d = out.defs
+    spans: list[tuple[int, int, str]] = []
+    stack: list[tuple[int, str, bool]] = []
+    own_names: set[int] = set()
+    wanted: set[bytes] = set()
+    seen: set[tuple[int, int, str]] = set()
+    for node in sorted(caps.get("def", ()), key=lambda n: (n.start_byte, -n.end_byte)):
+        found = describe(node, spec)
+        if found is None or not found.name or _key(found.node) in seen:
+            continue
+        fnode = found.node
+        seen.add(_key(fnode))
+        begin = fnode.start_byte
+        while stack and stack[-1][0] <= begin:
+            stack.pop()
+        scope, in_class = (stack[-1][1], stack[-1][2]) if stack else (None, False)
+        qual = f"{scope}.{found.name}" if scope else found.name
+        name = qual.rsplit(".", 1)[-1]
+        name_node = _name_node(fnode, name)
+        if name_node is not None:
+            own_names.add(name_node.start_byte)
+        wanted.add(name.encode("utf-8", "surrogatepass"))
+        row = fnode.start_point.row
+        d["source"].append(source)
+        d["path"].append(path)
+        d["qualname"].append(qual)
+        d["name"].append(name)
+        d["kind"].append("method" if in_class and found.kind == "function" else found.kind)
+        d["start_line"].append(row + 1)
+        d["end_line"].append(fnode.end_point.row + 1)
+        d["signature"].append(lines[row].strip()[:200] if row < len(lines) else "")
+        d["doc"].append(_doc(fnode, lang))
+        d["parent"].append(scope)
+        stack.append((fnode.end_byte, qual, fnode.type in spec.method_parents))
+        spans.append((begin, fnode.end_byte, qual))
+
+    # Imports, and the names they bring in.
+    modules: list[str] = []
+    kinds: dict[int, tuple[Node, str]] = {}
+    import_idents: list[Node] = []
+    for node in sorted(caps.get("import", ()), key=_start):
+        modules += _module_text(node, imp)
+        import_idents += _import_idents(node)
+    for node in sorted(caps.get("rcall", ()), key=_start):
+        required = _ruby_require(node)
+        if required is not None:
+            modules.append(required)
+    im = out.imports
+    for module in modules:
+        im["source"].append(source)
+        im["path"].append(path)
+        im["module"].append(module)
+        im["resolved"].append(resolve_import(module, path, lang, known))
+    for node in import_idents:
+        wanted.add(src[node.start_byte:node.end_byte])
+
+    for node in caps.get("id", ()):
+        begin, end = node.start_byte, node.end_byte
+        word = src[begin:end]
+        if end - begin > 1 and (word in wanted or word[:1].isupper()):
+            kinds[begin] = (node, "name")
+    for node in caps.get("attr", ()):
+        kinds[node.start_byte] = (node, "attribute")
+    for node in caps.get("call", ()):
+        kinds[node.start_byte] = (node, "call")
+    for node in import_idents:
+        kinds[node.start_byte] = (node, "import")
+    for begin in own_names:
+        kinds.pop(begin, None)
+
+    # Each reference's enclosing definition: the innermost span around it.
+    r = out.refs
+    open_: list[tuple[int, str]] = []
+    nxt = 0
+    for begin in sorted(kinds):
+        node, kind = kinds[begin]
+        while nxt < len(spans) and spans[nxt][0] <= begin:
+            while open_ and open_[-1][0] <= spans[nxt][0]:
+                open_.pop()
+            open_.append((spans[nxt][1], spans[nxt][2]))
+            nxt += 1
+        while open_ and open_[-1][0] <= begin:
+            open_.pop()
+        name = src[begin:node.end_byte].decode("utf-8", "replace")
+        if not name:
+            continue
+        r["source"].append(source)
+        r["path"].append(path)
+        r["line"].append(node.start_point.row + 1)
+        r["name"].append(name)
+        r["enclosing"].append(open_[-1][1] if open_ else None)
+        r["kind"].append(kind)
 
 
 def graph_rows(
     text_: str, lang: str, source: str, path: str, known: Collection[str] | Known = ()
 ) -> GraphRows:
-    """One file's text -> its definitions, references and imports as row dicts (may raise).
-
-    A tree-sitter query finds the candidate nodes in C; definitions then nest by byte range
-    (the innermost one around a name is its enclosing symbol), so no Python walks every node.
-    """
-    spec: LangSpec | None = LANGS.get(lang)
-    if spec is None or lang not in IMPORT_SPECS:
-        return GraphRows([], [], [])
-    imp = IMPORT_SPECS[lang]
-    root = _parser(lang).parse(text_.encode("utf-8", "surrogatepass")).root_node
-    found_nodes = QueryCursor(_query(lang)).captures(root)
-    lines = text_.split("\n")
-    base = {"source": source, "path": path}
-
-    defs: list[dict[str, Any]] = []
-    spans: list[tuple[int, int, str]] = []  # (start, end, qualname) of each definition, in order
-    seen: set[tuple[int, int, str]] = set()
-    def_names: set[int] = set()  # start bytes of the identifiers that name a definition
-    stack: list[tuple[int, str, bool]] = []  # (end byte, qualname, members are methods)
-    for node in sorted(found_nodes.get("def", ()), key=lambda n: (n.start_byte, -n.end_byte)):
-        if _key(node) in seen:
-            continue
-        found = describe(node, spec)
-        if found is None or not found.name or _key(found.node) in seen:
-            continue
-        seen.add(_key(found.node))
-        start = found.node.start_byte
-        while stack and stack[-1][0] <= start:
-            stack.pop()
-        scope, in_class = (stack[-1][1], stack[-1][2]) if stack else (None, False)
-        qual = f"{scope}.{found.name}" if scope else found.name
-        kind = "method" if in_class and found.kind == "function" else found.kind
-        name_node = _name_node(found.node, qual.rsplit(".", 1)[-1])
-        if name_node is not None:
-            def_names.add(name_node.start_byte)
-        row = found.node.start_point.row
-        defs.append({
-            **base, "qualname": qual, "name": qual.rsplit(".", 1)[-1], "kind": kind,
-            "start_line": row + 1, "end_line": found.node.end_point.row + 1,
-            "signature": lines[row].strip()[:200] if row < len(lines) else "",
-            "doc": _doc(found.node, lang), "parent": scope,
-        })
-        spans.append((start, found.node.end_byte, qual))
-        stack.append((found.node.end_byte, qual, found.node.type in spec.method_parents))
-
-    imports: list[dict[str, Any]] = []
-    import_spans: list[tuple[int, int]] = []
-    for node in sorted(found_nodes.get("imp", ()), key=lambda n: n.start_byte):
-        import_spans.append((node.start_byte, node.end_byte))
-        for module in _module_text(node, imp):
-            imports.append({**base, "module": module, "resolved": resolve_import(module, path, lang, known)})
-    for node in sorted(found_nodes.get("call", ()), key=lambda n: n.start_byte):
-        required = _ruby_require(node)
-        if required is not None:
-            imports.append({**base, "module": required, "resolved": resolve_import(required, path, lang, known)})
-
-    refs: list[dict[str, Any]] = []
-    receivers = _RECEIVERS.get(lang, frozenset())
-    once: set[tuple[int, str, str]] = set()
-    scopes: list[tuple[int, str]] = []  # (end byte, qualname) of the definitions around the cursor
-    next_def = next_imp = 0
-    for node in sorted(found_nodes.get("ref", ()), key=lambda n: n.start_byte):
-        at = node.start_byte
-        if at in def_names:
-            continue
-        while next_def < len(spans) and spans[next_def][0] <= at:
-            while scopes and scopes[-1][0] <= spans[next_def][0]:
-                scopes.pop()
-            scopes.append((spans[next_def][1], spans[next_def][2]))
-            next_def += 1
-        while scopes and scopes[-1][0] <= at:
-            scopes.pop()
-        while next_imp < len(import_spans) and import_spans[next_imp][1] <= at:
-            next_imp += 1
-        in_import = next_imp < len(import_spans) and import_spans[next_imp][0] <= at
-        name = text(node)
-        if not name or name in receivers:
-            continue
-        fact = (node.start_point.row + 1, name, "import" if in_import else _reference_kind(node))
-        if fact not in once:  # `f(f(x))`: one fact per line and kind (the table's merge key)
-            once.add(fact)
-            refs.append({**base, "line": fact[0], "name": name,
-                         "enclosing": scopes[-1][1] if scopes else None, "kind": fact[2]})
-    return GraphRows(defs, refs, imports)
+    """One file's text -> its definitions, references and imports as row dicts (may raise)."""
+    out = _Columns()
+    _extract(text_, lang, source, path, known if isinstance(known, Known) else Known(known), out)
+    return out.rows()
 
 
 def to_tables(rows: GraphRows) -> tuple[pa.Table, pa.Table, pa.Table]:
@@ -349,22 +424,28 @@ def to_tables(rows: GraphRows) -> tuple[pa.Table, pa.Table, pa.Table]:
 
 
 def graph_files(
-    files: Mapping[str, tuple[str, str]], source: str, known: Collection[str] | None = None
+    files: Mapping[str, tuple[str, str]],
+    source: str,
+    known: Collection[str] | None = None,
+    trees: Mapping[str, Tree] | None = None,
 ) -> tuple[pa.Table, pa.Table, pa.Table, list[str]]:
     """{path: (text, lang)} -> the three tables for those files, plus `path: reason` per bad file.
 
     `known` is every path of the source (imports resolve against it); by default, these files.
+    `trees` are the chunker's parses of those same texts, reused instead of parsing again.
     """
+    trees = trees or {}
     index = Known(set(files) if known is None else known)
-    acc = GraphRows([], [], [])
+    acc = _Columns()
     bad: list[str] = []
     for path, (body, lang) in files.items():
+        one = _Columns()
         try:
-            rows = graph_rows(body, lang, source, path, index)
+            _extract(body, lang, source, path, index, one, trees.get(path))
         except Exception as exc:  # one bad file is counted and skipped, never the batch
             bad.append(f"{path}: {type(exc).__name__}: {exc}")
             continue
-        acc.definitions.extend(rows.definitions)
-        acc.references.extend(rows.references)
-        acc.imports.extend(rows.imports)
-    return (*to_tables(acc), bad)
+        for mine, theirs in ((acc.defs, one.defs), (acc.refs, one.refs), (acc.imports, one.imports)):
+            for column, values in theirs.items():
+                mine[column].extend(values)
+    return (*acc.tables(), bad)

@@ -28,11 +28,6 @@ KEYS: dict[str, list[str]] = {
     IMPORTS_TABLE: ["source", "path", "module"],
 }
 SCHEMAS = {DEFINITIONS_TABLE: DEFINITIONS, REFERENCES_TABLE: REFERENCES, IMPORTS_TABLE: IMPORTS}
-# The columns the readers filter on: a B-tree each turns a scan of django's 640k refs into a lookup
-# (find_references 45 -> 12 ms in process).
-LOOKUP_COLUMNS: dict[str, tuple[str, ...]] = {
-    DEFINITIONS_TABLE: ("name",), REFERENCES_TABLE: ("name",), IMPORTS_TABLE: ("resolved", "path"),
-}
 
 
 class GraphTables(NamedTuple):
@@ -50,22 +45,6 @@ def open_graph(lake_dir: Path) -> GraphTables:
             table = open_table(db, name)
             out.append(table if table is not None else db.create_table(name, schema=schema))
     return GraphTables(*out)
-
-
-def optimize_graph(tables: GraphTables) -> None:
-    """Compact the graph tables and give their lookup columns a B-tree (built once; later rows are
-    folded in by optimize, and rows not yet folded in are still found by a scan)."""
-    from lancedb.index import BTree
-
-    for name, table in zip(SCHEMAS, tables, strict=True):
-        with writing(f"the {name} table (optimize)"):
-            if table.count_rows() == 0:
-                continue
-            indexed = {c for idx in table.list_indices() for c in idx.columns}
-            for column in LOOKUP_COLUMNS[name]:
-                if column not in indexed:
-                    table.create_index(column, config=BTree(), replace=True)
-            table.optimize(cleanup_older_than=KEEP_VERSIONS)
 
 
 def clear_graph(tables: GraphTables, source: str) -> None:
@@ -100,8 +79,7 @@ def write_graph(
     where = paths_filter(source, paths)
     written = 0
     for table, (name, new) in zip(tables, zip(SCHEMAS, rows, strict=True), strict=True):
-        if name != REFERENCES_TABLE:  # graph_rows keeps one ref per key already (the biggest table)
-            new = dedupe(new, KEYS[name])
+        new = dedupe(new, KEYS[name])
         written += new.num_rows
         with writing(name):
             if cold:
@@ -116,3 +94,28 @@ def write_graph(
                 .execute(new)
             )
     return written
+
+
+# Columns the read API filters on: a BTREE index turns `name = 'render'` from a scan of every
+# reference into a lookup (find_references, find_definition, related_files, file_outline).
+SCALAR_INDEXES: dict[str, tuple[str, ...]] = {
+    DEFINITIONS_TABLE: ("name", "path"),
+    REFERENCES_TABLE: ("name",),
+    IMPORTS_TABLE: ("path", "resolved"),
+}
+
+
+def optimize_graph(tables: GraphTables) -> None:
+    """Compact the graph tables (one fragment per batch otherwise), fold new rows into their
+    scalar indexes, and create the indexes a table with rows still lacks."""
+    from lancedb.index import BTree
+
+    for table, name in zip(tables, SCHEMAS, strict=True):
+        with writing(f"the {name} table (optimize)"):
+            if table.count_rows() == 0:
+                continue
+            table.optimize(cleanup_older_than=KEEP_VERSIONS)
+            have = {tuple(idx.columns) for idx in table.list_indices()}
+            for column in SCALAR_INDEXES[name]:
+                if (column,) not in have:
+                    table.create_index(column, config=BTree(), replace=True)

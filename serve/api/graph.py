@@ -117,12 +117,12 @@ class GraphReader:
         self.cochange = open_table(db, COCHANGE_TABLE)
 
     # -- definitions -------------------------------------------------------------------------
-    def _matching(self, symbol: str) -> list[dict[str, Any]]:
+    def _matching(self, symbol: str, columns: list[str] | None = None) -> list[dict[str, Any]]:
         symbol = symbol.strip()
         if not symbol:
             raise InputError("the symbol is empty")
         last = symbol.replace("::", ".").rsplit(".", 1)[-1]
-        rows = _rows(self.defs, f"name = {sql_str(last)}")
+        rows = _rows(self.defs, f"name = {sql_str(last)}", columns)
         if "." in symbol.replace("::", "."):
             want = symbol.replace("::", ".")
             rows = [r for r in rows if r["qualname"] == want or r["qualname"].endswith("." + want)]
@@ -176,7 +176,7 @@ class GraphReader:
                         include_imports: bool = True) -> ReferencePage:
         if offset < 0:
             raise InputError(f"offset must be at least 0, not {offset}")
-        defs = self._matching(symbol)
+        defs = self._matching(symbol, ["path", "qualname", "start_line"])
         last = symbol.replace("::", ".").strip().rsplit(".", 1)[-1]
         where = f"name = {sql_str(last)}" + ("" if include_imports else " AND kind != 'import'")
         rows = _rows(self.refs, where, ["source", "path", "line", "kind", "enclosing"])
@@ -190,7 +190,7 @@ class GraphReader:
         rows = [r for r in rows if (r["path"], r["line"]) not in own]
         rows.sort(key=lambda r: (r["path"] not in linked, r["path"], r["line"]))
         page = rows[offset: offset + _bound(limit)]
-        files: dict[str, list[str]] = {}
+        files: dict[tuple[str, str], list[str]] = {}  # each file of the page read once
         out = [Reference(path=r["path"], line=r["line"], kind=r["kind"], enclosing=r["enclosing"],
                          snippet=self._line(r["source"], r["path"], r["line"], files),
                          resolved=r["path"] in linked) for r in page]
@@ -205,19 +205,16 @@ class GraphReader:
         listed = ", ".join(sql_str(p) for p in sorted(paths))
         return _rows(self.imports, f"resolved IN ({listed})", ["path"])
 
-    def _line(self, source: str, path: str, line: int, seen: dict[str, list[str]] | None = None) -> str:
-        """The stripped line, read safely from disk; `seen` keeps a page's files read once."""
+    def _line(self, source: str, path: str, line: int, files: dict[tuple[str, str], list[str]]) -> str:
         if self.root is None or source != PROJECT_SOURCE:
             return ""
-        lines = seen.get(path) if seen is not None else None
+        lines = files.get((source, path))
         if lines is None:
             try:
                 data = safe_io.read_regular(self.root / path, 4_000_000)
             except (OSError, safe_io.NotRegularFile, safe_io.TooLarge):
-                return ""
-            lines = data.decode("utf-8", "replace").split("\n")
-            if seen is not None:
-                seen[path] = lines
+                data = b""
+            lines = files[(source, path)] = data.decode("utf-8", "replace").split("\n")
         return lines[line - 1].strip()[:SNIPPET_CHARS] if 0 < line <= len(lines) else ""
 
     # -- files ---------------------------------------------------------------------------------
@@ -247,8 +244,9 @@ class GraphReader:
         return RelatedAnswer(path=path, related=related[:_bound(limit)], unresolved_imports=unresolved[:50])
 
     def _known(self, path: str) -> bool:
-        return bool(_rows(self.defs, f"path = {sql_str(path)}", ["path"])[:1]) or bool(
-            _rows(self.refs, f"path = {sql_str(path)}", ["path"])[:1])
+        where = f"path = {sql_str(path)}"  # one row answers it: the limit stops the scan early
+        return any(t.search().where(where).select(["path"]).limit(1).to_arrow().num_rows
+                   for t in (self.defs, self.refs))
 
     def file_outline(self, path: str, limit: int = MAX_LIMIT) -> Outline:
         path = _norm(path)

@@ -8,6 +8,7 @@ import pyarrow as pa
 import pytest
 
 from ctxlake.schemas.tables import DEFINITIONS, IMPORTS, REFERENCES
+from ctxlake.tasks.chunk import chunk_text
 from ctxlake.tasks.graph import graph_files, graph_rows
 
 # One small file per language: `compute` is defined once and called on the lines marked CALL;
@@ -118,15 +119,16 @@ def test_methods_are_qualified_by_their_class_and_calls_name_their_enclosing_sym
 
 
 def test_nested_scopes_and_decorators_name_the_innermost_definition() -> None:
-    body = ("@register\nclass A:\n    @cached\n    def m(self):\n        def inner():\n"
+    body = ("from reg import register, cached\n@register\nclass A:\n    @cached\n    def m(self):\n        def inner():\n"
             "            return use_a()\n        return use_b()\n\n\ndef top():\n    return use_c()\n")
     rows = graph_rows(body, "python", "project", "n.py")
     assert [d["qualname"] for d in rows.definitions] == ["A", "A.m", "A.m.inner", "top"]
     where = {r["name"]: (r["line"], r["enclosing"], r["kind"]) for r in rows.references}
-    assert where["use_a"] == (6, "A.m.inner", "call") and where["use_b"] == (7, "A.m", "call")
-    assert where["use_c"] == (11, "top", "call")
-    # decorators are uses of their names, outside the definition they decorate
-    assert where["register"] == (1, None, "name") and where["cached"] == (3, "A", "name")
+    assert where["use_a"] == (7, "A.m.inner", "call") and where["use_b"] == (8, "A.m", "call")
+    assert where["use_c"] == (12, "top", "call")
+    # decorators are uses of their (imported) names, outside the definition they decorate
+    uses = {(r["name"], r["line"], r["enclosing"], r["kind"]) for r in rows.references}
+    assert ("register", 2, None, "name") in uses and ("cached", 4, "A", "name") in uses
 
 
 def test_docstring_first_line_and_signature() -> None:
@@ -175,3 +177,33 @@ def test_tables_carry_the_declared_schemas_and_a_bad_file_is_counted_and_skipped
     assert isinstance(defs, pa.Table) and defs.column("qualname").to_pylist() == ["f"]
     assert len(bad) == 1 and bad[0].startswith("bad.py: ")
     assert set(refs.column("path").to_pylist()) == {"ok.py"}
+
+
+def test_references_keep_what_can_be_asked_about_and_drop_locals_and_parameters() -> None:
+    body = (
+        "from django.db import Model, transaction\n"
+        "from .utils import cached_property\n"
+        "class Book(Model):\n"
+        "    @cached_property\n"
+        "    def title(self, i):\n"
+        "        total = i + 1\n"
+        "        transaction.atomic()\n"
+        "        return self.name.upper(total)\n"
+    )
+    refs = {(r["line"], r["name"], r["kind"]) for r in graph_rows(body, "python", "project", "b.py").references}
+    assert (3, "Model", "name") in refs  # a base class the file imports
+    assert (4, "cached_property", "name") in refs  # a decorator
+    assert (7, "atomic", "call") in refs and (8, "name", "attribute") in refs and (8, "upper", "call") in refs
+    assert (1, "transaction", "import") in refs
+    names = {name for _, name, _ in refs}
+    assert not names & {"self", "i", "total"}  # a parameter, a single letter, a local
+
+
+def test_the_chunkers_parse_gives_the_same_rows_as_a_fresh_one() -> None:
+    files = {path: (body, lang) for lang, (path, body) in FIXTURES.items()}
+    trees = {path: chunk_text(body, lang).tree for path, (body, lang) in files.items()}
+    assert all(t is not None for t in trees.values())
+    reused = graph_files(files, "project", None, {p: t for p, t in trees.items() if t is not None})
+    fresh = graph_files(files, "project")
+    assert all(a.equals(b) for a, b in zip(reused[:3], fresh[:3], strict=True))
+    assert reused[1].num_rows > 0
