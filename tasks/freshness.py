@@ -23,6 +23,7 @@ class Freshness:
     diff: Diff = field(default_factory=lambda: Diff([], [], []))
     tree: Tree | None = None
     seconds: float = 0.0
+    vectors_only: bool = False  # the files and keyword index are current; only embedding is left
 
     @property
     def stale_paths(self) -> list[str]:
@@ -49,7 +50,8 @@ def check(lake_dir: Path, source: str, root: Path, index: IndexSettings) -> Fres
         n = len(diff.added) + len(diff.modified) + len(diff.removed)
         return Freshness(False, f"{n} file(s) changed since the last run", diff, tree, elapsed)
     if state.pending_vectors:
-        return Freshness(False, f"{state.pending_vectors} chunk(s) still to embed", diff, tree, elapsed)
+        return Freshness(False, f"{state.pending_vectors} chunk(s) still to embed", diff, tree, elapsed,
+                         vectors_only=True)
     return Freshness(True, "up to date", diff, tree, elapsed)
 
 

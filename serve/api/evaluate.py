@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from ctxlake import __version__
-from ctxlake.errors import InputError
+from ctxlake.errors import CtxError, InputError
 from ctxlake.schemas.config import IndexSettings, Settings
 from ctxlake.schemas.tables import PROJECT_SOURCE
 from ctxlake.serve.api.models import SearchMode
@@ -32,6 +32,7 @@ from ctxlake.tasks.evaluate import (
     slug,
     tree_dir,
 )
+from ctxlake.tasks.lake import WriterLock
 from ctxlake.tasks.metrics import METRICS, Estimate, first_gold_rank, score_ranking, summarise
 from ctxlake.tasks.store import FTS_TAG
 
@@ -43,6 +44,7 @@ FULL = "full"
 PLAIN = "plain-bm25"
 CHUNK_SEARCH = "ctx-search"  # the chunk ranking of `ctx search`, collapsed to files
 CHUNK_SEARCH_HITS = 150
+LOCK_WAIT_S = 3600.0  # another eval indexing the same tree: wait for it (django takes a minute)
 
 
 class IndexRecord(BaseModel):
@@ -96,6 +98,7 @@ class EvalReport(BaseModel):
     tasks_sha256: str = Field(description="of the task file's bytes: which version of a dev set was run")
     tasks: int
     skipped_lines: list[str]
+    failed_tasks: list[str] = Field(default_factory=list, description="tasks whose index failed: left out of the scores")
     profiles: list[str]
     modes: list[SearchMode]
     corpora: list[str]
@@ -174,13 +177,26 @@ def lake_name(task: EvalTask, tree: Path) -> str:
 
 def index_tree(settings: Settings, tree: Path, embed: bool, task: EvalTask, model_id: str) -> IndexRecord:
     """Bring the task's lake up to date with its tree; a current lake starts no flow at all."""
+
+    record = IndexRecord(instance_id=task.instance_id, profile=settings.embed.model, model_id=model_id)
+    # Evals share the lake cache: a second one indexing the same tree would append every row
+    # again. It waits here, then finds the lake current.
+    lock = WriterLock(settings.lake_dir, purpose=f"ctx eval ({task.instance_id})").acquire(wait_s=LOCK_WAIT_S)
+    try:
+        return _index_locked(settings, tree, embed, record, model_id)
+    finally:
+        lock.release()
+
+
+def _index_locked(settings: Settings, tree: Path, embed: bool, record: IndexRecord, model_id: str) -> IndexRecord:
     from ctxlake.tasks import freshness
     from ctxlake.tasks.lake import IndexState
 
-    record = IndexRecord(instance_id=task.instance_id, profile=settings.embed.model, model_id=model_id)
     state = IndexState.read(settings.lake_dir)
     fresh = freshness.check(settings.lake_dir, PROJECT_SOURCE, tree, settings.index)
-    if (fresh.up_to_date and state is not None and state.model_id == model_id
+    # A keyword-only eval never embeds: vectors still to come do not make its lake stale.
+    current = fresh.up_to_date or (fresh.vectors_only and not embed)
+    if (current and state is not None and state.model_id == model_id
             and state.fts == FTS_TAG and not (embed and state.pending_vectors)):
         record.reused = True
         record.files = int((state.last_run or {}).get("files_seen", 0))
@@ -221,6 +237,7 @@ def run_eval(base: Settings, plan: EvalPlan, log: Log | None = None) -> EvalRepo
     ranking = variants(plan)
     results: list[TaskResult] = []
     index_records: list[IndexRecord] = []
+    failed: list[str] = []
     from ctxlake.tasks.embedders import make_embedder
 
     for profile in profiles:
@@ -233,7 +250,12 @@ def run_eval(base: Settings, plan: EvalPlan, log: Log | None = None) -> EvalRepo
             tree = materialised.tree
             lake_root = base.home / "eval" / "lakes" / slug(embedder.model_id) / lake_name(task, tree)
             settings = lake_settings(base, lake_root, profile, plan.include)
-            record = index_tree(settings, tree, need_vectors, task, embedder.model_id)
+            try:
+                record = index_tree(settings, tree, need_vectors, task, embedder.model_id)
+            except CtxError as exc:  # one broken lake must not cost the other tasks' scores
+                failed.append(f"{task.instance_id}: {exc}")
+                say(f"[{label} {number}/{len(tasks)}] {task.instance_id}: failed, left out of the scores: {exc}")
+                continue
             record.missing_files = materialised.missing[:100]
             if materialised.missing:
                 say(f"{task.instance_id}: {len(materialised.missing)} file(s) absent from the mirror, "
@@ -286,6 +308,7 @@ def run_eval(base: Settings, plan: EvalPlan, log: Log | None = None) -> EvalRepo
         tasks_sha256=hashlib.sha256(plan.tasks_file.read_bytes()).hexdigest(),
         tasks=len(tasks),
         skipped_lines=task_file.skipped,
+        failed_tasks=failed,
         profiles=[p or base.embed.model for p in profiles],
         modes=list(plan.modes),
         corpora=list(plan.corpora),

@@ -254,3 +254,32 @@ def test_eval_of_a_local_folder_without_git(tmp_path: Path, cli: Callable[..., A
     report = json.loads(result.stdout)
     assert report["results"][0]["rank"] == 1 and report["results"][0]["instance_id"] == "proj@worktree"
     assert not (project / ".ctx").exists()  # the lake lives in the eval cache, not in the folder
+
+
+def test_two_evals_sharing_the_cache_index_a_tree_once(
+    shop: tuple[Path, str, str], tmp_path: Path, fake_embedder: Any, ctx_home: Path
+) -> None:
+    """The second eval waits on the lake's writer lock, then finds the lake current: no row is
+    appended twice (two evals indexing one tree at once doubled every row, and the next vector
+    write failed on the duplicate ids)."""
+    import os
+    import sys
+
+    from ctxlake.tasks.lake import connect
+
+    repo, first, _ = shop
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [
+        {"instance_id": "invoice-tax", "repo": str(repo), "base_commit": first,
+         "gold_files": ["billing/invoice.py"], "problem_statement": "compute_invoice_total ignores tax_rate"}])
+    ctx = Path(sys.executable).parent / "ctx"
+    runs = [subprocess.Popen([str(ctx), "eval", str(tasks), "--modes", "keyword", "--corpus", "all", "--json", "-q"],
+                             cwd=tmp_path, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True) for _ in range(2)]
+    outs = [run.communicate(timeout=600) for run in runs]
+    assert all(run.returncode == 0 for run in runs), [err[-2000:] for _, err in outs]
+    reports = [json.loads(out) for out, _ in outs]
+    assert sorted(r["index"][0]["reused"] for r in reports) == [False, True], [r["index"] for r in reports]
+    assert all(r["failed_tasks"] == [] and r["runs"][0]["overall"]["acc@1"]["mean"] == 1.0 for r in reports)
+    (lake,) = (ctx_home / "eval" / "lakes").glob("*/*/.ctx/lake")
+    ids = connect(lake).open_table("chunks").to_arrow().column("id").to_pylist()
+    assert ids and len(ids) == len(set(ids))
