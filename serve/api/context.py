@@ -96,6 +96,23 @@ class MemoryLake:
         return None if all_projects else project_filter(self.settings.root)
 
 
+def session_counts(lake: MemoryLake) -> dict[str, tuple[int, str | None]]:
+    """tool -> (this project's sessions of it, when the newest ended); empty before any ingest."""
+    if lake.sessions is None:
+        return {}
+    where = lake.scope(False)
+    search = lake.sessions.search()
+    if where:
+        search = search.where(where)
+    rows = search.select(["tool", "ended_at"]).limit(None).to_arrow().to_pylist()
+    out: dict[str, tuple[int, str | None]] = {}
+    for row in rows:
+        count, last = out.get(row["tool"], (0, None))
+        ended = row["ended_at"].isoformat() if row["ended_at"] is not None else None
+        out[row["tool"]] = (count + 1, max(filter(None, (last, ended)), default=None))
+    return out
+
+
 # -- filters -------------------------------------------------------------------------------------
 
 

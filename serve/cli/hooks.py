@@ -42,7 +42,7 @@ def _root(path: Path | None) -> Path:
 
 
 def _render(changes: list[Any], as_json: bool, root: Path) -> None:
-    from ctxlake.serve.cli.hook_files import HOOK_CLIENTS
+    from ctxlake.serve.agents.hook_files import HOOK_CLIENTS
 
     if as_json:
         from ctxlake.serve.cli.render import print_json
@@ -61,7 +61,7 @@ def install(
     as_json: JsonOpt = False,
 ) -> None:
     """Add ctx's session-start (hand-off brief) and session-end (ingest) hooks to each tool's project files."""
-    from ctxlake.serve.cli import hook_files
+    from ctxlake.serve.agents import hook_files
 
     root = _root(path)
     names = hook_files.parse_hook_clients(client, root)
@@ -89,7 +89,7 @@ def uninstall(
     as_json: JsonOpt = False,
 ) -> None:
     """Remove only ctx's hook entries (and its instruction-file section); everything else stays."""
-    from ctxlake.serve.cli import hook_files
+    from ctxlake.serve.agents import hook_files
 
     root = _root(path)
     names = hook_files.parse_hook_clients(client or "all", root)
@@ -117,7 +117,7 @@ def status(
     as_json: JsonOpt = False,
 ) -> None:
     """Which tools have ctx's session hooks in this project."""
-    from ctxlake.serve.cli import hook_files
+    from ctxlake.serve.agents import hook_files
 
     root = _root(path)
     _render([hook_files.status(n, root) for n in hook_files.parse_hook_clients(client or "all", root)], as_json, root)
@@ -207,7 +207,7 @@ def session_end(
     path: Annotated[Path | None, typer.Option("--root", help="project folder (default: found from here)")] = None,
 ) -> None:
     """Ingest the session that just ended, in the background, so the next tool's brief sees it."""
-    from ctxlake.serve.cli.hook_files import HOOK_CLIENTS
+    from ctxlake.serve.agents.hook_files import HOOK_CLIENTS
 
     if client in ("claude", "codex", "gemini", "cursor", "copilot"):
         typer.echo("{}")  # these read a JSON answer on stdout (Gemini CLI warns on anything else); no decision in it

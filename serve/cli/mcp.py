@@ -12,7 +12,7 @@ from ctxlake.errors import InputError
 from ctxlake.schemas.config import CTX_DIR, find_root, git_toplevel, load_settings, resolve_root
 
 if TYPE_CHECKING:
-    from ctxlake.serve.cli.clients import Change
+    from ctxlake.serve.agents.clients import Change
 
 
 def serve_root(path: Path | None) -> Path:
@@ -77,7 +77,7 @@ def init(
 ) -> None:
     """Register `ctx serve` with MCP clients for this project, and keep the lake out of git."""
     from ctxlake.errors import ConfigError
-    from ctxlake.serve.cli import clients
+    from ctxlake.serve.agents import clients
     from ctxlake.serve.cli.base import ensure_project
 
     root = resolve_root(path, for_write=True)
@@ -122,7 +122,7 @@ def init(
 
 def _user_file(client: str, root: Path, command: list[str], yes: bool) -> Change:
     """Show the change to a user-wide config file, then write it when confirmed (or --yes)."""
-    from ctxlake.serve.cli import clients
+    from ctxlake.serve.agents import clients
 
     path, old, new, diff, done = clients.user_plan(client, root, command)
     if done is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
@@ -34,6 +35,49 @@ class ConfigDetail(ConfigSummary):
     always_apply: bool = False
 
 
+class ToolSetup(BaseModel):
+    tool: str = Field(description="claude, codex, gemini, cursor, copilot, opencode or antigravity")
+    mcp: str = Field(description="where ctx's MCP server is registered for this project, or 'no' / 'user-wide only'")
+    hooks: str = Field(description="ctx's session hooks: installed, partial, missing, or 'none' when the tool has none")
+    sessions: int = Field(description="this project's sessions of this tool in the conversation lake")
+    last_session: str | None = Field(default=None, description="when the newest one ended (ISO time)")
+
+
+class ToolPreferences(BaseModel):
+    tools: list[ToolSetup]
+    used_most: list[str] = Field(description="tools with sessions here, most sessions first")
+    rules: list[ConfigSummary] = Field(description="the registry's rules: what the project asks of every agent")
+    registry_stale: list[str] = Field(description="native files `ctx sync` would change (empty: in sync)")
+
+
+TOOLS = ("claude", "codex", "gemini", "cursor", "copilot", "opencode", "antigravity")
+# The project file ctx init writes each tool's MCP entry to (Copilot in VS Code reads .vscode/mcp.json).
+_MCP_FILES = {"claude": "claude", "cursor": "cursor", "gemini": "gemini", "copilot": "vscode", "opencode": "opencode"}
+
+
+def tool_setup(root: Path, sessions: dict[str, tuple[int, str | None]]) -> list[ToolSetup]:
+    """Each agent tool as this project has it wired: MCP entry, session hooks, sessions seen."""
+    from ctxlake.serve.agents import clients, hook_files
+
+    out = []
+    for tool in TOOLS:
+        if tool == "codex":
+            text = (root / clients.CODEX_PROJECT_FILE).read_text(encoding="utf-8") \
+                if (root / clients.CODEX_PROJECT_FILE).is_file() else ""
+            mcp = clients.CODEX_PROJECT_FILE if f"[mcp_servers.{clients.SERVER_NAME}]" in text else "no"
+        elif tool in _MCP_FILES:
+            file, key, _ = clients.PROJECT_CLIENTS[_MCP_FILES[tool]]
+            data, _problem = clients.read_json_object(root / file)
+            servers = (data or {}).get(key)
+            mcp = file if isinstance(servers, dict) and clients.SERVER_NAME in servers else "no"
+        else:
+            mcp = "user-wide only"  # Antigravity has no project file
+        hooks = hook_files.status(tool, root).action if tool in hook_files.HOOK_CLIENTS else "none"
+        count, last = sessions.get(tool, (0, None))
+        out.append(ToolSetup(tool=tool, mcp=mcp, hooks=hooks, sessions=count, last_session=last))
+    return out
+
+
 def register_registry_tools(server: MCPServer[ServerState], state: ServerState) -> None:
     """Read-only: the tools read .ctx/registry/ and write nothing."""
     from ctxlake.serve.api.registry import get_config as api_get
@@ -52,3 +96,21 @@ def register_registry_tools(server: MCPServer[ServerState], state: ServerState) 
         """One registry item in full (its instructions or prompt text and fields). name: as list_configs gives it;
         kind: needed only when two kinds share the name."""
         return ConfigDetail(**api_get(state.settings.root, name, kind))
+
+    @server.tool(annotations=READ_ONLY, structured_output=True)
+    @tool_errors
+    def tool_preferences() -> ToolPreferences:
+        """Which agent tools this project uses and how each is wired for ctx: its MCP entry, session hooks and
+        sessions here (most used first), the registry's rules every agent should follow, and whether the tools'
+        generated config files are in sync. Call it to learn the project's conventions before changing them."""
+        from ctxlake.serve.api.context import MemoryLake, session_counts
+        from ctxlake.tasks.registry import sync
+
+        root = state.settings.root
+        counts = session_counts(MemoryLake(state.settings))
+        tools = tool_setup(root, counts)
+        used = [t.tool for t in sorted(tools, key=lambda t: (-t.sessions, t.tool)) if t.sessions]
+        rules = [ConfigSummary(**i) for i in api_list(root, "rule")]
+        check = sync(root, check=True)
+        stale = sorted({c.path for c in check.changes if c.action not in ("unchanged",)})
+        return ToolPreferences(tools=tools, used_most=used, rules=rules, registry_stale=stale)

@@ -16,7 +16,7 @@ import pytest
 from helpers import git
 from memlogs import claude, slug, tool_result, tool_use, write_jsonl
 
-from ctxlake.serve.cli import hook_files
+from ctxlake.serve.agents import hook_files
 from ctxlake.serve.cli.app import run
 
 

@@ -62,7 +62,7 @@ def test_inspector_lists_and_calls_tools(
     assert {"search_code", "find_files", "fuzzy_find", "get_file_context", "get_stale_status", "list_sources",
             "docs_index", "docs_content", "search_context", "recent_sessions", "session_detail",
             "project_knowledge", "handoff_brief", "find_definition", "find_references", "related_files",
-            "file_outline", "list_configs", "get_config"} == names
+            "file_outline", "list_configs", "get_config", "tool_preferences"} == names
 
     called = inspect(env, repo, "--method", "tools/call", "--tool-name", "search_code",
                      "--tool-arg", "query=getUserById", "--tool-arg", "search_type=keyword", "--format", "json")

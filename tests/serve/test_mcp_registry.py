@@ -35,3 +35,33 @@ def test_list_and_get_config(tmp_path: Path) -> None:
             assert "unknown kind" in await call_error(client, "list_configs", {"kind": "bogus"})
 
     anyio.run(main)
+
+
+def test_tool_preferences_reports_each_tools_wiring_rules_and_sync_state(tmp_path: Path) -> None:
+    import json
+
+    from ctxlake.serve.agents import hook_files
+    from ctxlake.tasks.registry import sync
+
+    (tmp_path / ".ctx").mkdir()
+    save_item(tmp_path, ConfigItem(kind="rule", name="py-style", description="Python style", body="Use type hints.\n"))
+    (tmp_path / ".mcp.json").write_text(json.dumps({"mcpServers": {"ctx": {"command": "ctx", "args": ["serve"]}}}))
+    (tmp_path / ".cursor").mkdir()
+    (tmp_path / ".cursor" / "mcp.json").write_text(json.dumps({"mcpServers": {"other": {"command": "x"}}}))
+    hook_files.install("claude", tmp_path)
+    server = build_server(load_settings(tmp_path, {"mcp": {"stale_check_s": 0}}, env=dict(os.environ)))
+
+    async def main() -> dict[str, object]:
+        async with Client(server) as client:
+            return await call_ok(client, "tool_preferences")
+
+    got = anyio.run(main)
+    tools = {t["tool"]: t for t in got["tools"]}  # type: ignore[attr-defined]
+    assert (tools["claude"]["mcp"], tools["claude"]["hooks"]) == (".mcp.json", "installed")
+    assert (tools["cursor"]["mcp"], tools["cursor"]["hooks"]) == ("no", "missing")
+    assert (tools["antigravity"]["mcp"], tools["antigravity"]["hooks"]) == ("user-wide only", "none")
+    assert all(t["sessions"] == 0 for t in tools.values()) and got["used_most"] == []
+    assert [r["name"] for r in got["rules"]] == ["py-style"]  # type: ignore[attr-defined]
+    assert got["registry_stale"], "nothing synced yet: the native files are to be written"
+    sync(tmp_path)
+    assert anyio.run(main)["registry_stale"] == []

@@ -37,6 +37,7 @@ CONTRACT = {
     "handoff_brief": {"from_tool", "session_ref", "budget"},
     "list_configs": {"kind"},
     "get_config": {"name", "kind"},
+    "tool_preferences": set(),
     "project_knowledge": {"type", "query", "limit"},
     "find_definition": {"symbol", "from_path", "limit"},
     "find_references": {"symbol", "offset", "limit", "include_imports"},

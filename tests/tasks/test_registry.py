@@ -227,8 +227,8 @@ def test_registry_list_and_show_cli(project: Path, capsys: pytest.CaptureFixture
 
 
 def test_coexists_with_hooks_section_and_refuses_symlinked_folders(tmp_path: Path) -> None:
-    from ctxlake.serve.cli.hook_files import SECTION_END as HOOK_END
-    from ctxlake.serve.cli.hook_files import SECTION_START as HOOK_START
+    from ctxlake.serve.agents.hook_files import SECTION_END as HOOK_END
+    from ctxlake.serve.agents.hook_files import SECTION_START as HOOK_START
 
     (tmp_path / ".ctx").mkdir()
     save_item(tmp_path, ITEMS[3])

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ctxlake.errors import ConfigError, InputError
-from ctxlake.serve.cli.clients import read_json_object
+from ctxlake.serve.agents.clients import read_json_object
 from ctxlake.tasks.lake import write_atomic
 
 Style = Literal["nested", "cursor", "copilot", "plugin"]
@@ -116,7 +116,7 @@ def parse_hook_clients(value: str | None, root: Path) -> list[str]:
 def hook_command(client: str, which: str, env: dict[str, str] | None = None) -> str:
     """The shell command a tool runs: `ctx` when PATH finds this installation (portable: nothing of this machine in
     a committed file), else its absolute path; CTX_HOME carried when the user set it."""
-    from ctxlake.serve.cli.clients import carried_env, ctx_command
+    from ctxlake.serve.agents.clients import carried_env, ctx_command
 
     exe = " ".join(shlex.quote(part) for part in ctx_command(env))
     prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in carried_env(env).items())
