@@ -15,7 +15,7 @@ from ctxlake.schemas.tables import COCHANGE_TABLE, PROJECT_SOURCE
 from ctxlake.tasks import safe_io
 from ctxlake.tasks.cochange import newest_weight
 from ctxlake.tasks.graph_store import DEFINITIONS_TABLE, IMPORTS_TABLE, REFERENCES_TABLE
-from ctxlake.tasks.lake import connect, open_table, table_names
+from ctxlake.tasks.lake import FILES_TABLE, connect, open_table, table_names
 from ctxlake.tasks.store import sql_str
 
 if TYPE_CHECKING:
@@ -115,6 +115,7 @@ class GraphReader:
         self.refs = db.open_table(REFERENCES_TABLE)
         self.imports = db.open_table(IMPORTS_TABLE)
         self.cochange = open_table(db, COCHANGE_TABLE)
+        self.files = open_table(db, FILES_TABLE)
 
     # -- definitions -------------------------------------------------------------------------
     def _matching(self, symbol: str, columns: list[str] | None = None) -> list[dict[str, Any]]:
@@ -244,9 +245,13 @@ class GraphReader:
         return RelatedAnswer(path=path, related=related[:_bound(limit)], unresolved_imports=unresolved[:50])
 
     def _known(self, path: str) -> bool:
-        where = f"path = {sql_str(path)}"  # one row answers it: the limit stops the scan early
-        return any(t.search().where(where).select(["path"]).limit(1).to_arrow().num_rows
-                   for t in (self.defs, self.refs))
+        """Whether the index holds the file: the files manifest, not the graph (a file may define and
+        use nothing the graph keeps, `a = 1`, and still be indexed and co-changed)."""
+        where = f"source = {sql_str(PROJECT_SOURCE)} AND path = {sql_str(path)}"
+        tables = [self.files] if self.files is not None else [self.defs, self.refs]
+        # one row answers it: the limit stops the scan early
+        return any(t.search().where(where if t is self.files else f"path = {sql_str(path)}")
+                   .select(["path"]).limit(1).to_arrow().num_rows for t in tables)
 
     def file_outline(self, path: str, limit: int = MAX_LIMIT) -> Outline:
         path = _norm(path)

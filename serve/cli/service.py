@@ -19,7 +19,8 @@ from ctxlake.serve.service.paths import service_paths
 def service_status() -> dict[str, Any]:
     """What `ctx status` shows about the service: up/down, pid, uptime, RSS, projects, schedules."""
     paths = service_paths()
-    info = lifecycle.ping(paths, timeout=1.0)
+    # A listening service answers even when loaded; only a missing socket means down.
+    info = lifecycle.ping(paths, timeout=1.0, reply_timeout=15.0)
     if info is None:
         return {"up": False, "socket": str(paths.socket)}
     info.pop("op", None)

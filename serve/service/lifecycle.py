@@ -18,14 +18,17 @@ from ctxlake.serve.service.paths import ServicePaths
 START_TIMEOUT_S = 60.0
 
 
-def ping(paths: ServicePaths, timeout: float = 2.0) -> dict[str, Any] | None:
-    """The running service's info, or None when nothing answers on the socket."""
+def ping(paths: ServicePaths, timeout: float = 2.0, reply_timeout: float | None = None) -> dict[str, Any] | None:
+    """The running service's info, or None when nothing answers on the socket. `timeout` bounds the
+    connect (instant when no service listens); `reply_timeout` (default: the same) the answer, which
+    on a busy machine can take seconds (the info asks Prefect for the schedules)."""
     try:
         sock = protocol.connect(str(paths.socket), timeout=timeout)
     except OSError:
         return None
     try:
         with sock:
+            sock.settimeout(timeout if reply_timeout is None else reply_timeout)
             protocol.send(sock, {"op": "ping", "v": protocol.PROTOCOL_VERSION})
             reply = protocol.recv(sock)
     except (OSError, protocol.ProtocolError):

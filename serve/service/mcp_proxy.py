@@ -30,6 +30,9 @@ def _pump_stdin(sock: socket.socket) -> None:
             sock.shutdown(socket.SHUT_WR)  # the client closed stdin: end the session cleanly
 
 
+HANDSHAKE_TIMEOUT_S = 30.0
+
+
 def proxy_or_none(argv: list[str]) -> int | None:
     """Run `ctx serve` through the service; None when it must run in-process (service down, --http)."""
     if "--http" in argv or "--help" in argv:
@@ -38,6 +41,9 @@ def proxy_or_none(argv: list[str]) -> int | None:
         sock = protocol.connect(str(service_paths().socket), timeout=2.0)
     except OSError:
         return None
+    # Connected: the service is up. Opening the project there can take seconds on a busy machine;
+    # falling back to a whole in-process engine (~300 MB) for that would be the worse answer.
+    sock.settimeout(HANDSHAKE_TIMEOUT_S)
     try:
         protocol.send(sock, {"op": "mcp", "v": protocol.PROTOCOL_VERSION, "argv": argv[1:],
                              "cwd": os.getcwd(), "env": forwarded_env()})
