@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -54,6 +55,25 @@ def _render(changes: list[Any], as_json: bool, root: Path) -> None:
         typer.echo(f"{label}: {c.action} {c.path}" + (f" ({c.detail})" if c.detail else ""))
 
 
+def _apply_each(names: list[str], change: Callable[[str], list[Any]], as_json: bool, root: Path) -> None:
+    """Change every client's files, then show what changed; a file that needs a hand edit does not stop
+    the others, and the first one decides the exit code (3)."""
+    from ctxlake.serve.agents import hook_files
+
+    changes: list[Any] = []
+    problems: list[hook_files.UnmergeableFile] = []
+    for name in names:
+        try:
+            changes.extend(change(name))
+        except hook_files.UnmergeableFile as exc:
+            problems.append(exc)
+    _render(changes, as_json, root)
+    if problems:
+        for extra in problems[1:]:
+            typer.echo(f"ctx: error: {extra}\n  {extra.hint}", err=True)
+        raise problems[0]
+
+
 @hooks_app.command("install")
 def install(
     client: ClientOpt = None,
@@ -65,19 +85,7 @@ def install(
 
     root = _root(path)
     names = hook_files.parse_hook_clients(client, root)
-    changes: list[Any] = []
-    problems: list[hook_files.UnmergeableFile] = []
-    for name in names:
-        try:
-            changes.extend(hook_files.install(name, root))
-        except hook_files.UnmergeableFile as exc:
-            problems.append(exc)
-    _render(changes, as_json, root)
-    if problems:
-        # Every other client is done; the first file that needs a hand edit decides the exit code (3).
-        for extra in problems[1:]:
-            typer.echo(f"ctx: error: {extra}\n  {extra.hint}", err=True)
-        raise problems[0]
+    _apply_each(names, lambda name: hook_files.install(name, root), as_json, root)
     if not as_json:
         typer.echo("Start a new session in the tool to see the brief; `ctx hooks status` shows what is wired.")
 
@@ -94,20 +102,13 @@ def uninstall(
     root = _root(path)
     names = hook_files.parse_hook_clients(client or "all", root)
     staying = [n for n in hook_files.HOOK_CLIENTS if n not in names and hook_files.status(n, root).action != "missing"]
-    changes: list[Any] = []
-    problems: list[hook_files.UnmergeableFile] = []
-    for name in names:
+
+    def remove(name: str) -> list[Any]:
         spec = hook_files.HOOK_CLIENTS[name]
         shared = any(hook_files.HOOK_CLIENTS[s].instructions == spec.instructions for s in staying)
-        try:
-            changes.extend(hook_files.uninstall(name, root, shared_instructions=shared))
-        except hook_files.UnmergeableFile as exc:
-            problems.append(exc)
-    _render(changes, as_json, root)
-    if problems:
-        for extra in problems[1:]:
-            typer.echo(f"ctx: error: {extra}\n  {extra.hint}", err=True)
-        raise problems[0]
+        return hook_files.uninstall(name, root, shared_instructions=shared)
+
+    _apply_each(names, remove, as_json, root)
 
 
 @hooks_app.command("status")
