@@ -86,6 +86,8 @@ class Lake:
         self._fraction: tuple[int, float] | None = None  # (table version, embedded share)
         self._catalogs: dict[str | None, tuple[int, LakeCatalog]] = {}
         self._imports: tuple[int, dict[tuple[str, str], set[tuple[str, str]]]] | None = None
+        # (files version, chunks version) -> per-source figures (source_queries.index_stats)
+        self._source_stats: tuple[tuple[int, int], dict[str, Any]] | None = None
 
     # -- helpers ---------------------------------------------------------------------------------
 
