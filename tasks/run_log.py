@@ -15,14 +15,25 @@ from ctxlake.tasks.lake import connect, open_table
 
 def folder_bytes(folder: Path) -> int:
     """Bytes of the regular files under folder (links not followed; files vanishing meanwhile skipped)."""
+    return folder_stamp(folder)[0]
+
+
+def folder_stamp(folder: Path) -> tuple[int, int]:
+    """(bytes under folder, as folder_bytes counts them; a digest of every file's path, size and
+    mtime). A Lance write adds files and a cleanup removes them, so the digest changes with any
+    commit to any table under the folder: a change token for caches of what was read from it."""
     total = 0
+    seen: list[tuple[str, int, int]] = []
     for dirpath, _, names in os.walk(folder):
         for name in names:
+            path = os.path.join(dirpath, name)
             try:
-                total += os.lstat(os.path.join(dirpath, name)).st_size
+                st = os.lstat(path)
             except OSError:
                 continue
-    return total
+            total += st.st_size
+            seen.append((path, st.st_size, st.st_mtime_ns))
+    return total, hash(tuple(seen))
 
 
 def record_run(lake_dir: Path, tables: Any, source: str, report: Any) -> pa.Table:

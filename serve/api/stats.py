@@ -6,6 +6,7 @@ every memory query: the project's folder and below, or every project with `all_p
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,7 @@ from ctxlake.schemas.config import Settings
 from ctxlake.schemas.tables import INDEX_RUNS_TABLE
 from ctxlake.tasks.lake import CHUNKS_TABLE, FILES_TABLE, IndexState, connect, open_table
 from ctxlake.tasks.memory_store import KNOWLEDGE_TABLE, MESSAGES_TABLE, SESSIONS_TABLE
-from ctxlake.tasks.run_log import folder_bytes
+from ctxlake.tasks.run_log import folder_stamp
 from ctxlake.tasks.sessionize import project_filter
 
 if TYPE_CHECKING:
@@ -87,8 +88,33 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str, **tables: pa.Table) -> list[
             con.unregister(name)
 
 
+# (root, lake, memory lake, top, scope) -> (the two lake folders' stamps when read, the figures)
+_computed: dict[tuple[str, str, str, int, bool], tuple[tuple[int, int], LakeStats]] = {}
+_computed_lock = threading.Lock()
+
+
 def lake_stats(settings: Settings, top: int = 10, all_projects: bool = False) -> LakeStats:
-    """A project's lake and its agents' sessions -> headline figures and the analyses."""
+    """A project's lake and its agents' sessions -> headline figures and the analyses.
+
+    Computed once per state of the two lake folders: a long-lived caller (the UI's Analytics page)
+    pays a walk of them (~6 ms on django's lake) while nothing was written, instead of the scans
+    and DuckDB queries (~0.15-0.5 s there). The stamps are taken before the tables are read, so a
+    write landing meanwhile is seen by the next call.
+    """
+    key = (str(settings.root), str(settings.lake_dir), str(settings.memory_dir), int(top), all_projects)
+    lake_bytes, lake_stamp = folder_stamp(settings.lake_dir)
+    stamps = (lake_stamp, folder_stamp(settings.memory_dir)[1])
+    with _computed_lock:
+        hit = _computed.get(key)
+    if hit is not None and hit[0] == stamps:
+        return hit[1].model_copy(deep=True)
+    figures = _lake_stats(settings, top, all_projects, lake_bytes)
+    with _computed_lock:
+        _computed[key] = (stamps, figures)
+    return figures.model_copy(deep=True)
+
+
+def _lake_stats(settings: Settings, top: int, all_projects: bool, lake_bytes: int) -> LakeStats:
     import duckdb
 
     lake_dir = settings.lake_dir
@@ -144,7 +170,7 @@ def lake_stats(settings: Settings, top: int = 10, all_projects: bool = False) ->
     return LakeStats(
         project=str(settings.root), scope="all projects" if all_projects else "project",
         files=files.count_rows() if files is not None else 0, chunks=n_chunks, embedded=embedded,
-        embedded_share=round(embedded / n_chunks, 4) if n_chunks else 0.0, lake_bytes=folder_bytes(lake_dir),
+        embedded_share=round(embedded / n_chunks, 4) if n_chunks else 0.0, lake_bytes=lake_bytes,
         last_index_run=str(finished) if finished else None,
         sessions=n_sessions, messages=n_messages, knowledge=knowledge.count_rows() if knowledge is not None else 0,
         chunks_per_language=[Count(label=str(r[0]), count=int(r[1] or 0)) for r in per_lang],

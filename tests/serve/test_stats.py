@@ -87,3 +87,33 @@ def test_charts_are_valid_svg_with_escaped_labels() -> None:
         root = ElementTree.fromstring(svg)  # parses: well-formed XML
         assert root.tag.endswith("svg") and "<script" not in svg
         assert root.find("{http://www.w3.org/2000/svg}title") is not None
+
+
+def test_figures_follow_the_lakes_across_runs_and_ingests(make_repo: Callable[..., Path], cli: Callable[..., Any],
+                                                          tmp_path: Path) -> None:
+    # The figures are kept per state of the lake folders (the Analytics page calls this per visit):
+    # every write to either lake must show in the next answer.
+    repo = make_repo(FILES)
+    assert cli("run", "index", "--no-embed", cwd=repo).exit_code == 0
+    settings = load_settings(repo)
+    first = lake_stats(settings, top=5)
+    assert lake_stats(settings, top=5) == first
+    assert first.embedded == 0 and first.sessions == 0 and len(first.index_size) == 1
+
+    assert cli("run", "index", cwd=repo).exit_code == 0  # no file changed: only the vectors arrive
+    embedded = lake_stats(settings, top=5)
+    assert embedded.embedded == embedded.chunks == first.chunks > 0 and len(embedded.index_size) == 2
+
+    (repo / "app" / "forms.py").write_text("class Form:\n    pass\n")
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    grown = lake_stats(settings, top=5)
+    lake = connect(settings.lake_dir)
+    assert (grown.files, grown.chunks) == (lake.open_table("files").count_rows(), lake.open_table("chunks").count_rows())
+    assert grown.files == first.files + 1 and grown.lake_bytes != embedded.lake_bytes
+
+    assert cli("run", "ingest", f"--from=claude={_logs(tmp_path, str(repo))}", cwd=repo).exit_code == 0
+    ingested = lake_stats(settings, top=5)
+    assert ingested.sessions == 3 and ingested.messages == 12 and ingested.files == grown.files
+    # A caller may change what it got without changing the next caller's answer.
+    ingested.chunks_per_language.clear()
+    assert lake_stats(settings, top=5).chunks_per_language
