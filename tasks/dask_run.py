@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ctxlake.errors import ConfigError
+from ctxlake.errors import ConfigError, CtxError
 from ctxlake.schemas.config import EmbedSettings, IndexSettings
 from ctxlake.tasks.chunk_stage import BatchRows, chunk_files, with_graph
 
@@ -116,7 +116,7 @@ def map_batches(client: Client, root: Path, source: str, jobs: Sequence[tuple[li
 
     A worker that dies mid-batch loses nothing: the scheduler gives its batches to another.
     """
-    from distributed import as_completed
+    from distributed import KilledWorker, as_completed
 
     if not jobs:
         return
@@ -141,7 +141,10 @@ def map_batches(client: Client, root: Path, source: str, jobs: Sequence[tuple[li
     running = as_completed(first)
     submitted = len(first)
     for future in running:
-        rows: BatchRows = future.result()
+        try:
+            rows: BatchRows = future.result()
+        except (KilledWorker, OSError) as exc:
+            raise _lost(exc, f"a batch of {source}") from exc
         batch = batches.pop(future.key)
         future.release()
         if submitted < len(jobs):
@@ -172,9 +175,20 @@ class ClusterEmbedder:
     def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dims), dtype=np.float32)
+        from distributed import KilledWorker
+
         client = client_for(self.address)
         parts = max(1, min(worker_count(client), len(texts) // MIN_ENCODE_PART))
         size = -(-len(texts) // parts)
         slices = [list(texts[i : i + size]) for i in range(0, len(texts), size)]
         futures = client.map(encode_texts, slices, embed=self.embed, models_dir=self.models_dir, pure=False)
-        return np.concatenate(client.gather(futures))
+        try:
+            return np.concatenate(client.gather(futures))
+        except (KilledWorker, OSError) as exc:
+            raise _lost(exc, "an embedding batch") from exc
+
+
+def _lost(exc: BaseException, what: str) -> CtxError:
+    # Workers died too often for one batch (allowed-failures), or the scheduler went away.
+    return CtxError(f"the Dask cluster lost {what}: {type(exc).__name__}: {exc}",
+                    hint="the next run redoes what this one left unfinished; see the workers' logs")

@@ -18,7 +18,7 @@ from ctxlake.tasks import dask_run
 from ctxlake.tasks.embedders import FakeEmbedder
 from ctxlake.tasks.graph_store import DEFINITIONS_TABLE, IMPORTS_TABLE, REFERENCES_TABLE
 
-pytestmark = pytest.mark.usefixtures("prefect_server", "fake_embedder")
+pytestmark = [pytest.mark.usefixtures("prefect_server", "fake_embedder"), pytest.mark.slow]
 
 
 def source_tree(n: int = 24) -> dict[str, str]:
