@@ -15,7 +15,7 @@ from ctxlake.schemas.tables import PROJECT_SOURCE
 from ctxlake.tasks import freshness
 from ctxlake.tasks.chunk_stage import BatchRows, chunk_files, with_graph
 from ctxlake.tasks.cochange import update_cochange
-from ctxlake.tasks.embed import ENCODE_GROUP, EmbeddingCache, embed_pending, fill_from_cache
+from ctxlake.tasks.embed import EmbeddingCache, embed_pending, fill_from_cache
 from ctxlake.tasks.embedders import Embedder, make_embedder
 from ctxlake.tasks.graph_store import clear_graph, open_graph, optimize_graph, write_graph
 from ctxlake.tasks.lake import IndexState, check_model, reset_lake
@@ -84,7 +84,7 @@ class Writer:
     def __init__(self, settings: Settings, source: str, root: Path, embedder: Embedder,
                  state: IndexState | None) -> None:
         self.settings, self.source, self.root, self.embedder = settings, source, root, embedder
-        self.encode_group = ENCODE_GROUP
+        self.encode_group: int | None = None  # the embed stage's own default
         if settings.run.executor == "dask":
             from ctxlake.tasks import dask_run
 

@@ -169,13 +169,13 @@ def embed_pending(
     on_batch: Callable[[int], None] | None = None,
     use_cache: bool = True,
     reembed_source: str | None = None,
-    group: int = ENCODE_GROUP,
+    group: int | None = None,
 ) -> EmbedResult:
     """CHUNKS rows with a null vector -> vectors: cache hits first, then the model, streamed.
 
     `reembed_source` re-encodes every chunk of that source instead (`--force`): old vectors stay
     in place, and searchable, until their new ones are written over them. `group` is the texts
-    per encode call (a cluster's embedder takes one share per worker).
+    per encode call (a cluster's embedder takes one share per worker; default ENCODE_GROUP).
     """
     started = time.perf_counter()
     where = "vector IS NULL" if reembed_source is None else f"source = {sql_str(reembed_source)}"
@@ -226,6 +226,7 @@ def embed_pending(
         buffer_h, buffer_v, last_flush = [], [], time.monotonic()
 
     try:
+        group = group or ENCODE_GROUP  # read at call time, like FLUSH_ROWS
         for start in range(0, len(todo), group):
             hashes = todo[start : start + group]
             t0 = time.perf_counter()
