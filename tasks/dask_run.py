@@ -13,6 +13,7 @@ import atexit
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
+from concurrent.futures import CancelledError
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -143,7 +144,7 @@ def map_batches(client: Client, root: Path, source: str, jobs: Sequence[tuple[li
     for future in running:
         try:
             rows: BatchRows = future.result()
-        except (KilledWorker, OSError) as exc:
+        except (KilledWorker, CancelledError, OSError) as exc:
             raise _lost(exc, f"a batch of {source}") from exc
         batch = batches.pop(future.key)
         future.release()
@@ -184,11 +185,12 @@ class ClusterEmbedder:
         futures = client.map(encode_texts, slices, embed=self.embed, models_dir=self.models_dir, pure=False)
         try:
             return np.concatenate(client.gather(futures))
-        except (KilledWorker, OSError) as exc:
+        except (KilledWorker, CancelledError, OSError) as exc:
             raise _lost(exc, "an embedding batch") from exc
 
 
 def _lost(exc: BaseException, what: str) -> CtxError:
-    # Workers died too often for one batch (allowed-failures), or the scheduler went away.
+    # Workers died too often for one batch (allowed-failures), the scheduler dropped the batches
+    # queued behind it (cancelled), or the scheduler went away (OSError).
     return CtxError(f"the Dask cluster lost {what}: {type(exc).__name__}: {exc}",
                     hint="the next run redoes what this one left unfinished; see the workers' logs")

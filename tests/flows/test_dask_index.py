@@ -153,3 +153,41 @@ def test_killing_a_worker_mid_run_still_converges(
     assert got["duplicate_ids"] == 0 and got["missing_vectors"] == 0
     assert got == expected
     assert graph_rows(remote / ".ctx" / "lake") == graph_rows(local / ".ctx" / "lake")
+
+
+def test_a_run_the_cluster_gives_up_on_fails_cleanly_and_the_rerun_converges(
+        tmp_path: Path, cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, small_batches: None,
+        clients: None) -> None:
+    import dask
+    from distributed import LocalCluster
+
+    files = source_tree(40)
+    local, remote = tmp_path / "local", tmp_path / "dask"
+    write_files(local, files)
+    write_files(remote, files)
+    assert index(cli, local, tmp_path / "home-local", monkeypatch, None).exit_code == 0
+    original = dask_run.map_batches
+
+    def kill_every_worker_after_the_first_batch(client: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        for n, item in enumerate(original(client, *args, **kwargs)):
+            if n == 0:
+                for pid in client.run(os.getpid).values():
+                    os.kill(pid, signal.SIGKILL)
+            yield item
+
+    monkeypatch.setattr(dask_run, "map_batches", kill_every_worker_after_the_first_batch)
+    # No second chance for a batch whose worker died: the run must fail, not hang or half-write.
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), \
+            LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        failed = index(cli, remote, tmp_path / "home-dask", monkeypatch, cluster.scheduler_address)
+        assert failed.exit_code == 1, failed.stderr
+        assert "the Dask cluster lost a batch of project" in failed.stderr and "Traceback" not in failed.stderr
+        monkeypatch.setattr(dask_run, "map_batches", original)
+        repaired = index(cli, remote, tmp_path / "home-dask", monkeypatch, cluster.scheduler_address)
+        assert repaired.exit_code == 0, repaired.stderr
+        dask_run.close_clients()
+
+    got = lake_fingerprint(remote / ".ctx" / "lake")
+    assert got["duplicate_ids"] == 0 and got["missing_vectors"] == 0
+    assert got == lake_fingerprint(local / ".ctx" / "lake")
+    assert graph_rows(remote / ".ctx" / "lake") == graph_rows(local / ".ctx" / "lake")
