@@ -136,11 +136,8 @@ def map_batches(client: Client, root: Path, source: str, jobs: Sequence[tuple[li
         batches[future.key] = batch
         return future
 
-    first = []
-    for _ in range(min(window, len(jobs))):
-        first.append(submit())
-    running = as_completed(first)
-    submitted = len(first)
+    running = as_completed([submit() for _ in range(min(window, len(jobs)))])
+    submitted = min(window, len(jobs))
     for future in running:
         try:
             rows: BatchRows = future.result()
