@@ -1,8 +1,9 @@
-"""Pipeline: scan -> diff -> chunk -> fill vectors from cache -> upsert -> FTS -> embed -> optimize -> manifest."""
+"""Pipeline: scan -> diff -> chunk + graph (here or on Dask workers) -> fill vectors from cache -> upsert -> FTS -> embed -> optimize -> manifest."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,11 +13,10 @@ from prefect import flow
 from ctxlake.schemas.config import Settings
 from ctxlake.schemas.tables import PROJECT_SOURCE
 from ctxlake.tasks import freshness
-from ctxlake.tasks.chunk_stage import chunk_files
+from ctxlake.tasks.chunk_stage import BatchRows, chunk_files, with_graph
 from ctxlake.tasks.cochange import update_cochange
 from ctxlake.tasks.embed import EmbeddingCache, embed_pending, fill_from_cache
 from ctxlake.tasks.embedders import Embedder, make_embedder
-from ctxlake.tasks.graph import graph_files
 from ctxlake.tasks.graph_store import clear_graph, open_graph, optimize_graph, write_graph
 from ctxlake.tasks.lake import IndexState, check_model, reset_lake
 from ctxlake.tasks.merkle import Diff, Tree, load_snapshot, save_snapshot, scan
@@ -84,6 +84,13 @@ class Writer:
     def __init__(self, settings: Settings, source: str, root: Path, embedder: Embedder,
                  state: IndexState | None) -> None:
         self.settings, self.source, self.root, self.embedder = settings, source, root, embedder
+        self.encode_group: int | None = None  # the embed stage's own default
+        if settings.run.executor == "dask":
+            from ctxlake.tasks import dask_run
+
+            self.embedder = dask_run.ClusterEmbedder(embedder, settings.run.dask_address, settings.embed,
+                                                     settings.models_dir)
+            self.encode_group = dask_run.ENCODE_GROUP
         self.lake = settings.lake_dir
         self.state = state or IndexState()
         self.state.provider, self.state.model = settings.embed.provider, settings.embed.model
@@ -109,7 +116,7 @@ class Writer:
 
     def embed(self, report: IndexReport, force: bool = False) -> None:
         result = embed_pending(self.tables, self.cache, self.embedder, use_cache=not force,
-                               reembed_source=self.source if force else None)
+                               reembed_source=self.source if force else None, group=self.encode_group)
         report.vectors_from_cache += result.from_cache
         report.embedded += result.embedded
         report.encode_seconds += result.encode_seconds
@@ -203,8 +210,7 @@ def index_code(
 
 def _write_changes(writer: Writer, diff: Diff, report: IndexReport, force: bool) -> None:
     """Changed and removed files -> the lake, one transaction per table and batch of files."""
-    tables, cache, root, source = writer.tables, writer.cache, writer.root, writer.source
-    settings, dims = writer.settings, writer.embedder.dims
+    tables, cache, source = writer.tables, writer.cache, writer.source
     progress = reporter()
     todo = diff.changed + diff.removed
     if not todo:
@@ -214,10 +220,9 @@ def _write_changes(writer: Writer, diff: Diff, report: IndexReport, force: bool)
     cold = tables.files.count_rows(where) == 0 and tables.chunks.count_rows(where) == 0
     graph_cold = all(t.count_rows(where) == 0 for t in writer.graph)
     removed = set(diff.removed)
+    jobs = [(batch, [p for p in batch if p not in removed]) for batch in _batches(todo, BATCH_FILES)]
     progress.start("chunk", len(todo), "chunking")
-    for batch in _batches(todo, BATCH_FILES):
-        changed = [p for p in batch if p not in removed]
-        rows = chunk_files(root, source, changed, settings.index, dims)
+    for batch, rows in _batch_rows(writer, jobs):
         chunks, hits = (rows.chunks, 0) if force else fill_from_cache(rows.chunks, cache)
         report.vectors_from_cache += hits
         for reason, n in rows.skipped.items():
@@ -231,14 +236,28 @@ def _write_changes(writer: Writer, diff: Diff, report: IndexReport, force: bool)
             result = upsert(tables, source, chunks, rows.files, batch)
             report.chunks_inserted += result.inserted
             report.chunks_deleted += result.deleted
-        if not settings.index.graph:
+        if rows.graph is None:
             progress.advance("chunk", len(batch))
             continue
         # The graph after the chunks: a crash between them leaves the batch journaled, redone next run.
-        defs, refs, imports, bad = graph_files(rows.texts, source, writer.known or set(rows.texts), rows.trees)
-        report.warnings.extend(f"graph skipped {b}" for b in bad)
-        if bad:
-            report.skipped["graph_error"] = report.skipped.get("graph_error", 0) + len(bad)
-        report.graph_rows += write_graph(writer.graph, source, (defs, refs, imports), batch, graph_cold)
+        report.warnings.extend(f"graph skipped {b}" for b in rows.graph_bad)
+        if rows.graph_bad:
+            report.skipped["graph_error"] = report.skipped.get("graph_error", 0) + len(rows.graph_bad)
+        report.graph_rows += write_graph(writer.graph, source, rows.graph, batch, graph_cold)
         progress.advance("chunk", len(batch))
     progress.finish("chunk")
+
+
+def _batch_rows(writer: Writer, jobs: list[tuple[list[str], list[str]]]) -> Iterator[tuple[list[str], BatchRows]]:
+    """(batch, changed paths) -> (batch, its rows): chunked here, in order, or on the Dask
+    cluster in the order workers finish; either way only this process writes them."""
+    settings, dims = writer.settings, writer.embedder.dims
+    if settings.run.executor == "dask":
+        from ctxlake.tasks import dask_run
+
+        client = dask_run.client_for(settings.run.dask_address)
+        yield from dask_run.map_batches(client, writer.root, writer.source, jobs, settings.index, dims, writer.known)
+        return
+    for batch, changed in jobs:
+        rows = chunk_files(writer.root, writer.source, changed, settings.index, dims)
+        yield batch, with_graph(rows, writer.source, writer.known, settings.index.graph)

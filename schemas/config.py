@@ -239,6 +239,40 @@ class ScheduleSettings(_Section):
         return check_cron(value)
 
 
+# Comms a distributed.Client can open (inproc is left out: it only reaches its own process).
+DASK_SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")
+
+
+class RunSettings(_Section):
+    """Where the heavy index stages (chunk, graph, embed) run; the lake's one writer is always the flow."""
+
+    executor: Literal["local", "dask"] = Field(
+        "local", description="local = in the flow's process; dask = on the Dask cluster at dask_address")
+    dask_address: str = Field(
+        "local:2",
+        description='for executor = "dask": a running scheduler (tcp://host:8786) or "local:N" for a '
+                    "LocalCluster of N worker processes on this machine",
+    )
+
+    @field_validator("dask_address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        value = value.strip()
+        if value.startswith("local:"):
+            count = value.removeprefix("local:")
+            if not count.isdigit() or not 1 <= int(count) <= 256:
+                raise ValueError(f'{value!r}: "local:N" needs a worker count N from 1 to 256')
+            return value
+        scheme, sep, rest = value.partition("://")
+        if not sep:
+            scheme, rest = "tcp", value
+        host, colon, port = rest.rpartition(":")
+        if scheme not in DASK_SCHEMES or not colon or not host or not port.isdigit():
+            raise ValueError(f'{value!r} is neither "local:N" nor a scheduler address like tcp://host:8786 '
+                             f"(schemes: {', '.join(DASK_SCHEMES)})")
+        return f"{scheme}://{rest}"
+
+
 class Settings(_Section):
     """Everything a command needs, resolved once at the entry point and passed down."""
 
@@ -257,6 +291,7 @@ class Settings(_Section):
     eval: EvalSettings = Field(default_factory=EvalSettings)
     schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
     ui: UiSettings = Field(default_factory=UiSettings)
+    run: RunSettings = Field(default_factory=RunSettings)
 
     @property
     def ctx_dir(self) -> Path:
@@ -302,6 +337,7 @@ SECTIONS: dict[str, type[_Section]] = {
     "eval": EvalSettings,
     "schedule": ScheduleSettings,
     "ui": UiSettings,
+    "run": RunSettings,
 }
 
 

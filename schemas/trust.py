@@ -25,6 +25,9 @@ GATED: dict[str, tuple[str, ...]] = {
     "memory": ("llm_command", "llm_url", "roots"),
     "agents": ("commands", "chat_commands", "sandbox_dir"),
     "embed": ("trust_remote_code", "base_url"),
+    # Connecting to a scheduler ships pickled code and the project's files to it, and runs what it
+    # sends back; executor alone is harmless (without an address it means a LocalCluster here).
+    "run": ("dask_address",),
 }
 # memory.llm mode -> the gated key it needs. Without that key the mode falls back to "off", so an
 # untrusted `llm = "command"` turns LLM compaction off instead of failing every ingest.

@@ -1,8 +1,9 @@
-"""Chunk stage: changed files of a source -> decoded text -> secrets masked -> CHUNKS rows (vectors null) and FILES rows."""
+"""Chunk stage: changed files of a source -> decoded text -> secrets masked -> CHUNKS rows (vectors null) and FILES rows,
+then the graph stage's DEFINITIONS, REFERENCES and IMPORTS rows of the same batch."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import NamedTuple
@@ -15,6 +16,7 @@ from ctxlake.schemas.config import IndexSettings
 from ctxlake.schemas.tables import FILES, chunks_schema
 from ctxlake.tasks import safe_io
 from ctxlake.tasks.chunk import Chunk, ChunkOptions, chunk_text, language_for
+from ctxlake.tasks.graph import graph_files
 from ctxlake.tasks.secrets import MaskReport, mask_text
 from ctxlake.tasks.stage import stage
 from ctxlake.tasks.terms import chunk_terms
@@ -163,3 +165,27 @@ def chunk_files(
         texts,
         trees,
     )
+
+
+class BatchRows(NamedTuple):
+    """One batch of files, ready for the writer. Plain Arrow and built-ins, no parse trees, so a
+    Dask worker can return it to the flow."""
+
+    chunks: pa.Table  # CHUNKS rows, vector null
+    files: pa.Table  # FILES rows
+    skipped: dict[str, int]
+    warnings: list[str]
+    secrets: MaskReport
+    graph: tuple[pa.Table, pa.Table, pa.Table] | None  # DEFINITIONS, REFERENCES, IMPORTS; None: graph off
+    graph_bad: list[str]  # `path: reason` per file the graph stage skipped
+
+
+def with_graph(rows: ChunkedFiles, source: str, known: Collection[str] | None, graph: bool) -> BatchRows:
+    """A chunked batch -> the same rows plus its graph tables (imports resolve against `known`,
+    every path of the source; by default the batch's own files)."""
+    tables: tuple[pa.Table, pa.Table, pa.Table] | None = None
+    bad: list[str] = []
+    if graph:
+        defs, refs, imports, bad = graph_files(rows.texts, source, known or set(rows.texts), rows.trees)
+        tables = (defs, refs, imports)
+    return BatchRows(rows.chunks, rows.files, rows.skipped, rows.warnings, rows.secrets, tables, bad)

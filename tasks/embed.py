@@ -169,11 +169,13 @@ def embed_pending(
     on_batch: Callable[[int], None] | None = None,
     use_cache: bool = True,
     reembed_source: str | None = None,
+    group: int | None = None,
 ) -> EmbedResult:
     """CHUNKS rows with a null vector -> vectors: cache hits first, then the model, streamed.
 
     `reembed_source` re-encodes every chunk of that source instead (`--force`): old vectors stay
-    in place, and searchable, until their new ones are written over them.
+    in place, and searchable, until their new ones are written over them. `group` is the texts
+    per encode call (a cluster's embedder takes one share per worker; default ENCODE_GROUP).
     """
     started = time.perf_counter()
     where = "vector IS NULL" if reembed_source is None else f"source = {sql_str(reembed_source)}"
@@ -224,14 +226,15 @@ def embed_pending(
         buffer_h, buffer_v, last_flush = [], [], time.monotonic()
 
     try:
-        for start in range(0, len(todo), ENCODE_GROUP):
-            group = todo[start : start + ENCODE_GROUP]
+        group = group or ENCODE_GROUP  # read at call time, like FLUSH_ROWS
+        for start in range(0, len(todo), group):
+            hashes = todo[start : start + group]
             t0 = time.perf_counter()
-            vectors = embedder.embed_documents([text_by_hash[h] for h in group])
+            vectors = embedder.embed_documents([text_by_hash[h] for h in hashes])
             encode_seconds += time.perf_counter() - t0
-            buffer_h.extend(group)
+            buffer_h.extend(hashes)
             buffer_v.append(vectors)
-            done = sum(len(ids_by_hash[h]) for h in group)
+            done = sum(len(ids_by_hash[h]) for h in hashes)
             progress.advance("embed", done)
             if on_batch is not None:
                 on_batch(done)

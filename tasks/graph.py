@@ -163,7 +163,10 @@ class Known:
         """Paths that end with `/suffix`, from an index of every proper suffix (built on first use)."""
         if self._suffixes is None:
             self._suffixes = {}
-            for p in self.paths:
+            # Sorted: a set's order follows the per-process string hash seed, and the first
+            # candidate wins an ambiguous import, so two processes (a Dask worker and the flow,
+            # or two runs) would resolve the same import differently.
+            for p in sorted(self.paths):
                 parts = p.split("/")
                 for i in range(1, len(parts)):
                     self._suffixes.setdefault("/".join(parts[i:]), []).append(p)

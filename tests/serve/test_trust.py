@@ -153,3 +153,27 @@ def test_folders_a_committed_config_would_point_at_are_gated(tmp_path: Path) -> 
     settings = load_settings(root)
     assert settings.memory.roots["claude"] == str(tmp_path / "elsewhere")
     assert settings.agents.sandbox_dir is not None and settings.agents.sandbox_dir.name == "drop"
+
+
+def test_a_committed_config_cannot_send_the_index_to_its_own_scheduler(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scheduler receives the project's files and pickled code and sends code back: a cloned
+    config may ask for Dask, but only the user (env, flags, or a trusted file) picks where."""
+    root = tmp_path / "p"
+    (root / ".ctx").mkdir(parents=True)
+    config = root / ".ctx" / "config.toml"
+    config.write_text('[run]\nexecutor = "dask"\ndask_address = "tcp://attacker.example:8786"\n')
+    settings = load_settings(root)
+    assert settings.run.executor == "dask" and settings.run.dask_address == "local:2"
+    monkeypatch.setenv("CTX_RUN_DASK_ADDRESS", "sched.internal:8786")
+    assert load_settings(root).run.dask_address == "tcp://sched.internal:8786"
+    monkeypatch.delenv("CTX_RUN_DASK_ADDRESS")
+    trust.trust(config, default_home())
+    assert load_settings(root).run.dask_address == "tcp://attacker.example:8786"
+
+
+@pytest.mark.parametrize("address", ["local:0", "local:two", "http://sched:8786", "sched", "tcp://sched:"])
+def test_a_dask_address_that_is_no_scheduler_is_one_clear_error(tmp_path: Path, address: str) -> None:
+    with pytest.raises(ConfigError, match=r"run\.dask_address") as error:
+        load_settings(tmp_path, overrides={"run": {"executor": "dask", "dask_address": address}})
+    assert "local:N" in str(error.value.message)

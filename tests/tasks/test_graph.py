@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from typing import cast
 
 import pyarrow as pa
@@ -207,3 +210,20 @@ def test_the_chunkers_parse_gives_the_same_rows_as_a_fresh_one() -> None:
     fresh = graph_files(files, "project")
     assert all(a.equals(b) for a, b in zip(reused[:3], fresh[:3], strict=True))
     assert reused[1].num_rows > 0
+
+
+def test_an_ambiguous_import_resolves_the_same_under_every_hash_seed() -> None:
+    # Two src/-style layouts both end in `tool/run.py`: which one wins must not depend on the
+    # process's string hash seed (Dask workers and re-runs each get a different one).
+    script = (
+        "from ctxlake.tasks.graph import resolve_import\n"
+        "known = {f'{d}/tool/run.py' for d in ('alpha', 'beta', 'gamma', 'delta', 'omega', 'zeta')}\n"
+        "known |= {f'{d}/tool/__init__.py' for d in ('alpha', 'beta', 'gamma', 'delta', 'omega', 'zeta')}\n"
+        "print(resolve_import('tool.run', 'app/main.py', 'python', known))\n"
+    )
+    answers = {
+        subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                       env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout.strip()
+        for seed in range(6)
+    }
+    assert answers == {"alpha/tool/run.py"}
