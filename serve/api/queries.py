@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import threading
 import time
@@ -588,15 +586,6 @@ def mark_stale(result: SearchResult | FileRanking | Status, fresh: freshness.Fre
     elif isinstance(result, SearchResult) and not fresh.up_to_date and not fresh.stale_paths \
             and fresh.reason != "up to date":
         result.warnings.append(f"index may be behind: {fresh.reason}")
-
-
-def _folder_bytes(folder: Path) -> int:
-    total = 0
-    for dirpath, _, names in os.walk(folder):
-        for name in names:
-            with contextlib.suppress(OSError):  # vanished while we walked
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-    return total
 
 
 def memory_malformed(memory_dir: Path) -> dict[str, dict[str, int]]:

@@ -271,10 +271,10 @@ def clean(yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] =
     if not lake.exists():
         typer.echo(f"Nothing to remove: {lake} does not exist.")
         return
-    from ctxlake.serve.api.queries import _folder_bytes
     from ctxlake.tasks.lake import WriterLock, reset_lake
+    from ctxlake.tasks.run_log import folder_bytes
 
-    size = human_bytes(_folder_bytes(lake))
+    size = human_bytes(folder_bytes(lake))
     if not yes:
         if not sys.stdin.isatty():
             raise InputError(f"refusing to remove {lake} without --yes (no terminal to ask)")
