@@ -66,6 +66,23 @@ def index(cli: Callable[..., Any], repo: Path, home: Path, monkeypatch: pytest.M
     return cli("run", "index", str(repo), "--json", cwd=repo)
 
 
+def indexed_here_and_copied(tmp_path: Path, files: dict[str, str], cli: Callable[..., Any],
+                            monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """The same tree twice: `local` indexed in this process (the reference), `remote` not yet."""
+    local, remote = tmp_path / "local", tmp_path / "dask"
+    write_files(local, files)
+    write_files(remote, files)
+    assert index(cli, local, tmp_path / "home-local", monkeypatch, None).exit_code == 0
+    return local, remote
+
+
+def assert_same_lake(remote: Path, local: Path) -> None:
+    got = lake_fingerprint(remote / ".ctx" / "lake")
+    assert got["duplicate_ids"] == 0 and got["missing_vectors"] == 0
+    assert got == lake_fingerprint(local / ".ctx" / "lake")
+    assert graph_rows(remote / ".ctx" / "lake") == graph_rows(local / ".ctx" / "lake")
+
+
 @pytest.fixture
 def small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     # Several batches per worker, so both workers get some and results come back out of order.
@@ -82,10 +99,7 @@ def test_the_lake_built_on_dask_equals_the_lake_built_here(
         tmp_path: Path, cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, small_batches: None,
         clients: None) -> None:
     files = source_tree()
-    local, remote = tmp_path / "local", tmp_path / "dask"
-    write_files(local, files)
-    write_files(remote, files)
-    assert index(cli, local, tmp_path / "home-local", monkeypatch, None).exit_code == 0
+    local, remote = indexed_here_and_copied(tmp_path, files, cli, monkeypatch)
 
     FakeEmbedder.reset_counters()
     done = index(cli, remote, tmp_path / "home-dask", monkeypatch, "local:2")
@@ -96,12 +110,8 @@ def test_the_lake_built_on_dask_equals_the_lake_built_here(
     assert FakeEmbedder.texts_embedded == 0
     assert len(per_worker) == 2 and sum(per_worker.values()) > 0
 
-    expected = lake_fingerprint(local / ".ctx" / "lake")
-    got = lake_fingerprint(remote / ".ctx" / "lake")
-    assert got["duplicate_ids"] == 0 and got["missing_vectors"] == 0
-    assert len(got["files"]) == len(files)  # type: ignore[arg-type]
-    assert got == expected
-    assert graph_rows(remote / ".ctx" / "lake") == graph_rows(local / ".ctx" / "lake")
+    assert_same_lake(remote, local)
+    assert len(lake_fingerprint(remote / ".ctx" / "lake")["files"]) == len(files)  # type: ignore[arg-type]
     imports = lancedb.connect(str(remote / ".ctx" / "lake")).open_table(IMPORTS_TABLE).to_arrow().to_pylist()
     assert {r["resolved"] for r in imports if r["module"] == "tool.run"} == {"alpha/src/tool/run.py"}
 
@@ -112,11 +122,7 @@ def test_killing_a_worker_mid_run_still_converges(
     from distributed import Client, LocalCluster
 
     files = source_tree(40)
-    local, remote = tmp_path / "local", tmp_path / "dask"
-    write_files(local, files)
-    write_files(remote, files)
-    assert index(cli, local, tmp_path / "home-local", monkeypatch, None).exit_code == 0
-    expected = lake_fingerprint(local / ".ctx" / "lake")
+    local, remote = indexed_here_and_copied(tmp_path, files, cli, monkeypatch)
 
     killed: list[int] = []
     after_kill = [0]
@@ -149,10 +155,7 @@ def test_killing_a_worker_mid_run_still_converges(
         assert killed[0] not in own.run(os.getpid).values()
         dask_run.close_clients()
 
-    got = lake_fingerprint(remote / ".ctx" / "lake")
-    assert got["duplicate_ids"] == 0 and got["missing_vectors"] == 0
-    assert got == expected
-    assert graph_rows(remote / ".ctx" / "lake") == graph_rows(local / ".ctx" / "lake")
+    assert_same_lake(remote, local)
 
 
 def test_a_run_the_cluster_gives_up_on_fails_cleanly_and_the_rerun_converges(
@@ -162,10 +165,7 @@ def test_a_run_the_cluster_gives_up_on_fails_cleanly_and_the_rerun_converges(
     from distributed import LocalCluster
 
     files = source_tree(40)
-    local, remote = tmp_path / "local", tmp_path / "dask"
-    write_files(local, files)
-    write_files(remote, files)
-    assert index(cli, local, tmp_path / "home-local", monkeypatch, None).exit_code == 0
+    local, remote = indexed_here_and_copied(tmp_path, files, cli, monkeypatch)
     original = dask_run.map_batches
 
     def kill_every_worker_after_the_first_batch(client: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
@@ -187,7 +187,4 @@ def test_a_run_the_cluster_gives_up_on_fails_cleanly_and_the_rerun_converges(
         assert repaired.exit_code == 0, repaired.stderr
         dask_run.close_clients()
 
-    got = lake_fingerprint(remote / ".ctx" / "lake")
-    assert got["duplicate_ids"] == 0 and got["missing_vectors"] == 0
-    assert got == lake_fingerprint(local / ".ctx" / "lake")
-    assert graph_rows(remote / ".ctx" / "lake") == graph_rows(local / ".ctx" / "lake")
+    assert_same_lake(remote, local)
