@@ -89,6 +89,7 @@ class IngestReport:
     knowledge_problems: list[str] = field(default_factory=list)
     candidates: dict[str, int] = field(default_factory=dict)  # created / superseded / duplicate
     embedded: dict[str, int] = field(default_factory=dict)
+    optimized: list[str] = field(default_factory=list)  # tables compacted this run (see optimize_due)
     warnings: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # where malformed records were skipped
     seconds: float = 0.0
@@ -121,8 +122,12 @@ class IngestReport:
 
 
 @flow(name="ingest-conversations", validate_parameters=False, log_prints=False)
-def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed: bool = True) -> IngestReport:
-    """Read every agent tool's logs into the user-wide memory lake and this project's knowledge into its lake."""
+def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed: bool = True,
+                         optimize: bool = False) -> IngestReport:
+    """Read every agent tool's logs into the user-wide memory lake and this project's knowledge into its lake.
+
+    Tables are compacted when enough small ingests have piled up (`optimize_due`), or always with `optimize`.
+    """
     started = time.perf_counter()
     memory = settings.memory
     report = IngestReport(root=str(settings.root), embed_settings=embed_key(settings))
@@ -204,7 +209,7 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
             KNOWLEDGE_TABLE: embed_table(knowledge, KNOWLEDGE_TABLE, cache, embedder),
         }
     progress.start("optimize", None, "indexing")
-    index_and_optimize([tables.messages, tables.sessions, knowledge])
+    report.optimized = index_and_optimize([tables.messages, tables.sessions, knowledge], force=optimize)
     progress.finish("optimize")
 
     report.seconds = round(time.perf_counter() - started, 3)

@@ -53,7 +53,7 @@ def run_ingest(
     sources: Annotated[list[str] | None, typer.Option("--from", help="read TOOL's logs from PATH (repeatable): --from claude=~/backup/claude")] = None,
     tools: ToolOpt = None,
     no_embed: Annotated[bool, typer.Option("--no-embed", help="store and keyword-index only")] = False,
-    force: Annotated[bool, typer.Option("--force", help="run even when nothing changed")] = False,
+    force: Annotated[bool, typer.Option("--force", help="run even when nothing changed, and compact the tables")] = False,
     wait: Annotated[float, typer.Option("--wait", min=0, help="seconds to wait for another writer")] = 0.0,
     as_json: JsonOpt = False,
     verbose: Annotated[bool, typer.Option("-v", "--verbose", help="show Prefect's logs")] = False,
@@ -88,7 +88,7 @@ def run_ingest(
                     else:
                         typer.echo(f"Up to date: {fresh.plan.store_files:,} log files unchanged (checked in {took:.2f} s).")
                     return
-            report = _run_flow(settings, roots, embed=not no_embed, verbose=verbose)
+            report = _run_flow(settings, roots, embed=not no_embed, optimize=force, verbose=verbose)
         finally:
             project_lock.release()
     finally:
@@ -106,7 +106,7 @@ def _pending(settings: Settings) -> bool:
     return bool(state and state.pending_vectors)
 
 
-def _run_flow(settings: Settings, roots: dict[str, list[Path]], *, embed: bool, verbose: bool) -> Any:
+def _run_flow(settings: Settings, roots: dict[str, list[Path]], *, embed: bool, optimize: bool, verbose: bool) -> Any:
     from ctxlake.serve.cli.base import _prefect_quietly
     from ctxlake.serve.cli.render import RichReporter
     from ctxlake.tasks.progress import use_reporter
@@ -117,7 +117,7 @@ def _run_flow(settings: Settings, roots: dict[str, list[Path]], *, embed: bool, 
         from ctxlake.flows.ingest_conversations import ingest_conversations
 
         rich.finish("prefect")
-        return ingest_conversations(settings, roots, embed=embed)
+        return ingest_conversations(settings, roots, embed=embed, optimize=optimize)
 
 
 def _print_ingest(report: Any) -> None:

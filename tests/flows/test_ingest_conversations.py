@@ -194,3 +194,37 @@ def test_a_crashed_ingest_is_repaired_by_the_next_run(cli: Callable[..., Any], e
     assert len(sessions) == 6 and sum(s["n_messages"] for s in sessions) == 14
     again = ingest(cli, env)
     assert again["up_to_date"] is True
+
+
+def test_small_ingests_do_not_rewrite_the_tables_until_fragments_pile_up(
+        cli: Callable[..., Any], env: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    import lancedb
+
+    from ctxlake.tasks import memory_store
+
+    monkeypatch.setattr(memory_store, "OPTIMIZE_FRAGMENTS", 6)
+    ingest(cli, env)
+    messages = lancedb.connect(str(env["home"] / "memory")).open_table("messages")
+
+    def fragments() -> int:
+        messages.checkout_latest()
+        return int(messages.stats()["fragment_stats"]["num_fragments"])
+
+    log = next(env["stores"]["claude"].rglob("sess-a.jsonl"))
+    seen, reports = [fragments()], []
+    for n in range(8):
+        write_jsonl(log, [claude("user", f"late{n}", 40 + n, f"zebra{n} rollout note", cwd=str(env["repo"]))], mode="a")
+        reports.append(ingest(cli, env))
+        seen.append(fragments())
+        # A new message is found by keyword at once, whether or not its fragment is indexed yet.
+        found = cli_json(cli, env["repo"], "context", "search", f"zebra{n}", "--mode", "keyword", "--type", "message")
+        assert [h["text"] for h in found["hits"]] == [f"zebra{n} rollout note"]
+    compacted = [i for i, r in enumerate(reports) if "messages" in r["optimized"]]
+    assert compacted, f"never compacted; fragments per run {seen}"
+    first = compacted[0]
+    # Until the bar, each ingest only added fragments; the run that reached it compacted them.
+    assert all(seen[i + 1] > seen[i] for i in range(first)), seen
+    assert seen[first] + 1 >= memory_store.OPTIMIZE_FRAGMENTS > seen[first + 1], seen
+    assert all(r["optimized"] == [] for r in reports[:first]) and first >= 2, seen
+    forced = ingest(cli, env, "--force")
+    assert set(forced["optimized"]) >= {"messages", "sessions"}
