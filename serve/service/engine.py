@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 if TYPE_CHECKING:
     import numpy as np
 
-    from ctxlake.schemas.config import Settings
+    from ctxlake.schemas.config import EmbedSettings, Settings
     from ctxlake.serve.api.queries import Lake
     from ctxlake.tasks.embedders import Embedder
 
@@ -70,14 +70,18 @@ class EngineCache:
         self._evict_s: dict[tuple[str, str], float] = {}  # per project: its [service] idle_evict_s
 
     def embedder(self, settings: Settings) -> Embedder:
-        from ctxlake.tasks.embedders import make_embedder
+        return self.embedder_for(settings.embed, settings.models_dir)
 
-        key = settings.embed.model_dump_json()
+    def embedder_for(self, embed: EmbedSettings, models_dir: Path) -> Embedder:
+        """One loaded embedder per model settings, shared by queries, watchers and flow runs."""
+        from ctxlake.tasks.embedders import build_embedder
+
+        key = f"{models_dir}|{embed.model_dump_json()}"
         with self._lock:
             found = self._embedders.get(key)
         if found is not None:
             return found
-        made = cast("Embedder", SharedEmbedder(make_embedder(settings.embed, settings.models_dir)))
+        made = cast("Embedder", SharedEmbedder(build_embedder(embed, models_dir)))
         with self._lock:
             return self._embedders.setdefault(key, made)
 
@@ -122,8 +126,12 @@ _active: EngineCache | None = None
 
 
 def install(cache: EngineCache) -> None:
+    """Make `cache` this process's engine: lakes for the read side, models for every flow run too."""
+    from ctxlake.tasks.embedders import share_embedders
+
     global _active
     _active = cache
+    share_embedders(cache.embedder_for)
 
 
 def active() -> EngineCache | None:
