@@ -21,11 +21,14 @@ from ctxlake.tasks.memory_state import (
     clear_touched,
     embed_key,
     manifest_changed,
+    read_project_paths,
     read_touched,
     save_manifest,
+    write_project_paths,
     write_touched,
 )
 from ctxlake.tasks.memory_store import (
+    EMBED_WHERE,
     KNOWLEDGE_TABLE,
     MESSAGES_TABLE,
     SESSIONS_TABLE,
@@ -71,6 +74,7 @@ class IngestReport:
 
     root: str
     embed_settings: str = ""  # lets the next no-op check know the model id without loading embedders
+    embed_messages: bool = True  # [memory] embed_messages of this run: turned on, older messages need vectors
     tools: dict[str, dict[str, Any]] = field(default_factory=dict)  # scraper -> counts
     files_seen: int = 0
     files_changed: int = 0
@@ -130,17 +134,24 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
     """
     started = time.perf_counter()
     memory = settings.memory
-    report = IngestReport(root=str(settings.root), embed_settings=embed_key(settings))
+    report = IngestReport(root=str(settings.root), embed_settings=embed_key(settings),
+                          embed_messages=memory.embed_messages)
     progress = reporter()
     embedder = make_embedder(settings.embed, settings.models_dir)
     dims = embedder.dims
 
     state = IndexState.read(settings.memory_dir) or IndexState()
     tables = open_memory(settings.memory_dir, dims)
+    # Whether rows may lack their vector from before this run (a first run, a crash, --no-embed,
+    # another model): then the embed passes scan the tables; otherwise this run's own writes,
+    # embedded as they are stored when small, are all there is to embed.
+    backlog = (not state.last_run or not state.clean or state.pending_vectors > 0
+               or state.last_run.get("embed_messages") is not memory.embed_messages)
     for table in (tables.messages, tables.sessions):
         # Another model: rows stay (the logs may be gone), vectors are refilled from the cache.
         if state.model_id not in ("", embedder.model_id) or vector_width(table) != dims:
             reset_vectors(table, dims)
+            backlog = True
     state.provider, state.model, state.model_id, state.dims = (
         settings.embed.provider, settings.embed.model, embedder.model_id, dims)
     state.clean = False
@@ -153,10 +164,17 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
     report.files_seen, report.files_changed = work.store_files, work.changed_files
     report.warnings.extend(work.warnings)
     known = {str(settings.root)} | known_projects(tables.sessions)
+    # The project paths the tables hold, recorded for the read side's scoped queries (an IN list
+    # over a bitmap index); a lake from before the record is read for them once.
+    project_paths = read_project_paths(settings.memory_dir)
+    if project_paths is None:
+        project_paths = known_projects(tables.messages) | known
+        write_project_paths(settings.memory_dir, project_paths)
     # Sessions a crashed run stored messages for but never summarized are redone now.
     touched: set[tuple[str, str]] = read_touched(settings.memory_dir)
     meta: dict[tuple[str, str], SessionMeta] = {}
     limits = read_limits(memory)
+    inline = {MESSAGES_TABLE: 0, SESSIONS_TABLE: 0}  # texts embedded as their rows were stored
     progress.start("scrape", work.changed_files, "reading logs")
     for item in work.items:
         for group in split(item):
@@ -164,7 +182,13 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
             out, redaction = redact_scraped(out, memory.max_text_chars)
             report.linked += link_projects(out, known)
             rows = messages_table(out.messages, dims)
-            stored = store_messages(tables, rows, SCRAPERS[group.scraper].mutable, cache)
+            stored = store_messages(tables, rows, SCRAPERS[group.scraper].mutable, cache,
+                                    embedder if embed else None, memory.embed_messages)
+            backlog |= stored.unembedded > 0
+            if new_paths := {m.project_path for m in out.messages if m.project_path} - project_paths:
+                project_paths |= new_paths
+                write_project_paths(settings.memory_dir, project_paths)  # before the positions move on
+            inline[MESSAGES_TABLE] += stored.embedded
             touched |= {(m.tool, m.session_id) for m in out.messages}
             # Positions are saved only once their rows are committed (a crash re-reads, ids
             # de-duplicate), and after the sessions to summarize are journaled.
@@ -184,7 +208,10 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
         segments = sessionize(tables.messages, tables.sessions, set(batch), meta, memory.gap_minutes)
         rows, warnings = compact(segments, memory, dims)
         report.warnings.extend(warnings)
-        report.sessions_written += store_sessions(tables.sessions, rows, touched_filter(batch), cache)
+        written = store_sessions(tables.sessions, rows, touched_filter(batch), cache, embedder if embed else None)
+        report.sessions_written += written.inserted
+        backlog |= written.unembedded > 0
+        inline[SESSIONS_TABLE] += written.embedded
         if memory.extract:
             mine = [s for s in segments if s.project_path and under(s.project_path, str(settings.root))]
             for result in extract_candidates(mine, settings.knowledge_dir, settings.root, settings.lake_dir, cache,
@@ -204,8 +231,10 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
 
     if embed:
         report.embedded = {
-            MESSAGES_TABLE: embed_table(tables.messages, MESSAGES_TABLE, cache, embedder, memory.embed_messages),
-            SESSIONS_TABLE: embed_table(tables.sessions, SESSIONS_TABLE, cache, embedder),
+            MESSAGES_TABLE: inline[MESSAGES_TABLE] + (
+                embed_table(tables.messages, MESSAGES_TABLE, cache, embedder, memory.embed_messages) if backlog else 0),
+            SESSIONS_TABLE: inline[SESSIONS_TABLE] + (
+                embed_table(tables.sessions, SESSIONS_TABLE, cache, embedder) if backlog else 0),
             KNOWLEDGE_TABLE: embed_table(knowledge, KNOWLEDGE_TABLE, cache, embedder),
         }
     progress.start("optimize", None, "indexing")
@@ -214,7 +243,8 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
 
     report.seconds = round(time.perf_counter() - started, 3)
     report.finished_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    state.pending_vectors = 0 if embed else tables.sessions.count_rows("vector IS NULL")
+    state.pending_vectors = 0 if embed else tables.sessions.count_rows(EMBED_WHERE[SESSIONS_TABLE]) + (
+        tables.messages.count_rows(EMBED_WHERE[MESSAGES_TABLE]) if memory.embed_messages else 0)
     state.clean = True
     state.last_run = report.as_dict()
     state.write(settings.memory_dir)

@@ -119,3 +119,24 @@ def manifest_changed(lake_dir: Path, knowledge_dir: Path, model_id: str) -> bool
 
 def save_manifest(lake_dir: Path, knowledge_dir: Path, model_id: str) -> None:
     write_atomic(lake_dir / MANIFEST_FILE, json.dumps({"model_id": model_id, "files": fingerprints(knowledge_dir)}))
+
+
+# -- the project paths the messages table holds ----------------------------------------------------
+
+PROJECTS_FILE = "projects.json"
+
+
+def read_project_paths(memory_dir: Path) -> set[str] | None:
+    """Every project_path the messages and sessions tables hold, as the ingests recorded them;
+    None for a lake written before they did (or an unreadable file)."""
+    try:
+        data = json.loads((memory_dir / PROJECTS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    paths = data.get("paths") if isinstance(data, dict) else None
+    return {str(p) for p in paths} if isinstance(paths, list) else None
+
+
+def write_project_paths(memory_dir: Path, paths: set[str]) -> None:
+    write_atomic(memory_dir / PROJECTS_FILE, json.dumps({"paths": sorted(paths)}))
+

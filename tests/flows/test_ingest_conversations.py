@@ -228,3 +228,65 @@ def test_small_ingests_do_not_rewrite_the_tables_until_fragments_pile_up(
     assert all(r["optimized"] == [] for r in reports[:first]) and first >= 2, seen
     forced = ingest(cli, env, "--force")
     assert set(forced["optimized"]) >= {"messages", "sessions"}
+
+
+def test_vectors_reach_every_row_by_the_inline_path_and_after_a_backlog(
+        cli: Callable[..., Any], env: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    import lancedb
+
+    import ctxlake.flows.ingest_conversations as flow
+    from ctxlake.tasks.memory_store import EMBED_WHERE
+
+    memory = lancedb.connect(str(env["home"] / "memory"))
+
+    def missing() -> dict[str, int]:
+        return {name: memory.open_table(name).count_rows(EMBED_WHERE[name]) for name in ("messages", "sessions")}
+
+    first = ingest(cli, env, "--no-embed")
+    assert first["embedded"] == {} and missing()["messages"] > 0 and missing()["sessions"] == 6
+    # Rows left without vectors are a backlog: the next run scans for them although its own write is small.
+    scans: list[str] = []
+    real_embed_table = flow.embed_table
+
+    def counting(table: Any, name: str, *args: Any) -> int:
+        scans.append(name)
+        return int(real_embed_table(table, name, *args))
+
+    monkeypatch.setattr(flow, "embed_table", counting)
+    log = next(env["stores"]["claude"].rglob("sess-a.jsonl"))
+    write_jsonl(log, [claude("user", "late1", 40, "Please add a retry", cwd=str(env["repo"]))], mode="a")
+    backlog = ingest(cli, env)
+    assert missing() == {"messages": 0, "sessions": 0}
+    assert {"messages", "sessions"} <= set(scans) and backlog["embedded"]["sessions"] >= 6
+    # No backlog: a small write is embedded as it is stored and the whole-table scans are skipped.
+    scans.clear()
+    write_jsonl(log, [claude("user", "late2", 41, "Retry added with backoff", cwd=str(env["repo"]))], mode="a")
+    small = ingest(cli, env)
+    assert missing() == {"messages": 0, "sessions": 0}
+    assert scans == ["knowledge"] and small["embedded"]["messages"] == 1 and small["embedded"]["sessions"] >= 1
+    found = cli_json(cli, env["repo"], "context", "search", "backoff retry", "--mode", "semantic", "--type", "message")
+    assert found["hits"][0]["text"] == "Retry added with backoff"
+
+
+def test_reads_are_scoped_by_the_recorded_project_paths(cli: Callable[..., Any], env: dict[str, Any]) -> None:
+    from ctxlake.tasks.memory_state import PROJECTS_FILE, read_project_paths
+    from ctxlake.tasks.sessionize import scope_filter
+
+    ingest(cli, env)
+    memory = env["home"] / "memory"
+    recorded = read_project_paths(memory)
+    assert recorded is not None and str(env["repo"]) in recorded and "/srv/u/other" in recorded
+    mine = cli_json(cli, env["repo"], "sessions")
+    # A lake from before the record: reads fall back to the prefix match, the next ingest rebuilds it.
+    (memory / PROJECTS_FILE).unlink()
+    assert cli_json(cli, env["repo"], "sessions") == mine
+    log = next(env["stores"]["claude"].rglob("sess-a.jsonl"))
+    write_jsonl(log, [claude("user", "late1", 40, "One more thing", cwd=str(env["repo"] / "docs"))], mode="a")
+    ingest(cli, env)
+    assert read_project_paths(memory) == recorded | {str(env["repo"] / "docs")}
+    assert [s["session_ref"] for s in cli_json(cli, env["repo"], "sessions")] == [s["session_ref"] for s in mine]
+    # A sibling folder sharing the name's prefix is another project.
+    paths = {"/srv/app", "/srv/app/sub", "/srv/app2"}
+    assert scope_filter("/srv/app/", paths) == "project_path IN ('/srv/app', '/srv/app/sub')"
+    assert scope_filter("/srv/none", paths) == "project_path IN ('/srv/none')"
+    assert "LIKE '/srv/app/%'" in scope_filter("/srv/app", None)
