@@ -425,15 +425,17 @@ def embedded_fraction(lake: Lake) -> float:
 # Hybrid search runs its semantic half on a worker while the lexical half runs on the caller's
 # thread (LanceDB releases the GIL): below the ANN threshold the vector scan is most of a query
 # (~55 ms of ~80 on django's 47k chunks), and the answer arrives in about the longer half's time.
+# search_context runs its table queries here too. Jobs never wait on other jobs of this pool.
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
-def _workers() -> ThreadPoolExecutor:
+def read_pool() -> ThreadPoolExecutor:
+    """The read side's worker threads for queries that run side by side."""
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ctx-semantic")
+            _pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ctx-read")
         return _pool
 
 
@@ -496,7 +498,7 @@ def search(
                             "or a question use hybrid (the default) or keyword")
         rows = fuzzy_rows(lake, query, limit, where, 2 if fuzziness is None else fuzziness)
     elif mode == "hybrid":
-        semantic = _workers().submit(semantic_rows, lake, query, pool, where) if fraction != 0.0 else None
+        semantic = read_pool().submit(semantic_rows, lake, query, pool, where) if fraction != 0.0 else None
         lexical, notes = lexical_rows(lake, query, pool, where, cfg.rrf_k, edits)
         warnings += notes
         if semantic is None:
