@@ -103,9 +103,16 @@ def test_interval_fires_then_pause_and_set(service: tuple[Orchestrator, Path], t
 
     pause_schedule(orch.api_url or "", "quick", paused=True)
     assert schedule(orch, "quick")["paused"] and schedule(orch, "quick")["next_run"] is None
-    time.sleep(8)  # runs already under way (each takes a few seconds) may still finish
-    count = len(marker.read_text().splitlines())
-    time.sleep(8)
+    # Runs already under way may still finish (each takes seconds, more on a loaded machine):
+    # wait until the marker has stopped growing for 8 s, then no new run may come.
+    count, still_since = len(marker.read_text().splitlines()), time.monotonic()
+    deadline = still_since + 90
+    while time.monotonic() - still_since < 8 and time.monotonic() < deadline:
+        time.sleep(1)
+        now = len(marker.read_text().splitlines())
+        if now != count:
+            count, still_since = now, time.monotonic()
+    time.sleep(10)
     assert len(marker.read_text().splitlines()) == count, "a paused schedule still ran"
 
     set_schedule(orch.api_url or "", "quick", cron="0 4 * * *")
