@@ -155,6 +155,23 @@ def read_json_object(path: Path) -> tuple[dict[str, Any] | None, str]:
     return data, ""
 
 
+def registered_file(root: Path, client: str) -> str | None:
+    """The project file that registers ctx's server for `client` (a PROJECT_CLIENTS name or codex), or
+    None: no entry there, or a file that cannot be read or parsed (it is not merged either)."""
+    if client == "codex":
+        import tomllib
+
+        try:
+            servers = tomllib.loads((root / CODEX_PROJECT_FILE).read_text(encoding="utf-8")).get("mcp_servers")
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            return None
+        return CODEX_PROJECT_FILE if isinstance(servers, dict) and SERVER_NAME in servers else None
+    file, key, _ = PROJECT_CLIENTS[client]
+    data, _problem = read_json_object(root / file)
+    servers = (data or {}).get(key)
+    return file if isinstance(servers, dict) and SERVER_NAME in servers else None
+
+
 def json_plan(client: str, path: Path, key: str, entry: dict[str, Any]) -> tuple[dict[str, Any] | None, Change | None]:
     """(merged data to write, None) or (None, the Change saying why not / that nothing changes)."""
     data, problem = read_json_object(path)

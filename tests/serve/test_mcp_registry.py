@@ -65,3 +65,28 @@ def test_tool_preferences_reports_each_tools_wiring_rules_and_sync_state(tmp_pat
     assert got["registry_stale"], "nothing synced yet: the native files are to be written"
     sync(tmp_path)
     assert anyio.run(main)["registry_stale"] == []
+
+
+def test_tool_preferences_reads_codex_as_toml_and_survives_files_it_cannot_read(tmp_path: Path) -> None:
+    # Codex's entry written by hand as a key of [mcp_servers] (no [mcp_servers.ctx] header), and a
+    # Gemini settings file that is not UTF-8: the answer reports both, it does not fail on either.
+    (tmp_path / ".ctx").mkdir()
+    (tmp_path / ".codex").mkdir()
+    (tmp_path / ".codex" / "config.toml").write_text('[mcp_servers]\nctx = { command = "ctx", args = ["serve"] }\n')
+    (tmp_path / ".gemini").mkdir()
+    (tmp_path / ".gemini" / "settings.json").write_bytes(b'{"mcpServers": {"ctx": {"command": "\xff"}}}')
+    (tmp_path / ".vscode").mkdir()
+    (tmp_path / ".vscode" / "mcp.json").write_text('{"servers": {"ctx": {"command": "ctx"}}}')
+    server = build_server(load_settings(tmp_path, {"mcp": {"stale_check_s": 0}}, env=dict(os.environ)))
+
+    async def main() -> dict[str, object]:
+        async with Client(server) as client:
+            return await call_ok(client, "tool_preferences")
+
+    tools = {t["tool"]: t["mcp"] for t in anyio.run(main)["tools"]}  # type: ignore[attr-defined]
+    assert tools["codex"] == ".codex/config.toml"
+    assert tools["gemini"] == "no"  # unreadable: not registered as far as ctx can tell
+    assert tools["copilot"] == ".vscode/mcp.json"
+
+    (tmp_path / ".codex" / "config.toml").write_bytes(b"[mcp_servers.ctx]\ncommand = \"\xff\"\n")
+    assert {t["tool"]: t["mcp"] for t in anyio.run(main)["tools"]}["codex"] == "no"  # type: ignore[attr-defined]
