@@ -13,15 +13,18 @@ trusted projects). User-wide files are written only when named, after showing th
 from __future__ import annotations
 
 import difflib
+import errno
 import json
 import os
 import shutil
+import stat
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from ctxlake.errors import InputError
+from ctxlake.tasks import safe_io
 from ctxlake.tasks.lake import write_atomic
 
 SERVER_NAME = "ctx"
@@ -135,12 +138,31 @@ def parse_clients(value: str | None, root: Path) -> list[str]:
     return names
 
 
+# Far above any tool's config file; a bound on what a cloned project's file can make us read.
+MAX_CONFIG_BYTES = 4 << 20
+
+
+def read_config(path: Path, errors: str = "strict") -> str:
+    """A tool's file in the project as UTF-8 text. OSError for a FIFO, device or folder (a clone can
+    hold one where `.mcp.json` is expected: opening a FIFO blocks, a device never ends) or a file over
+    MAX_CONFIG_BYTES; UnicodeDecodeError for bytes that are not UTF-8 when errors is "strict"."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    try:
+        data = safe_io.read_fd(fd, path.name, MAX_CONFIG_BYTES)
+    except safe_io.TooLarge as exc:
+        raise OSError(errno.EFBIG, exc.message, str(path)) from exc
+    return data.decode("utf-8", errors)
+
+
 def read_json_object(path: Path) -> tuple[dict[str, Any] | None, str]:
     """(data, problem): the file's JSON object, or why it cannot be merged safely."""
     if not path.exists():
         return {}, ""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_config(path)
     except (OSError, UnicodeDecodeError) as exc:
         return None, f"cannot read it ({exc})"
     if not text.strip():
@@ -162,7 +184,7 @@ def registered_file(root: Path, client: str) -> str | None:
         import tomllib
 
         try:
-            servers = tomllib.loads((root / CODEX_PROJECT_FILE).read_text(encoding="utf-8")).get("mcp_servers")
+            servers = tomllib.loads(read_config(root / CODEX_PROJECT_FILE)).get("mcp_servers")
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
             return None
         return CODEX_PROJECT_FILE if isinstance(servers, dict) and SERVER_NAME in servers else None

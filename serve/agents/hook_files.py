@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ctxlake.errors import ConfigError, InputError
-from ctxlake.serve.agents.clients import read_json_object
+from ctxlake.serve.agents.clients import read_config, read_json_object
 from ctxlake.tasks.lake import write_atomic
 
 Style = Literal["nested", "cursor", "copilot", "plugin"]
@@ -287,7 +287,7 @@ def uninstall_plugin(spec: HookClient, root: Path) -> HookChange:
 
 def status_plugin(spec: HookClient, root: Path) -> HookChange:
     path = root / spec.file
-    ok = path.exists() and path.read_text(encoding="utf-8", errors="replace").startswith(PLUGIN_MARK)
+    ok = _text_or_empty(path).startswith(PLUGIN_MARK)
     return HookChange(spec.name, str(path), "installed" if ok else "missing",
                       f"plugin on {spec.end_event}" if ok else "not installed", events=[spec.end_event] if ok else [])
 
@@ -327,8 +327,15 @@ def uninstall_section(client: str, file: str, root: Path) -> HookChange:
 
 
 def has_section(root: Path, file: str) -> bool:
-    path = root / file
-    return path.exists() and SECTION_START in path.read_text(encoding="utf-8", errors="replace")
+    return SECTION_START in _text_or_empty(root / file)
+
+
+def _text_or_empty(path: Path) -> str:
+    """What a status check reads: the file's text, or "" when it is missing or no readable file."""
+    try:
+        return read_config(path, errors="replace")
+    except OSError:
+        return ""
 
 
 def _replace_section(text: str, section: str) -> str:

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import anyio
+import pytest
 from mcp import Client
 from mcp_helpers import call_error, call_ok
 
@@ -90,3 +91,23 @@ def test_tool_preferences_reads_codex_as_toml_and_survives_files_it_cannot_read(
 
     (tmp_path / ".codex" / "config.toml").write_bytes(b"[mcp_servers.ctx]\ncommand = \"\xff\"\n")
     assert {t["tool"]: t["mcp"] for t in anyio.run(main)["tools"]}["codex"] == "no"  # type: ignore[attr-defined]
+
+
+@pytest.mark.timeout(30)
+def test_tool_preferences_does_not_block_on_fifos_a_cloned_project_holds(tmp_path: Path) -> None:
+    # A clone can carry a FIFO where a tool's file is expected; opening one for reading blocks until
+    # a writer comes, so an agent's call would never return. Each reads as unreadable instead.
+    (tmp_path / ".ctx").mkdir()
+    for rel in (".mcp.json", ".codex/config.toml", ".opencode/plugins/ctx-hooks.js", "AGENTS.md",
+                ".claude/settings.json"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(tmp_path / rel)
+    server = build_server(load_settings(tmp_path, {"mcp": {"stale_check_s": 0}}, env=dict(os.environ)))
+
+    async def main() -> dict[str, object]:
+        async with Client(server) as client:
+            return await call_ok(client, "tool_preferences")
+
+    tools = {t["tool"]: t for t in anyio.run(main)["tools"]}  # type: ignore[attr-defined]
+    assert (tools["claude"]["mcp"], tools["claude"]["hooks"]) == ("no", "missing")
+    assert (tools["codex"]["mcp"], tools["opencode"]["hooks"], tools["cursor"]["hooks"]) == ("no", "missing", "missing")
