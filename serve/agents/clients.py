@@ -266,7 +266,10 @@ def codex_plan(path: Path, command: list[str], client: str = "codex-user",
     import tomlkit
     from tomlkit.exceptions import TOMLKitError
 
-    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    try:
+        old = read_config(path) if path.exists() else ""
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {path}: {exc}", hint="make it a UTF-8 text file, or remove it") from exc
     try:
         doc = tomlkit.parse(old)
     except TOMLKitError as exc:

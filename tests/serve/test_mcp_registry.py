@@ -93,7 +93,7 @@ def test_tool_preferences_reads_codex_as_toml_and_survives_files_it_cannot_read(
     assert {t["tool"]: t["mcp"] for t in tool_preferences(tmp_path)["tools"]}["codex"] == "no"
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(120)
 def test_tool_preferences_does_not_block_on_fifos_a_cloned_project_holds(tmp_path: Path) -> None:
     # A clone can carry a FIFO where a tool's file is expected; opening one for reading blocks until
     # a writer comes, so an agent's call would never return. Each reads as unreadable instead.
