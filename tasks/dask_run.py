@@ -76,13 +76,17 @@ def client_for(address: str) -> Client:
         client = _clients.get(address)
         if client is not None and client.status == "running":
             return client
+        if client is not None:  # its scheduler went away: a LocalCluster it started must not linger
+            _close(_clients.pop(address))
         from distributed import Client, LocalCluster
 
         try:
             if address.startswith("local:"):
-                # One thread per worker: the stages hold the GIL, threads would only contend.
+                # One thread per worker: the stages hold the GIL, threads would only contend. TLS
+                # with a key made for this cluster (security=True): its scheduler listens on a TCP
+                # port of 127.0.0.1, where any local user could otherwise submit code run as us.
                 cluster = LocalCluster(n_workers=int(address.removeprefix("local:")), threads_per_worker=1,
-                                       processes=True, dashboard_address=None)
+                                       processes=True, dashboard_address=None, security=True)
                 client = Client(cluster)
             else:
                 client = Client(address, timeout=CONNECT_TIMEOUT_S)
@@ -97,11 +101,15 @@ def close_clients() -> None:
     """Close every client (and the LocalClusters they started) this process opened."""
     with _clients_lock:
         for client in _clients.values():
-            cluster = client.cluster
-            client.close()
-            if cluster is not None:
-                cluster.close()
+            _close(client)
         _clients.clear()
+
+
+def _close(client: Client) -> None:
+    cluster = client.cluster
+    client.close()
+    if cluster is not None:
+        cluster.close()
 
 
 atexit.register(close_clients)

@@ -13,15 +13,18 @@ trusted projects). User-wide files are written only when named, after showing th
 from __future__ import annotations
 
 import difflib
+import errno
 import json
 import os
 import shutil
+import stat
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from ctxlake.errors import InputError
+from ctxlake.tasks import safe_io
 from ctxlake.tasks.lake import write_atomic
 
 SERVER_NAME = "ctx"
@@ -135,12 +138,31 @@ def parse_clients(value: str | None, root: Path) -> list[str]:
     return names
 
 
+# Far above any tool's config file; a bound on what a cloned project's file can make us read.
+MAX_CONFIG_BYTES = 4 << 20
+
+
+def read_config(path: Path, errors: str = "strict") -> str:
+    """A tool's file in the project as UTF-8 text. OSError for a FIFO, device or folder (a clone can
+    hold one where `.mcp.json` is expected: opening a FIFO blocks, a device never ends) or a file over
+    MAX_CONFIG_BYTES; UnicodeDecodeError for bytes that are not UTF-8 when errors is "strict"."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    try:
+        data = safe_io.read_fd(fd, path.name, MAX_CONFIG_BYTES)
+    except safe_io.TooLarge as exc:
+        raise OSError(errno.EFBIG, exc.message, str(path)) from exc
+    return data.decode("utf-8", errors)
+
+
 def read_json_object(path: Path) -> tuple[dict[str, Any] | None, str]:
     """(data, problem): the file's JSON object, or why it cannot be merged safely."""
     if not path.exists():
         return {}, ""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_config(path)
     except (OSError, UnicodeDecodeError) as exc:
         return None, f"cannot read it ({exc})"
     if not text.strip():
@@ -153,6 +175,23 @@ def read_json_object(path: Path) -> tuple[dict[str, Any] | None, str]:
     if not isinstance(data, dict):
         return None, "its top level is not a JSON object"
     return data, ""
+
+
+def registered_file(root: Path, client: str) -> str | None:
+    """The project file that registers ctx's server for `client` (a PROJECT_CLIENTS name or codex), or
+    None: no entry there, or a file that cannot be read or parsed (it is not merged either)."""
+    if client == "codex":
+        import tomllib
+
+        try:
+            servers = tomllib.loads(read_config(root / CODEX_PROJECT_FILE)).get("mcp_servers")
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            return None
+        return CODEX_PROJECT_FILE if isinstance(servers, dict) and SERVER_NAME in servers else None
+    file, key, _ = PROJECT_CLIENTS[client]
+    data, _problem = read_json_object(root / file)
+    servers = (data or {}).get(key)
+    return file if isinstance(servers, dict) and SERVER_NAME in servers else None
 
 
 def json_plan(client: str, path: Path, key: str, entry: dict[str, Any]) -> tuple[dict[str, Any] | None, Change | None]:
@@ -227,7 +266,10 @@ def codex_plan(path: Path, command: list[str], client: str = "codex-user",
     import tomlkit
     from tomlkit.exceptions import TOMLKitError
 
-    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    try:
+        old = read_config(path) if path.exists() else ""
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {path}: {exc}", hint="make it a UTF-8 text file, or remove it") from exc
     try:
         doc = tomlkit.parse(old)
     except TOMLKitError as exc:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ctxlake.errors import ConfigError, InputError
-from ctxlake.serve.agents.clients import read_json_object
+from ctxlake.serve.agents.clients import read_config, read_json_object
 from ctxlake.tasks.lake import write_atomic
 
 Style = Literal["nested", "cursor", "copilot", "plugin"]
@@ -263,7 +263,7 @@ def install_plugin(spec: HookClient, root: Path, env: dict[str, str] | None = No
     path = root / spec.file
     text = plugin_source(env)
     if path.exists():
-        old = path.read_text(encoding="utf-8", errors="replace")
+        old = _read_to_merge(path, errors="replace")
         if not old.startswith(PLUGIN_MARK):
             raise UnmergeableFile(f"{path} exists and is not ctx's plugin; not changed",
                                   hint="remove or rename it, or add this plugin by hand:\n" + text)
@@ -279,7 +279,7 @@ def uninstall_plugin(spec: HookClient, root: Path) -> HookChange:
     path = root / spec.file
     if not path.exists():
         return HookChange(spec.name, str(path), "absent", "no plugin")
-    if not path.read_text(encoding="utf-8", errors="replace").startswith(PLUGIN_MARK):
+    if not _read_to_merge(path, errors="replace").startswith(PLUGIN_MARK):
         return HookChange(spec.name, str(path), "absent", "not ctx's plugin; left alone")
     path.unlink()
     return HookChange(spec.name, str(path), "removed", "plugin deleted", events=[spec.end_event])
@@ -287,7 +287,7 @@ def uninstall_plugin(spec: HookClient, root: Path) -> HookChange:
 
 def status_plugin(spec: HookClient, root: Path) -> HookChange:
     path = root / spec.file
-    ok = path.exists() and path.read_text(encoding="utf-8", errors="replace").startswith(PLUGIN_MARK)
+    ok = _text_or_empty(path).startswith(PLUGIN_MARK)
     return HookChange(spec.name, str(path), "installed" if ok else "missing",
                       f"plugin on {spec.end_event}" if ok else "not installed", events=[spec.end_event] if ok else [])
 
@@ -302,7 +302,7 @@ def _section() -> str:
 def install_section(client: str, file: str, root: Path) -> HookChange:
     """Write or refresh our marked section; the rest of the file is kept byte for byte."""
     path = root / file
-    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    old = _read_to_merge(path) if path.exists() else ""
     new = _replace_section(old, _section())
     if new == old:
         return HookChange(client, str(path), "unchanged", "hand-off section present")
@@ -315,7 +315,7 @@ def uninstall_section(client: str, file: str, root: Path) -> HookChange:
     path = root / file
     if not path.exists():
         return HookChange(client, str(path), "absent", "no file")
-    old = path.read_text(encoding="utf-8")
+    old = _read_to_merge(path)
     new = _replace_section(old, "")
     if new == old:
         return HookChange(client, str(path), "absent", "no hand-off section")
@@ -327,8 +327,25 @@ def uninstall_section(client: str, file: str, root: Path) -> HookChange:
 
 
 def has_section(root: Path, file: str) -> bool:
-    path = root / file
-    return path.exists() and SECTION_START in path.read_text(encoding="utf-8", errors="replace")
+    return SECTION_START in _text_or_empty(root / file)
+
+
+def _read_to_merge(path: Path, errors: str = "strict") -> str:
+    """A file ctx is about to change, as text; UnmergeableFile (exit 3) when it is no regular UTF-8
+    file (a FIFO in a clone would block the read forever)."""
+    try:
+        return read_config(path, errors)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UnmergeableFile(f"cannot read {path} ({exc}); not changed",
+                              hint="make it a UTF-8 text file, or remove it") from exc
+
+
+def _text_or_empty(path: Path) -> str:
+    """What a status check reads: the file's text, or "" when it is missing or no readable file."""
+    try:
+        return read_config(path, errors="replace")
+    except OSError:
+        return ""
 
 
 def _replace_section(text: str, section: str) -> str:

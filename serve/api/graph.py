@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import posixpath
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -105,7 +106,9 @@ class GraphReader:
     """The graph tables of one lake, opened once (the MCP server keeps one)."""
 
     def __init__(self, lake_dir: Path, root: Path | None = None) -> None:
-        db = connect(lake_dir)
+        # The MCP server keeps one reader for its life: without a consistency interval each table
+        # stays at the version it opened, and a file indexed later would be "not in the index".
+        db = connect(lake_dir, read_consistency=timedelta(0))
         if DEFINITIONS_TABLE not in table_names(db):
             raise NotIndexedError(f"the lake at {lake_dir} has no symbol graph",
                                   hint="run `ctx run index` (a lake from before the graph needs `--force`)")
@@ -247,11 +250,11 @@ class GraphReader:
     def _known(self, path: str) -> bool:
         """Whether the index holds the file: the files manifest, not the graph (a file may define and
         use nothing the graph keeps, `a = 1`, and still be indexed and co-changed)."""
-        where = f"source = {sql_str(PROJECT_SOURCE)} AND path = {sql_str(path)}"
-        tables = [self.files] if self.files is not None else [self.defs, self.refs]
+        on_path = f"path = {sql_str(path)}"
+        checks = ([(self.files, f"source = {sql_str(PROJECT_SOURCE)} AND {on_path}")] if self.files is not None
+                  else [(self.defs, on_path), (self.refs, on_path)])  # a lake without the manifest
         # one row answers it: the limit stops the scan early
-        return any(t.search().where(where if t is self.files else f"path = {sql_str(path)}")
-                   .select(["path"]).limit(1).to_arrow().num_rows for t in tables)
+        return any(t.search().where(where).select(["path"]).limit(1).to_arrow().num_rows for t, where in checks)
 
     def file_outline(self, path: str, limit: int = MAX_LIMIT) -> Outline:
         path = _norm(path)

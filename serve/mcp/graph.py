@@ -1,7 +1,8 @@
 """MCP tools over the symbol graph: find_definition, find_references, related_files, file_outline.
 
 Each delegates to serve/api/graph.py (the same functions as `ctx def/refs/related/outline`); the
-graph tables are opened once per server, on the first call, and reopened if the lake was rebuilt.
+graph tables are opened once per server, on the first call, and read at their newest version
+by every call after it (an index run while serving needs no restart).
 """
 
 from __future__ import annotations

@@ -51,8 +51,9 @@ class ToolPreferences(BaseModel):
 
 
 TOOLS = ("claude", "codex", "gemini", "cursor", "copilot", "opencode", "antigravity")
-# The project file ctx init writes each tool's MCP entry to (Copilot in VS Code reads .vscode/mcp.json).
-_MCP_FILES = {"claude": "claude", "cursor": "cursor", "gemini": "gemini", "copilot": "vscode", "opencode": "opencode"}
+# The `ctx init` client whose project file holds a tool's MCP entry, where its name differs (Copilot
+# in VS Code reads .vscode/mcp.json); Antigravity has no project file.
+_INIT_CLIENT = {"copilot": "vscode"}
 
 
 def tool_setup(root: Path, sessions: dict[str, tuple[int, str | None]]) -> list[ToolSetup]:
@@ -61,17 +62,10 @@ def tool_setup(root: Path, sessions: dict[str, tuple[int, str | None]]) -> list[
 
     out = []
     for tool in TOOLS:
-        if tool == "codex":
-            text = (root / clients.CODEX_PROJECT_FILE).read_text(encoding="utf-8") \
-                if (root / clients.CODEX_PROJECT_FILE).is_file() else ""
-            mcp = clients.CODEX_PROJECT_FILE if f"[mcp_servers.{clients.SERVER_NAME}]" in text else "no"
-        elif tool in _MCP_FILES:
-            file, key, _ = clients.PROJECT_CLIENTS[_MCP_FILES[tool]]
-            data, _problem = clients.read_json_object(root / file)
-            servers = (data or {}).get(key)
-            mcp = file if isinstance(servers, dict) and clients.SERVER_NAME in servers else "no"
+        if tool == "antigravity":
+            mcp = "user-wide only"
         else:
-            mcp = "user-wide only"  # Antigravity has no project file
+            mcp = clients.registered_file(root, _INIT_CLIENT.get(tool, tool)) or "no"
         hooks = hook_files.status(tool, root).action if tool in hook_files.HOOK_CLIENTS else "none"
         count, last = sessions.get(tool, (0, None))
         out.append(ToolSetup(tool=tool, mcp=mcp, hooks=hooks, sessions=count, last_session=last))
@@ -112,5 +106,5 @@ def register_registry_tools(server: MCPServer[ServerState], state: ServerState) 
         used = [t.tool for t in sorted(tools, key=lambda t: (-t.sessions, t.tool)) if t.sessions]
         rules = [ConfigSummary(**i) for i in api_list(root, "rule")]
         check = sync(root, check=True)
-        stale = sorted({c.path for c in check.changes if c.action not in ("unchanged",)})
+        stale = sorted({c.path for c in check.pending})
         return ToolPreferences(tools=tools, used_most=used, rules=rules, registry_stale=stale)

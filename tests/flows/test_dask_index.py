@@ -188,3 +188,24 @@ def test_a_run_the_cluster_gives_up_on_fails_cleanly_and_the_rerun_converges(
         dask_run.close_clients()
 
     assert_same_lake(remote, local)
+
+
+def test_a_client_that_stopped_running_is_replaced_and_its_local_cluster_closed(clients: None) -> None:
+    client = dask_run.client_for("local:1")
+    cluster = client.cluster
+    client.close()  # as a client whose scheduler went away: no longer "running"
+    fresh = dask_run.client_for("local:1")
+    assert fresh is not client and fresh.status == "running"
+    # The old LocalCluster's worker processes do not outlive the client that started them.
+    assert cluster is not None and cluster.status.name == "closed"
+
+
+def test_the_local_cluster_takes_no_connection_without_its_key(clients: None) -> None:
+    # Its scheduler listens on a TCP port of 127.0.0.1: without TLS and a key made for it, any
+    # local user could connect and submit code that runs as the user indexing.
+    from distributed import Client
+
+    address = dask_run.client_for("local:1").scheduler.address
+    assert address.startswith("tls://")
+    with pytest.raises(Exception):  # noqa: B017 - refused one way or another, before any task runs
+        Client(address.replace("tls://", "tcp://"), timeout=5)

@@ -120,6 +120,25 @@ def test_a_foreign_opencode_plugin_of_the_same_name_is_not_overwritten(repo: Pat
     assert plugin.read_text() == "export const Mine = async () => ({})\n"
 
 
+@pytest.mark.timeout(120)
+def test_a_fifo_or_a_non_utf8_file_where_ctx_would_write_is_exit_3_not_a_hang(
+        repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A clone may hold a FIFO where the plugin or AGENTS.md goes: reading it would block forever.
+    plugin = repo / ".opencode" / "plugins" / "ctx-hooks.js"
+    plugin.parent.mkdir(parents=True)
+    os.mkfifo(plugin)
+    os.mkfifo(repo / "AGENTS.md")
+    code, _, err = call(capsys, "hooks", "install", "--client", "opencode")
+    assert code == 3 and "cannot read" in err and "Traceback" not in err
+    assert call(capsys, "hooks", "uninstall", "--client", "opencode")[0] == 3
+
+    plugin.unlink()
+    (repo / "AGENTS.md").unlink()
+    (repo / "AGENTS.md").write_bytes(b"# Agents\n\xff\n")
+    code, _, err = call(capsys, "hooks", "install", "--client", "cursor")
+    assert code == 3 and "cannot read" in err and (repo / "AGENTS.md").read_bytes() == b"# Agents\n\xff\n"
+
+
 def test_hook_command_is_portable_when_ctx_on_path_is_this_install(tmp_path: Path) -> None:
     import sys
 

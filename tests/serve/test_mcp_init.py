@@ -158,3 +158,20 @@ def test_the_registered_command_starts_a_working_server(
             assert result.structured_content["hits"][0]["path"] == "src/users/service.py"
 
     anyio.run(main)
+
+
+@pytest.mark.timeout(300)
+def test_a_client_file_that_is_a_fifo_or_not_utf8_is_one_clear_error(repo: Path, cli: Callable[..., Any]) -> None:
+    # A clone may hold a FIFO where a client's file goes: opening it for reading would block forever.
+    (repo / ".codex").mkdir()
+    os.mkfifo(repo / ".codex" / "config.toml")
+    os.mkfifo(repo / ".mcp.json")
+    fifo = cli("init", "--client", "codex", cwd=repo)
+    assert fifo.exit_code == 2 and "cannot read" in fifo.stderr and "Traceback" not in fifo.stderr
+    skipped = cli("init", "--client", "claude", cwd=repo)  # a JSON file: left alone with the entry to paste
+    assert skipped.exit_code == 3 and "not a regular file" in skipped.stdout + skipped.stderr
+
+    (repo / ".codex" / "config.toml").unlink()
+    (repo / ".codex" / "config.toml").write_bytes(b'model = "\xff"\n')
+    latin = cli("init", "--client", "codex", cwd=repo)
+    assert latin.exit_code == 2 and "cannot read" in latin.stderr and "Traceback" not in latin.stderr

@@ -555,3 +555,26 @@ def test_graph_tools_answer_through_the_client(shop: tuple[Path, dict[str, str]]
         assert "unknown symbol" in error
 
     with_client(server, body)
+
+
+def test_graph_tools_see_an_index_run_made_while_serving(
+    make_repo: Callable[..., Path], cli: Callable[..., Any], fake_embedder: Any
+) -> None:
+    """The server keeps its graph tables open: a file indexed after its first graph call is known
+    to the next one (its outline, its imports), without a restart."""
+    repo = make_repo(PROJECT)
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    server = build_server(settings_for(repo, {}))
+
+    async def body(client: Client) -> None:
+        assert (await call_ok(client, "file_outline", {"path": "web/app.js"}))["items"]
+        assert "not in the index" in await call_error(client, "file_outline", {"path": "src/billing/tax.py"})
+        write_files(repo, {"src/billing/tax.py": "from billing.invoice import compute_invoice_total\n\n\n"
+                                                 "def tax_for(invoice):\n    return compute_invoice_total(invoice) * 0.2\n"})
+        assert cli("run", "index", cwd=repo).exit_code == 0
+        outline = await call_ok(client, "file_outline", {"path": "src/billing/tax.py"})
+        assert [i["qualname"] for i in outline["items"]] == ["tax_for"]
+        refs = await call_ok(client, "find_references", {"symbol": "compute_invoice_total"})
+        assert "src/billing/tax.py" in {r["path"] for r in refs["references"]}
+
+    with_client(server, body)
