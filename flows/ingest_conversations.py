@@ -34,6 +34,7 @@ from ctxlake.tasks.memory_store import (
     SESSIONS_TABLE,
     StoreResult,
     embed_table,
+    ensure_scalar_indexes,
     index_and_optimize,
     messages_table,
     open_knowledge,
@@ -201,6 +202,7 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
             progress.advance("scrape", len(group.files))
     progress.finish("scrape")
     scrape_state.save(settings.memory_dir)
+    ensure_scalar_indexes(tables.messages)  # the summaries below read messages by session id
     report.malformed_in_logs = malformed_totals(scrape_state)
 
     # Sessions are summarized a batch at a time: a cold ingest touches every session there is.

@@ -312,6 +312,23 @@ def optimize_due(table: Table) -> bool:
     return any((idx.num_unindexed_rows or 0) >= OPTIMIZE_UNINDEXED_ROWS for idx in table.list_indices())
 
 
+def ensure_scalar_indexes(table: Table) -> None:
+    """Create the table's SCALAR_INDEXES that are missing (rows added later are folded in by optimize).
+
+    A cold ingest calls this once the messages are stored, before it summarizes sessions: each
+    batch of summaries reads its sessions' messages by session_id, which without the index read
+    the whole table every time (20,000 sessions: 100 batches at over a minute each).
+    """
+    from lancedb.index import Bitmap, BTree
+
+    if table.count_rows() == 0:
+        return
+    scalar = {c for idx in table.list_indices() if idx.index_type in ("BTree", "Bitmap") for c in idx.columns}
+    for column, kind in SCALAR_INDEXES.get(table.name, {}).items():
+        if column not in scalar:
+            table.create_index(column, config=BTree() if kind == "BTree" else Bitmap(), replace=True)
+
+
 @stage("fts-memory")
 def index_and_optimize(tables: Sequence[Table], force: bool = False) -> list[str]:
     """Memory tables -> BM25 indexes (built once, then folded in by optimize) and compacted fragments.
@@ -319,7 +336,7 @@ def index_and_optimize(tables: Sequence[Table], force: bool = False) -> list[str
     A table is optimized when `optimize_due` says so, or always with `force`; returns the names of
     the tables it optimized.
     """
-    from lancedb.index import FTS, Bitmap, BTree
+    from lancedb.index import FTS
 
     optimized = []
     for table in tables:
@@ -331,10 +348,7 @@ def index_and_optimize(tables: Sequence[Table], force: bool = False) -> list[str
             if column not in indexed:
                 # Conversations mix prose and code: keep stop words and exact forms, like chunks.
                 table.create_index(column, config=FTS(stem=False, remove_stop_words=False, with_position=False), replace=True)
-        scalar = {c for idx in indices if idx.index_type in ("BTree", "Bitmap") for c in idx.columns}
-        for column, kind in SCALAR_INDEXES.get(table.name, {}).items():
-            if column not in scalar:
-                table.create_index(column, config=BTree() if kind == "BTree" else Bitmap(), replace=True)
+        ensure_scalar_indexes(table)
         if force or optimize_due(table):
             table.optimize(cleanup_older_than=KEEP_VERSIONS)
             optimized.append(table.name)
