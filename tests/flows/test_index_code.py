@@ -305,3 +305,29 @@ def test_small_edits_defer_optimizing_yet_stay_searchable(project: Path, cli: Ca
     # Each one-file run adds its rows (one chunk inserted, one embedded) to the backlog until
     # the threshold (5) makes the third run optimize.
     assert backlog == [2, 4, 0]
+
+
+def test_embedding_window_by_window_gives_the_vectors_of_one_pass(
+    make_repo: Callable[..., Path], cli: Callable[..., Any], fake_embedder: Any, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    # The embed stage reads pending rows in windows so its memory does not grow with the lake;
+    # a window of 3 rows cuts this repo into many, with equal content (util.py's copy) in different ones.
+    from ctxlake.tasks import embed
+
+    files = {"app/service.py": APP, "app/util.py": UTIL, "README.md": README, "z/copy_of_util.py": UTIL}
+    whole, windowed = make_repo(files, name="whole"), make_repo(files, name="windowed")
+    assert cli("run", "index", cwd=whole).exit_code == 0
+    fake_embedder.reset_counters()
+    monkeypatch.setattr(embed, "WINDOW_ROWS", 3)
+    monkeypatch.setenv("CTX_HOME", str(tmp_path / "empty-cache-home"))  # else all of it comes from the cache
+    report = json.loads(cli("run", "index", "--json", cwd=windowed).stdout)
+    assert report["embedded"] == fake_embedder.texts_embedded > 0
+    n_chunks = sum(chunk_paths(windowed).values())
+
+    def vectors(root: Path) -> dict[tuple[str, int], list[float]]:
+        return {(r["path"], r["start_line"]): r["vector"] for r in lake_rows(root, CHUNKS_TABLE, ["path", "start_line", "vector"])}
+
+    assert n_chunks > 6 and vectors(windowed) == vectors(whole)
+    assert all(v is not None for v in vectors(windowed).values())
+
