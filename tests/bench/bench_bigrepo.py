@@ -333,9 +333,11 @@ def index_bench(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]
 
 
 ANN = """
-import json, statistics, sys, time
+import json, statistics, sys, threading, time
 from pathlib import Path
-import lancedb, numpy as np, pyarrow as pa
+import lancedb, numpy as np, psutil, pyarrow as pa
+from lancedb.index import HnswSq, IvfPq
+PART_ROWS, DEFAULT_HNSW_MAX, PQ_MAX = int(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8])
 from ctxlake.schemas.config import load_settings
 from ctxlake.tasks.embedders import make_embedder
 lake_dir, work, sizes, qs, tree = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3]), json.loads(sys.argv[4]), Path(sys.argv[5])
@@ -350,14 +352,15 @@ settings = load_settings(tree)
 embedder = make_embedder(settings.embed, settings.models_dir)
 queries = [embedder.embed_query(q).astype(np.float32) for q in qs]
 db = lancedb.connect(str(work))
+me = psutil.Process()
 out = {"vectors_in_lake": int(len(allv)), "dims": int(dims), "queries": len(queries), "rows": []}
 def timed(table, **kw):
     hits, times = [], []
     for q in queries:  # warm the pages and the index
-        table.search(q, vector_column_name="vector").distance_type("cosine").limit(10).select(["id"]).to_list()
+        table.search(q, vector_column_name="vector").distance_type("cosine").limit(10).select(["id", "_distance"]).to_list()
     for rep in range(3):
         for q in queries:
-            b = table.search(q, vector_column_name="vector").distance_type("cosine").limit(10).select(["id"])
+            b = table.search(q, vector_column_name="vector").distance_type("cosine").limit(10).select(["id", "_distance"])
             if "nprobes" in kw: b = b.nprobes(kw["nprobes"])
             if "ef" in kw: b = b.ef(kw["ef"])
             if "refine" in kw: b = b.refine_factor(kw["refine"])
@@ -379,13 +382,24 @@ for n in sizes:
     row = {"rows": n}
     flat = db.create_table("flat", data)
     truth, row["flat_p50_ms"], row["flat_p95_ms"] = timed(flat)
-    for kind, index_type in (("hnsw", "IVF_HNSW_SQ"), ("pq", "IVF_PQ")):
+    parts = max(4, n // PART_ROWS)
+    kinds = [("hnsw", HnswSq(distance_type="cosine"), [{}, {"ef": 50}, {"ef": 100}, {"ef": 200}]),
+             ("hnswp", HnswSq(distance_type="cosine", num_partitions=parts),
+              [{}, {"ef": 100}, {"nprobes": 40}, {"nprobes": 40, "ef": 100}]),
+             ("pq", IvfPq(distance_type="cosine"), [{}, {"refine": 10}, {"nprobes": 50, "refine": 10}])]
+    for kind, config, settings_tried in kinds:
+        if (kind == "hnsw" and n > DEFAULT_HNSW_MAX) or (kind == "pq" and n > PQ_MAX):
+            continue  # minutes to build past these on 2 cores; what they show at smaller sizes holds
         table = db.create_table(kind, data)
-        t = time.perf_counter()
-        table.create_index(metric="cosine", vector_column_name="vector", index_type=index_type)
+        t, before, peak = time.perf_counter(), me.memory_info().rss, [0]
+        done = threading.Event()
+        def sample():
+            while not done.wait(0.05): peak[0] = max(peak[0], me.memory_info().rss)
+        sampler = threading.Thread(target=sample); sampler.start()
+        table.create_index("vector", config=config)
+        done.set(); sampler.join()
         row[f"{kind}_build_s"] = round(time.perf_counter() - t, 1)
-        settings_tried = [{}] + ([{"ef": 50}, {"ef": 100}, {"ef": 200}, {"ef": 100, "refine": 5}] if kind == "hnsw"
-                                 else [{"refine": 10}, {"nprobes": 50, "refine": 10}])
+        row[f"{kind}_build_extra_rss_mb"] = round(max(0, peak[0] - before) / 2**20)  # over the process before it
         for kw in settings_tried:
             tag = kind + "".join(f"_{k}{v}" for k, v in kw.items())
             hits, p50, p95 = timed(table, **kw)
@@ -407,7 +421,8 @@ def ann_crossover(args: argparse.Namespace, env: dict[str, str]) -> dict[str, An
     sizes = [int(s) for s in args.sizes.split(",")]
     load_before = os.getloadavg()
     proc = subprocess.run([sys.executable, "-c", ANN, str(lake), str(work), json.dumps(sizes), json.dumps(QUERIES),
-                           str(args.lake.parent.parent if args.lake else tree)],
+                           str(args.lake.parent.parent if args.lake else tree), str(args.part_rows),
+                           str(args.default_hnsw_max), str(args.pq_max)],
                           env=env, stdout=subprocess.PIPE, text=True, check=False)
     shutil.rmtree(work, ignore_errors=True)
     if proc.returncode != 0:
@@ -429,6 +444,12 @@ def main() -> int:
     parser.add_argument("--skip-index", action="store_true", help="with --ann-crossover: reuse the workdir's lake")
     parser.add_argument("--lake", type=Path, help="with --ann-crossover: the lake folder (PROJECT/.ctx/lake) to read")
     parser.add_argument("--sizes", default="10000,25000,50000,100000,250000,500000")
+    parser.add_argument("--part-rows", type=int, default=8192,
+                        help="rows per IVF partition of the partitioned HNSW index (hnswp)")
+    parser.add_argument("--default-hnsw-max", type=int, default=100_000,
+                        help="largest table given lance's default IVF_HNSW_SQ (one graph: slow to build)")
+    parser.add_argument("--pq-max", type=int, default=25_000,
+                        help="largest table given an IVF_PQ index (its recall@10 stays under 0.5 without refine)")
     parser.add_argument("--keep", action="store_true", help="keep the tree and its lake")
     parser.add_argument("--reuse-tree", action="store_true", help="reuse a kept tree of the same size (its lake is wiped)")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
@@ -461,9 +482,11 @@ def main() -> int:
         print("ANN crossover ...", file=sys.stderr, flush=True)
         results["ann"] = a = ann_crossover(args, env)
         print(json.dumps(a, indent=2))
-        cols = ["rows", "flat_p50_ms", "hnsw_build_s", "hnsw_p50_ms", "hnsw_recall10", "hnsw_ef100_p50_ms",
-                "hnsw_ef100_recall10", "hnsw_ef200_p50_ms", "hnsw_ef200_recall10", "pq_build_s", "pq_p50_ms",
-                "pq_recall10", "pq_refine10_p50_ms", "pq_refine10_recall10"]
+        cols = ["rows", "flat_p50_ms", "hnsw_build_s", "hnsw_build_extra_rss_mb", "hnsw_p50_ms", "hnsw_recall10",
+                "hnsw_ef100_p50_ms", "hnsw_ef100_recall10", "hnswp_build_s", "hnswp_build_extra_rss_mb",
+                "hnswp_p50_ms", "hnswp_recall10", "hnswp_ef100_p50_ms", "hnswp_ef100_recall10",
+                "hnswp_nprobes40_ef100_p50_ms", "hnswp_nprobes40_ef100_recall10", "pq_build_s",
+                "pq_build_extra_rss_mb", "pq_p50_ms", "pq_recall10", "pq_refine10_p50_ms", "pq_refine10_recall10"]
         print("  ".join(f"{c:>12}" for c in cols))
         for row in a["rows"]:
             print("  ".join(f"{row.get(c, '')!s:>12}" for c in cols))
