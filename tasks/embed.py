@@ -5,7 +5,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -32,6 +32,9 @@ ENCODE_GROUP = 256
 # Vectors are written back in batches this big, or at least this often.
 FLUSH_ROWS = 4096
 FLUSH_SECONDS = 15.0
+# Pending rows read, looked up, encoded and written per window: the stage's memory is bounded by
+# this, not by the lake (reading a 590k-chunk lake's pending texts at once cost over a GB).
+WINDOW_ROWS = 16_384
 
 
 def vector_array(vectors: np.ndarray, dims: int) -> pa.FixedSizeListArray:
@@ -179,35 +182,65 @@ def embed_pending(
     """
     started = time.perf_counter()
     where = "vector IS NULL" if reembed_source is None else f"source = {sql_str(reembed_source)}"
-    pending = tables.chunks.search().where(where).select(["id", "content_hash", "text"]).to_arrow()
-    progress = reporter()
-    if pending.num_rows == 0:
+    total = tables.chunks.count_rows(where)
+    if total == 0:
         return EmbedResult(0, 0, 0, 0.0, 0.0)
+    progress = reporter()
+    progress.start("embed", total, "embedding")
+    # The pending rows are read as a stream of windows from the version the stage started on
+    # (writes of vectors meanwhile make new versions; Lance keeps the old files readable).
+    reader = tables.chunks.search().where(where).select(["id", "content_hash", "text"]).to_batches(WINDOW_ROWS)
+    writer = _Writer(tables, cache, cache.dims)
+    totals = [0, 0, 0.0]  # from cache, embedded, encode seconds
+    try:
+        group = group or ENCODE_GROUP  # read at call time, like FLUSH_ROWS
+        for window in _windows(reader, WINDOW_ROWS):
+            _embed_window(window, writer, cache, embedder, use_cache, group, on_batch, totals)
+    finally:
+        writer.close()
+        progress.finish("embed")
+    return EmbedResult(pending=total, from_cache=int(totals[0]), embedded=int(totals[1]),
+                       seconds=time.perf_counter() - started, encode_seconds=totals[2])
+
+
+def _windows(reader: pa.RecordBatchReader, rows: int) -> Iterator[pa.Table]:
+    held: list[pa.RecordBatch] = []
+    count = 0
+    for batch in reader:
+        held.append(batch)
+        count += batch.num_rows
+        if count >= rows:
+            yield pa.Table.from_batches(held)
+            held, count = [], 0
+    if held:
+        yield pa.Table.from_batches(held)
+
+
+def _embed_window(window: pa.Table, writer: _Writer, cache: EmbeddingCache, embedder: Embedder, use_cache: bool,
+                  group: int, on_batch: Callable[[int], None] | None, totals: list[float]) -> None:
+    """One window of pending rows -> their vectors: cache hits, then the model; totals updated in place.
+
+    Equal content in two windows is looked up in the cache again, where the earlier window's
+    vectors usually are by then (the writer thread may lag a flush behind: then it is encoded twice).
+    """
+    progress = reporter()
     ids_by_hash: dict[str, list[str]] = {}
     text_by_hash: dict[str, str] = {}
-    for cid, h, text in zip(
-        pending.column("id").to_pylist(),
-        pending.column("content_hash").to_pylist(),
-        pending.column("text").to_pylist(),
-        strict=True,
-    ):
+    for cid, h, text in zip(window.column("id").to_pylist(), window.column("content_hash").to_pylist(),
+                            window.column("text").to_pylist(), strict=True):
         ids_by_hash.setdefault(h, []).append(cid)
         text_by_hash[h] = text
-    del pending
-
-    progress.start("embed", sum(len(v) for v in ids_by_hash.values()), "embedding")
+    del window
     cached = cache.get_many(list(ids_by_hash)) if use_cache else {}
-    from_cache = 0
     if cached:
         ids = [cid for h in cached for cid in ids_by_hash[h]]
-        write_vectors(tables.chunks, ids, np.stack([cached[h] for h in cached for _ in ids_by_hash[h]]), cache.dims)
-        from_cache = len(ids)
-        progress.advance("embed", from_cache)
+        write_vectors(writer.tables.chunks, ids, np.stack([cached[h] for h in cached for _ in ids_by_hash[h]]),
+                      cache.dims)
+        totals[0] += len(ids)
+        progress.advance("embed", len(ids))
 
     # Similar lengths side by side keep the model's padded batches tight.
     todo = sorted((h for h in ids_by_hash if h not in cached), key=lambda h: len(text_by_hash[h]))
-    writer = _Writer(tables, cache, cache.dims)
-    encode_seconds = 0.0
     buffer_h: list[str] = []
     buffer_v: list[np.ndarray] = []
     last_flush = time.monotonic()
@@ -225,29 +258,18 @@ def embed_pending(
         writer.submit(buffer_h, vectors, ids, vectors[rows])
         buffer_h, buffer_v, last_flush = [], [], time.monotonic()
 
-    try:
-        group = group or ENCODE_GROUP  # read at call time, like FLUSH_ROWS
-        for start in range(0, len(todo), group):
-            hashes = todo[start : start + group]
-            t0 = time.perf_counter()
-            vectors = embedder.embed_documents([text_by_hash[h] for h in hashes])
-            encode_seconds += time.perf_counter() - t0
-            buffer_h.extend(hashes)
-            buffer_v.append(vectors)
-            done = sum(len(ids_by_hash[h]) for h in hashes)
-            progress.advance("embed", done)
-            if on_batch is not None:
-                on_batch(done)
-            if len(buffer_h) >= FLUSH_ROWS or time.monotonic() - last_flush >= FLUSH_SECONDS:
-                flush()
-        flush()
-    finally:
-        writer.close()
-        progress.finish("embed")
-    return EmbedResult(
-        pending=sum(len(v) for v in ids_by_hash.values()),
-        from_cache=from_cache,
-        embedded=len(todo),
-        seconds=time.perf_counter() - started,
-        encode_seconds=encode_seconds,
-    )
+    for start in range(0, len(todo), group):
+        hashes = todo[start : start + group]
+        t0 = time.perf_counter()
+        vectors = embedder.embed_documents([text_by_hash[h] for h in hashes])
+        totals[2] += time.perf_counter() - t0
+        totals[1] += len(hashes)
+        buffer_h.extend(hashes)
+        buffer_v.append(vectors)
+        done = sum(len(ids_by_hash[h]) for h in hashes)
+        progress.advance("embed", done)
+        if on_batch is not None:
+            on_batch(done)
+        if len(buffer_h) >= FLUSH_ROWS or time.monotonic() - last_flush >= FLUSH_SECONDS:
+            flush()
+    flush()

@@ -19,8 +19,16 @@ if TYPE_CHECKING:
 
 # The columns BM25 searches: code text, and the words the tokenizer cannot see in it.
 FTS_COLUMNS = ("text", "terms")
-# Rows a vector search scans flat before an ANN index pays for itself.
-ANN_MIN_ROWS = 50_000
+# Rows a vector search scans flat before an ANN index pays for itself. `bench bigrepo
+# --ann-crossover` (static model, 256 dims, 2 cores at load 4-10): a flat scan's p50 is 14 ms at
+# 10k rows, 17 ms at 25k, 67 ms at 50k, 234 ms at 100k (past the 50 ms query budget between 25k
+# and 50k), an IVF_HNSW_SQ index answers in 3-8 ms at every size up to 500k.
+ANN_MIN_ROWS = 40_000
+# Rows per IVF partition, each with its own HNSW graph: lance's default makes one graph of all
+# rows (the 590k-row bench run spent ~10 min in the optimize stage that built it); in partitions
+# it took 4.2 min at 500k rows, with recall@10 against the flat answer of 0.93-0.97 at lance's
+# query defaults where the one graph gave 0.88-0.94 (same bench, 10k-500k rows).
+ANN_PARTITION_ROWS = 8_192
 # Old table versions are kept this long so a reader that opened one can finish with it.
 KEEP_VERSIONS = timedelta(minutes=30)
 
@@ -158,9 +166,12 @@ def optimize(tables: LakeTables, ann: bool = True) -> None:
 def _maybe_ann_index(chunks: Table) -> None:
     if any(idx.columns == ["vector"] for idx in chunks.list_indices()):
         return
+    from lancedb.index import HnswSq
+
     embedded = chunks.count_rows("vector IS NOT NULL")
     if embedded >= ANN_MIN_ROWS:
-        chunks.create_index(metric="cosine", vector_column_name="vector", index_type="IVF_HNSW_SQ")
+        config = HnswSq(distance_type="cosine", num_partitions=max(4, embedded // ANN_PARTITION_ROWS))
+        chunks.create_index("vector", config=config)
 
 
 def indexed_paths(tables: LakeTables, source: str) -> set[str]:

@@ -52,6 +52,7 @@ SNIPPET_LINES = 12
 SNIPPET_CHARS = 800
 # Candidates each ranked list contributes before fusion, per result asked for.
 CANDIDATES_PER_HIT = 4
+ANN_EF = 100  # HNSW candidates per vector query (see _nearest)
 FUZZY_MIN_SCORE = 70.0
 # A long-lived reader (the MCP server) checks for a newer table version on every query: a cheap
 # manifest read, and an edit seen by the watcher is searchable at once.
@@ -306,7 +307,10 @@ def semantic_rows(lake: Lake, query: str, limit: int, where: str | None) -> list
 
 def _nearest(lake: Lake, vector: list[float], limit: int, conditions: list[str]) -> list[dict[str, Any]]:
     builder = cast("LanceVectorQueryBuilder", lake.chunks.search(vector, vector_column_name="vector"))
-    builder = builder.distance_type("cosine")
+    # ef only matters once the table has its HNSW index (a flat scan ignores it): lance's default
+    # of 1.5 x limit found 0.88-0.97 of the flat top 10 (0.93 at 500k rows), ef 100 finds
+    # 0.95-0.99 for 2-4 ms more (bench bigrepo --ann-crossover, 10k-500k rows).
+    builder = builder.distance_type("cosine").ef(max(ANN_EF, limit))
     if conditions:
         builder = builder.where(" AND ".join(conditions), prefilter=True)
     rows: list[dict[str, Any]] = builder.select(HIT_COLUMNS).limit(limit).to_list()

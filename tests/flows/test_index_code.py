@@ -305,3 +305,48 @@ def test_small_edits_defer_optimizing_yet_stay_searchable(project: Path, cli: Ca
     # Each one-file run adds its rows (one chunk inserted, one embedded) to the backlog until
     # the threshold (5) makes the third run optimize.
     assert backlog == [2, 4, 0]
+
+
+def test_embedding_window_by_window_gives_the_vectors_of_one_pass(
+    make_repo: Callable[..., Path], cli: Callable[..., Any], fake_embedder: Any, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    # The embed stage reads pending rows in windows so its memory does not grow with the lake;
+    # a window of 3 rows cuts this repo into many, with equal content (util.py's copy) in different ones.
+    from ctxlake.tasks import embed
+
+    files = {"app/service.py": APP, "app/util.py": UTIL, "README.md": README, "z/copy_of_util.py": UTIL}
+    whole, windowed = make_repo(files, name="whole"), make_repo(files, name="windowed")
+    assert cli("run", "index", cwd=whole).exit_code == 0
+    fake_embedder.reset_counters()
+    monkeypatch.setattr(embed, "WINDOW_ROWS", 3)
+    monkeypatch.setenv("CTX_HOME", str(tmp_path / "empty-cache-home"))  # else all of it comes from the cache
+    report = json.loads(cli("run", "index", "--json", cwd=windowed).stdout)
+    assert report["embedded"] == fake_embedder.texts_embedded > 0
+    n_chunks = sum(chunk_paths(windowed).values())
+
+    def vectors(root: Path) -> dict[tuple[str, int], list[float]]:
+        return {(r["path"], r["start_line"]): r["vector"] for r in lake_rows(root, CHUNKS_TABLE, ["path", "start_line", "vector"])}
+
+    assert n_chunks > 6 and vectors(windowed) == vectors(whole)
+    assert all(v is not None for v in vectors(windowed).values())
+
+
+def test_a_lake_past_the_ann_threshold_gets_a_partitioned_hnsw_index_and_semantic_search_uses_it(
+    make_repo: Callable[..., Path], cli: Callable[..., Any], fake_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ctxlake.serve.api import queries
+    from ctxlake.tasks import store
+
+    funcs = "\n\n".join(f"def handler_{i}(request):\n    value = request.get('k{i}')\n    total = value * {i}\n"
+                        f"    return total + {i}\n" for i in range(400))
+    repo = make_repo({"app/handlers.py": funcs})
+    monkeypatch.setattr(store, "ANN_MIN_ROWS", 300)
+    monkeypatch.setattr(store, "ANN_PARTITION_ROWS", 64)
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    db = connect(repo / ".ctx" / "lake")
+    indexes = [i for i in db.open_table(CHUNKS_TABLE).list_indices() if i.columns == ["vector"]]
+    assert [i.index_type for i in indexes] == ["IvfHnswSq"]
+    lake = queries.Lake(load_settings(repo))
+    result = queries.search(lake, "handler_17 request value", mode="semantic", limit=5, check_stale=False)
+    assert len(result.hits) == 5 and all(h.path == "app/handlers.py" for h in result.hits)
