@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_dask import SWE_BENCH, find_mirrors
+from bench_index import QUERIES as INDEX_QUERIES
 from bench_index import PeakRSS
 
 CTX = str(Path(sys.executable).parent / "ctx")
@@ -47,17 +48,9 @@ GIT_ENV = {"GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@x", "GIT_COMMITTER_NAM
 # Smallest repositories first, so a scaled-down run still gets a few real ones.
 MIRROR_ORDER = ("flask", "requests", "seaborn", "pytest", "pylint", "xarray", "sphinx", "astropy",
                 "matplotlib", "scikit-learn", "sympy", "django")
+# bench index's queries, then some for the other repositories and the generated code.
 QUERIES = [
-    "how are blueprints registered on the application",
-    "database connection pooling and transaction commit",
-    "parse the HTTP request headers",
-    "template rendering context processors",
-    "validate form fields and report errors",
-    "session cookie signing",
-    "url routing with converters",
-    "queryset filter lookups",
-    "middleware that handles exceptions",
-    "send an email with attachments",
+    *INDEX_QUERIES,
     "sparse matrix multiplication",
     "plot a colorbar next to the axes",
     "solve a polynomial equation symbolically",
