@@ -59,6 +59,8 @@ class IndexReport:
     keyword_ready_s: float = 0.0
     seconds: float = 0.0
     encode_seconds: float = 0.0
+    embed_device: str = ""  # where a local model encoded this run's texts (cpu, cuda, mps)
+    embed_batch: int = 0  # the texts per model batch it used (embed.batch_size, `auto` resolved)
     # One-time static-model distillation during this run: left out of `seconds`.
     model_setup_s: float = 0.0
     finished_at: str = ""
@@ -120,6 +122,9 @@ class Writer:
         report.vectors_from_cache += result.from_cache
         report.embedded += result.embedded
         report.encode_seconds += result.encode_seconds
+        batch = getattr(self.embedder, "batch_size", None)
+        if result.embedded and isinstance(batch, int):
+            report.embed_device, report.embed_batch = str(getattr(self.embedder, "device", "")), batch
 
     def finish(self, tree: Tree, report: IndexReport) -> None:
         """After the last write: the snapshot, then the state says the lake matches it."""

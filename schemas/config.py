@@ -53,7 +53,12 @@ class EmbedSettings(_Section):
     # dev set, and django embeds in under a minute instead of ~30 on two cores.
     model: str = Field("static", description="profile (static, minilm) or a model name/path")
     device: str = Field("auto", description="auto | cpu | cuda | mps")
-    batch_size: int = Field(64, ge=1)
+    batch_size: int | Literal["auto"] = Field(
+        "auto", description="texts per model batch; auto = 64 on CPU, on a GPU picked once from its free "
+                            "memory and the model's size (the run report shows the pick)")
+    precision: Literal["float32", "float16", "bfloat16"] = Field(
+        "float32", description="GPU only: float16/bfloat16 run the model in half precision (faster; vectors "
+                               "differ slightly, so they get their own cache); a CPU always uses float32")
     max_tokens: int = Field(256, ge=16, description="inputs are truncated to this many tokens")
     query_prefix: str = Field("", description="text put before each query; empty = the model's known default")
     document_prefix: str = Field("", description="text put before each chunk; empty = the model's known default")

@@ -193,7 +193,8 @@ def embed_pending(
     writer = _Writer(tables, cache, cache.dims)
     totals = [0, 0, 0.0]  # from cache, embedded, encode seconds
     try:
-        group = group or ENCODE_GROUP  # read at call time, like FLUSH_ROWS
+        # A GPU embedder asks for bigger groups; ENCODE_GROUP is read at call time, like FLUSH_ROWS.
+        group = group or getattr(embedder, "encode_group", None) or ENCODE_GROUP
         for window in _windows(reader, WINDOW_ROWS):
             _embed_window(window, writer, cache, embedder, use_cache, group, on_batch, totals)
     finally:

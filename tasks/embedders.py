@@ -56,6 +56,14 @@ STATIC_DIR = "static-minilm-256"
 # A static model costs nothing per token, so it reads as far as the teacher could.
 STATIC_MAX_TOKENS = 512
 FAKE_DIMS = 64
+# `embed.batch_size = "auto"`: a CPU gains nothing from bigger batches; a GPU gets the largest
+# power of two whose activations at full length fit in half its free memory, within these bounds
+# (measured on an H200, README "The GPU path": throughput is flat past a few hundred texts).
+CPU_BATCH = 64
+GPU_BATCH_MIN = 32
+GPU_BATCH_MAX = 256
+# Texts per encode call on a GPU, in batches: fewer calls keep the device busy between them.
+GPU_GROUP_BATCHES = 4
 
 HTTP_TIMEOUT_S = 60.0
 RETRY_TRIES = 4
@@ -179,6 +187,7 @@ class SentenceTransformerEmbedder(_LocalEmbedder):
         self.model = model
         self._bundled = bundled
         self._device: str | None = None
+        self._batch: int | None = None if embed.batch_size == "auto" else embed.batch_size
         if bundled:
             self.dims = BUNDLED_DIMS
             self.max_tokens = min(embed.max_tokens, BUNDLED_MAX_TOKENS)
@@ -188,7 +197,7 @@ class SentenceTransformerEmbedder(_LocalEmbedder):
 
     @property
     def model_id(self) -> str:
-        return f"local:{self.model}:{self.dims}:t{self.max_tokens}{_prefix_tag(self._embed)}"
+        return f"local:{self.model}:{self.dims}:t{self.max_tokens}{self._precision_tag}{_prefix_tag(self._embed)}"
 
     @property
     def device(self) -> str:
@@ -196,14 +205,52 @@ class SentenceTransformerEmbedder(_LocalEmbedder):
             self._device = resolve_device(self._embed.device)
         return self._device
 
+    @property
+    def precision(self) -> str:
+        """What the model runs in: the setting on a GPU, float32 on a CPU (half precision there is slow)."""
+        if self._embed.precision == "float32" or self.device == "cpu":
+            return "float32"
+        return self._embed.precision
+
+    @property
+    def _precision_tag(self) -> str:
+        # Only a non-default setting resolves the device here (importing torch costs a second).
+        return "" if self._embed.precision == "float32" or self.precision == "float32" else f":{self.precision}"
+
+    @property
+    def batch_size(self) -> int:
+        """Texts per model batch; `auto` on a GPU loads the model to measure it."""
+        if self._batch is None:
+            if self.device == "cpu":
+                self._batch = CPU_BATCH
+            else:
+                self._loaded()  # picks it
+        return self._batch if self._batch is not None else CPU_BATCH
+
+    @property
+    def encode_group(self) -> int | None:
+        """Texts the embed stages should hand over per call: None = their own default (CPU)."""
+        if self.device == "cpu":
+            return None
+        return self.batch_size * GPU_GROUP_BATCHES
+
     def _encode(self, model: Any, texts: list[str]) -> np.ndarray:
-        return np.asarray(model.encode(
-            texts,
-            batch_size=self._embed.batch_size,
-            normalize_embeddings=True,
-            convert_to_numpy=True,
-            show_progress_bar=False,
-        ))
+        while True:
+            try:
+                return np.asarray(model.encode(
+                    texts,
+                    batch_size=self.batch_size,
+                    normalize_embeddings=True,
+                    convert_to_numpy=True,
+                    show_progress_bar=False,
+                ))
+            except RuntimeError as exc:  # torch.OutOfMemoryError is one
+                if "out of memory" not in str(exc).lower() or self.batch_size <= 1:
+                    raise
+                self._batch = self.batch_size // 2
+                _free_device_memory(self.device)
+                print(f"ctx: the embedding model ran out of {self.device} memory; batch size now "
+                      f"{self._batch} (set embed.batch_size to fix it)", file=sys.stderr)
 
     def _load(self) -> Any:
         source = str(bundled_model_path()) if self._bundled else self.model
@@ -235,13 +282,49 @@ class SentenceTransformerEmbedder(_LocalEmbedder):
         if isinstance(declared, int) and 0 < declared < 100_000:
             self.max_tokens = min(self.max_tokens, declared)
         st.max_seq_length = self.max_tokens
-        width = st.get_embedding_dimension()
+        if self.precision != "float32":
+            import torch
+
+            st = st.to(getattr(torch, self.precision))
+        if self._batch is None and device != "cpu":
+            self._batch = _pick_gpu_batch(st, self.max_tokens, device)
+        # Older sentence-transformers releases name it get_sentence_embedding_dimension.
+        width = (getattr(st, "get_embedding_dimension", None) or st.get_sentence_embedding_dimension)()
         if width is None:
             width = int(np.asarray(st.encode(["probe"], convert_to_numpy=True)).shape[1])
         if self._bundled and width != BUNDLED_DIMS:
             raise EmbedderError(f"the bundled model at {source} gives {width} dims, not 384")
         self.dims = int(width)
         return st
+
+
+def _pick_gpu_batch(st: Any, max_tokens: int, device: str) -> int:
+    """The largest power of two in [GPU_BATCH_MIN, GPU_BATCH_MAX] whose batch of full-length texts
+    needs at most half the device's free memory, measured on a probe batch. Not CUDA: the minimum."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return GPU_BATCH_MIN
+    probe = 16
+    text = " ".join(["token"] * max_tokens)  # truncated to exactly max_tokens by the tokenizer
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    st.encode([text] * probe, batch_size=probe, convert_to_numpy=True, show_progress_bar=False)
+    per_text = max(1.0, (torch.cuda.max_memory_allocated(device) - base) / probe)
+    free, _total = torch.cuda.mem_get_info(device)
+    fits = int(free * 0.5 / per_text)
+    batch = GPU_BATCH_MIN
+    while batch * 2 <= min(fits, GPU_BATCH_MAX):
+        batch *= 2
+    return batch
+
+
+def _free_device_memory(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
 
 
 def _offline_hint(name: str) -> str:
@@ -736,4 +819,5 @@ def describe(embedder: Embedder) -> dict[str, object]:
         "model_id": model_id,
         "dims": embedder.dims,
         "device": str(getattr(embedder, "device", "unknown")),
+        **({"batch_size": embedder.batch_size} if isinstance(embedder, SentenceTransformerEmbedder) else {}),
     }

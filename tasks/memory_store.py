@@ -264,8 +264,10 @@ def _embed_batch(table: Table, batch: pa.RecordBatch, cache: EmbeddingCache, emb
     # Shortest first: groups of similar length pad less inside the model.
     todo = sorted((h for h in ids_by_hash if h not in cached), key=lambda h: len(text_by_hash[h]))
     fresh: dict[str, np.ndarray] = {}
-    for start in range(0, len(todo), ENCODE_GROUP):
-        group = todo[start : start + ENCODE_GROUP]
+    # Asked only when there is work: a GPU embedder answers after loading its model.
+    step = (getattr(embedder, "encode_group", None) if todo else None) or ENCODE_GROUP
+    for start in range(0, len(todo), step):
+        group = todo[start : start + step]
         fresh.update(zip(group, embedder.embed_documents([text_by_hash[h] for h in group]), strict=True))
         advance(sum(len(ids_by_hash[h]) for h in group))
     if fresh:

@@ -170,6 +170,11 @@ def _run_flow(settings: Settings, *, force: bool, embed: bool, verbose: bool, wa
         return index_code(settings, force=force, embed=embed)
 
 
+def _on_device(report: Any) -> str:
+    device, batch = getattr(report, "embed_device", ""), getattr(report, "embed_batch", 0)
+    return f" (on {device}, {batch} per batch)" if device and batch else ""
+
+
 def _print_report(report: Any, wall: float) -> None:
     skipped = ", ".join(f"{n} {why}" for why, n in sorted(report.skipped.items())) or "none"
     typer.echo(
@@ -178,7 +183,7 @@ def _print_report(report: Any, wall: float) -> None:
     )
     typer.echo(
         f"Chunks: {report.chunks_inserted:,} written, {report.chunks_deleted:,} removed; vectors: "
-        f"{report.embedded:,} embedded, {report.vectors_from_cache:,} from cache."
+        f"{report.embedded:,} embedded{_on_device(report)}, {report.vectors_from_cache:,} from cache."
     )
     setup = f", {report.model_setup_s:.1f} s distilling the static model once" if report.model_setup_s >= 0.05 else ""
     typer.echo(f"Done in {wall:.1f} s: {report.seconds:.1f} s indexing (keyword search ready after "

@@ -455,6 +455,73 @@ def test_bundled_minilm(tmp_path: Path) -> None:
     assert describe(embedder)["device"] in ("cpu", "cuda", "mps")
 
 
+# -- batch size and precision (the GPU path; what needs CUDA is measured by bench_gpu.py) ---------
+
+
+def test_batch_size_auto_is_64_on_a_cpu_and_a_number_is_kept(tmp_path: Path) -> None:
+    auto = make_embedder(EmbedSettings(model="minilm", device="cpu"), tmp_path)
+    fixed = make_embedder(EmbedSettings(model="minilm", device="cpu", batch_size=8), tmp_path)
+    assert (auto.batch_size, fixed.batch_size) == (embedders.CPU_BATCH, 8)  # type: ignore[attr-defined]
+    # A CPU keeps the embed stages' own group size; only a GPU asks for bigger ones.
+    assert auto.encode_group is None  # type: ignore[attr-defined]
+    assert describe(auto)["batch_size"] == 64 and describe(auto)["device"] == "cpu"
+
+
+def test_batch_size_and_precision_from_config_and_environment(tmp_path: Path) -> None:
+    (tmp_path / ".ctx").mkdir()
+    (tmp_path / ".ctx" / "config.toml").write_text('[embed]\nbatch_size = 512\nprecision = "float16"\n')
+    settings = load_settings(tmp_path, env={})
+    assert (settings.embed.batch_size, settings.embed.precision) == (512, "float16")
+    assert load_settings(tmp_path, env={"CTX_EMBED_BATCH_SIZE": "auto"}).embed.batch_size == "auto"
+    assert load_settings(tmp_path, env={"CTX_EMBED_BATCH_SIZE": "96"}).embed.batch_size == 96
+    with pytest.raises(Exception, match="batch_size"):
+        EmbedSettings(batch_size="big")  # type: ignore[arg-type]
+    with pytest.raises(Exception, match="precision"):
+        EmbedSettings(precision="int8")  # type: ignore[arg-type]
+
+
+def test_half_precision_applies_on_a_gpu_only(tmp_path: Path) -> None:
+    on_cpu = make_embedder(EmbedSettings(model="minilm", device="cpu", precision="float16"), tmp_path)
+    assert on_cpu.precision == "float32"  # type: ignore[attr-defined]
+    assert on_cpu.model_id == "local:all-MiniLM-L6-v2:384:t256"  # same vectors, same cache as float32
+    on_gpu = make_embedder(EmbedSettings(model="minilm", device="cuda", precision="bfloat16"), tmp_path)
+    # Other vectors: their own model id, so they never mix with float32 ones in the cache or a lake.
+    assert on_gpu.model_id == "local:all-MiniLM-L6-v2:384:t256:bfloat16"
+
+
+class _RunsOutOfMemory:
+    """Stands in for a sentence-transformers model on a device that fits `fits` texts per batch:
+    CUDA's out-of-memory error cannot be produced on a machine without one."""
+
+    def __init__(self, fits: int, error: str = "CUDA out of memory. Tried to allocate 2.00 GiB") -> None:
+        self.fits, self.error, self.batches = fits, error, []
+
+    def encode(self, texts: list[str], batch_size: int, **_: Any) -> np.ndarray:
+        self.batches.append(batch_size)
+        if batch_size > self.fits:
+            raise RuntimeError(self.error)
+        return np.ones((len(texts), 384), dtype=np.float32)
+
+
+def test_out_of_memory_halves_the_batch_and_goes_on(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    embedder = make_embedder(EmbedSettings(model="minilm", device="cpu", batch_size=64), tmp_path)
+    model = _RunsOutOfMemory(fits=16)
+    vectors = embedder._encode(model, ["a", "b", "c"])  # type: ignore[attr-defined]
+    assert vectors.shape == (3, 384)
+    assert model.batches == [64, 32, 16] and embedder.batch_size == 16  # type: ignore[attr-defined]
+    assert "batch size now 16" in capsys.readouterr().err
+    embedder._encode(model, ["d"])  # type: ignore[attr-defined]
+    assert model.batches[-1] == 16  # the smaller batch is kept, not probed again
+
+
+def test_other_model_errors_are_not_retried(tmp_path: Path) -> None:
+    embedder = make_embedder(EmbedSettings(model="minilm", device="cpu", batch_size=64), tmp_path)
+    model = _RunsOutOfMemory(fits=0, error="expected scalar type Half but found Float")
+    with pytest.raises(RuntimeError, match="scalar type"):
+        embedder._encode(model, ["a"])  # type: ignore[attr-defined]
+    assert model.batches == [64]
+
+
 @pytest.mark.model
 def test_local_model_missing_offline_says_how_to_get_it(tmp_path: Path) -> None:
     with pytest.raises(EmbedderError, match="not available offline") as err:

@@ -1,0 +1,54 @@
+"""The embed stage over a real lake: how many texts it hands the model per call."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from ctxlake.schemas.tables import chunks_schema
+from ctxlake.tasks.embed import ENCODE_GROUP, EmbeddingCache, embed_pending
+from ctxlake.tasks.embedders import FakeEmbedder
+from ctxlake.tasks.store import open_for_write
+
+
+class _Recording(FakeEmbedder):
+    def __init__(self, encode_group: int | None) -> None:
+        super().__init__()
+        self.encode_group = encode_group
+        self.sizes: list[int] = []
+
+    def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
+        self.sizes.append(len(texts))
+        return super().embed_documents(texts)
+
+
+def _lake_with_pending(tmp_path: Path, n: int, dims: int):  # type: ignore[no-untyped-def]
+    tables = open_for_write(tmp_path / "lake", dims)
+    texts = [f"def f{i}(x):\n    return x + {i}\n" for i in range(n)]
+    tables.chunks.add(pa.table({
+        "id": [f"c{i}" for i in range(n)], "source": ["project"] * n, "path": [f"m{i}.py" for i in range(n)],
+        "lang": ["python"] * n, "kind": ["function"] * n, "symbol": [f"f{i}" for i in range(n)],
+        "start_line": pa.array([1] * n, pa.int32()), "end_line": pa.array([2] * n, pa.int32()),
+        "text": texts, "terms": [""] * n, "content_hash": [f"h{i}" for i in range(n)],
+        "vector": pa.nulls(n, pa.list_(pa.float32(), dims)),
+    }, schema=chunks_schema(dims)))
+    return tables
+
+
+def test_a_gpu_embedder_gets_its_own_group_size(tmp_path: Path) -> None:
+    embedder = _Recording(encode_group=40)
+    tables = _lake_with_pending(tmp_path, 100, embedder.dims)
+    result = embed_pending.fn(tables, EmbeddingCache(tmp_path / "cache", embedder.model_id, embedder.dims), embedder)
+    assert embedder.sizes == [40, 40, 20]
+    assert result.embedded == 100 and tables.chunks.count_rows("vector IS NULL") == 0
+
+
+def test_a_cpu_embedder_keeps_the_stage_default(tmp_path: Path) -> None:
+    embedder = _Recording(encode_group=None)
+    n = ENCODE_GROUP + 10
+    tables = _lake_with_pending(tmp_path, n, embedder.dims)
+    embed_pending.fn(tables, EmbeddingCache(tmp_path / "cache", embedder.model_id, embedder.dims), embedder)
+    assert embedder.sizes == [ENCODE_GROUP, 10]
