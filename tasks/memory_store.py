@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -17,7 +17,7 @@ from ctxlake.tasks.lake import connect, open_table
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.scrape.base import Msg
 from ctxlake.tasks.stage import stage
-from ctxlake.tasks.store import KEEP_VERSIONS, sql_str
+from ctxlake.tasks.store import KEEP_VERSIONS, fragment_count, sql_str
 
 if TYPE_CHECKING:
     import lancedb
@@ -244,6 +244,8 @@ def embed_table(table: Table, name: str, cache: EmbeddingCache, embedder: Embedd
             embedded += _embed_batch(table, batch, cache, embedder, lambda n: progress.advance(f"embed-{name}", n))
     finally:
         progress.finish(f"embed-{name}")
+    if embedded:
+        cache.maintain()
     return embedded
 
 
@@ -307,9 +309,7 @@ OPTIMIZE_UNINDEXED_ROWS = 20_000
 
 def optimize_due(table: Table) -> bool:
     """Whether `table` has gathered enough small fragments or unindexed rows to be worth compacting."""
-    stats: Any = table.stats()  # typed as a dataclass, returned as a dict (lancedb 0.40)
-    fragments = stats["fragment_stats"]["num_fragments"] if isinstance(stats, dict) else stats.fragment_stats.num_fragments
-    if fragments >= OPTIMIZE_FRAGMENTS:
+    if fragment_count(table) >= OPTIMIZE_FRAGMENTS:
         return True
     return any((idx.num_unindexed_rows or 0) >= OPTIMIZE_UNINDEXED_ROWS for idx in table.list_indices())
 

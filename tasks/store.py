@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pyarrow as pa
 
@@ -34,6 +34,12 @@ ANN_MIN_ROWS = 50_000
 ANN_PARTITION_ROWS = 8_192
 # Old table versions are kept this long so a reader that opened one can finish with it.
 KEEP_VERSIONS = timedelta(minutes=30)
+
+
+def fragment_count(table: Table) -> int:
+    stats: Any = table.stats()  # typed as a dataclass, returned as a dict (lancedb 0.40)
+    return int(stats["fragment_stats"]["num_fragments"] if isinstance(stats, dict)
+               else stats.fragment_stats.num_fragments)
 
 
 class LakeTables(NamedTuple):

@@ -52,3 +52,28 @@ def test_a_cpu_embedder_keeps_the_stage_default(tmp_path: Path) -> None:
     tables = _lake_with_pending(tmp_path, n, embedder.dims)
     embed_pending.fn(tables, EmbeddingCache(tmp_path / "cache", embedder.model_id, embedder.dims), embedder)
     assert embedder.sizes == [ENCODE_GROUP, 10]
+
+
+def test_the_cache_indexes_and_compacts_itself_as_it_grows(tmp_path: Path) -> None:
+    from ctxlake.tasks import embed
+    from ctxlake.tasks.store import fragment_count
+
+    cache = EmbeddingCache(tmp_path / "cache", "fake:hash:8", 8)
+    rng = np.random.default_rng(7)
+    per_append = embed.CACHE_INDEX_ROWS // 40
+    stored: dict[str, np.ndarray] = {}
+    for i in range(embed.CACHE_OPTIMIZE_FRAGMENTS + 3):  # three appends after the compaction
+        hashes = [f"h{i}-{j}" for j in range(per_append)]
+        vectors = rng.standard_normal((per_append, 8)).astype(np.float32)
+        cache.put_many(hashes, vectors)
+        stored.update(zip(hashes, vectors, strict=True))
+    # Checked every CACHE_CHECK_APPENDS appends: indexed once past CACHE_INDEX_ROWS rows, then
+    # compacted at CACHE_OPTIMIZE_FRAGMENTS fragments (into two: Lance keeps the rows indexed before
+    # apart from those after), so only the three appends after that remain apart.
+    assert any(idx.columns == ["content_hash"] for idx in cache.table.list_indices())
+    assert fragment_count(cache.table) <= 2 + 3
+    sample = [*list(stored)[:: per_append + 1], *list(stored)[-5:]]  # old rows and rows after the index
+    found = cache.get_many([*sample, "never-stored"])
+    assert set(found) == set(sample)
+    for h in sample:
+        np.testing.assert_array_equal(found[h], stored[h])
