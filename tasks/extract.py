@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ctxlake.tasks.compact import decision_sentences
-from ctxlake.tasks.knowledge import WriteResult, write_record
+from ctxlake.tasks.knowledge import ComparisonPool, WriteResult, write_record
 from ctxlake.tasks.lake import write_atomic
 from ctxlake.tasks.sessionize import Segment
 from ctxlake.tasks.stage import stage
@@ -91,16 +91,18 @@ def extract_candidates(segments: Sequence[Segment], knowledge_dir: Path, root: P
     except (OSError, ValueError):
         proposed = set()
     results: list[WriteResult] = []
+    pool: ComparisonPool | None = None  # read on the first new candidate, then kept current
     for seg in segments:
         for cand in candidates(seg):
             if cand.key in proposed:
                 continue
             proposed.add(cand.key)
+            pool = pool or ComparisonPool(knowledge_dir, root, inbox=True)
             results.append(write_record(
                 knowledge_dir, root, cand.kind, cand.title, cand.body, cache=cache, embedder=embedder,
                 duplicate_above=duplicate_above, supersede_from=supersede_from, files=cand.files,
                 tags=["extracted"], source_tool=cand.source_tool, source_session=cand.source_session,
-                inbox=True, when=cand.when,
+                inbox=True, when=cand.when, pool=pool,
             ))
     if results:
         lake_dir.mkdir(parents=True, exist_ok=True)

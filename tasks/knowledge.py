@@ -173,9 +173,14 @@ def decide(text: str, existing: Sequence[Record], cache: EmbeddingCache, embedde
     """created / superseded / duplicate for a new text against existing records of its type."""
     # The new text is embedded even with nothing to compare: its vector waits in the cache for ingest.
     matrix = vectors_for([text, *(r.text for r in existing)], cache, embedder)
+    return _closest(matrix[0], existing, matrix[1:], duplicate_above, supersede_from)
+
+
+def _closest(vector: np.ndarray, existing: Sequence[Record], matrix: np.ndarray, duplicate_above: float,
+             supersede_from: float) -> tuple[WriteStatus, Record | None, float]:
     if not existing:
         return "created", None, 0.0
-    sims = matrix[1:] @ matrix[0]
+    sims = matrix @ vector
     best = int(np.argmax(sims))
     score = float(sims[best])
     if score > duplicate_above:
@@ -199,28 +204,59 @@ def render(record: Record) -> str:
     return f"---\n{text}\n---\n\n{record.body.strip()}\n"
 
 
+class ComparisonPool:
+    """The records a new one is compared with (heads of the accepted records, plus the inbox for
+    candidates), read and embedded once and kept current as records are written.
+
+    One write_record call reads them itself; a run that writes many (ingest's extraction) passes
+    one pool to all: reading and embedding every record again for each candidate made a cold
+    ingest of 20,000 sessions spend most of its scrape phase parsing the inbox's YAML.
+    """
+
+    def __init__(self, knowledge_dir: Path, root: Path, inbox: bool) -> None:
+        records, _ = load_records(knowledge_dir, root)
+        self.inbox = inbox
+        self._records = heads(records) + (_inbox(knowledge_dir, root) if inbox else [])
+        self._by_kind: dict[str, tuple[list[Record], np.ndarray]] = {}
+
+    def of(self, kind: str, cache: EmbeddingCache, embedder: Embedder) -> tuple[list[Record], np.ndarray]:
+        if kind not in self._by_kind:
+            records = [r for r in self._records if r.type == kind]
+            self._by_kind[kind] = (records, vectors_for([r.text for r in records], cache, embedder))
+        return self._by_kind[kind]
+
+    def add(self, record: Record, vector: np.ndarray, replaces: Record | None) -> None:
+        records, matrix = self._by_kind[record.type]
+        if replaces is not None and not self.inbox:  # an accepted record is no longer a head
+            keep = [i for i, r in enumerate(records) if r.id != replaces.id]
+            records, matrix = [records[i] for i in keep], matrix[keep]
+        self._by_kind[record.type] = ([*records, record], np.vstack([matrix, vector[None, :]]))
+
+
 def write_record(
     knowledge_dir: Path, root: Path, kind: str, title: str, body: str, *, cache: EmbeddingCache, embedder: Embedder,
     duplicate_above: float, supersede_from: float, files: Sequence[str] = (), tags: Sequence[str] = (),
     source_tool: str | None = None, source_session: str | None = None, inbox: bool = False,
-    when: datetime | None = None,
+    when: datetime | None = None, pool: ComparisonPool | None = None,
 ) -> WriteResult:
     """A new knowledge file (redacted), unless a record of the same type says the same thing:
-    similarity > duplicate_above is a duplicate (nothing written), >= supersede_from supersedes it."""
+    similarity > duplicate_above is a duplicate (nothing written), >= supersede_from supersedes it.
+    `pool`: the records to compare with, shared by a run's writes (default: read them now)."""
     if kind not in KNOWLEDGE_TYPES:
         raise InputError(f"unknown knowledge type {kind!r}", hint=f"one of {', '.join(KNOWLEDGE_TYPES)}")
     title, body = redact_text(" ".join(title.split())), redact_text(body.strip())
     if not title:
         raise InputError("a knowledge record needs a title (its first line)")
     when = when or datetime.now(UTC)
-    records, _ = load_records(knowledge_dir, root)
-    pool = [r for r in heads(records) if r.type == kind]
-    if inbox:
-        pool += [r for r in _inbox(knowledge_dir, root) if r.type == kind]
+    if pool is None or pool.inbox != inbox:
+        pool = ComparisonPool(knowledge_dir, root, inbox)
+    existing, matrix = pool.of(kind, cache, embedder)
     new = Record(id="", type=kind, title=title, body=body, created_at=when, path="",
                  files=list(dict.fromkeys(redact_strings(files))), tags=list(dict.fromkeys(tags)),
                  source_tool=source_tool, source_session=source_session)
-    status, match, score = decide(new.text, pool, cache, embedder, duplicate_above, supersede_from)
+    # The new text is embedded even with nothing to compare: its vector waits in the cache for ingest.
+    vector = vectors_for([new.text], cache, embedder)[0]
+    status, match, score = _closest(vector, existing, matrix, duplicate_above, supersede_from)
     if status == "duplicate":
         assert match is not None
         return WriteResult("duplicate", match.id, None, match.id, round(score, 4))
@@ -231,6 +267,7 @@ def write_record(
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{new.id}.md"
     write_atomic(path, render(new))
+    pool.add(new, vector, match if status == "superseded" else None)
     return WriteResult(status, new.id, path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path),
                        match.id if match else None, round(score, 4))
 

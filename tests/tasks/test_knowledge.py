@@ -13,6 +13,7 @@ from ctxlake.tasks.embed import EmbeddingCache
 from ctxlake.tasks.embedders import FakeEmbedder
 from ctxlake.tasks.extract import extract_candidates
 from ctxlake.tasks.knowledge import (
+    ComparisonPool,
     heads,
     ingest_knowledge,
     knowledge_table,
@@ -83,6 +84,24 @@ def test_created_duplicate_superseded(project: Path, kit: dict[str, Any]) -> Non
     assert {r.id for r in heads(records)} == {newer.id, other.id, *[r.id for r in records if r.type == "insight"]}
     table = knowledge_table(records, 64).to_pylist()
     assert {r["id"]: r["superseded_by"] for r in table}[first.id] == newer.id
+
+
+@pytest.mark.parametrize("inbox", [False, True])
+def test_a_shared_pool_decides_as_fresh_reads_do(project: Path, kit: dict[str, Any], inbox: bool) -> None:
+    """One pool across a run's writes (ingest's extraction) gives each write the answer it would
+    get by reading the knowledge folder again: records written earlier in the run count."""
+    knowledge = project / ".ctx" / "knowledge"
+    pool = ComparisonPool(knowledge, project, inbox=inbox)
+    steps = [("decision", TITLE, BODY), ("decision", TITLE, NEAR_COPY), ("decision", TITLE, REVISED),
+             ("decision", TITLE, REVISED), ("decision", *OTHER), ("insight", TITLE, BODY)]
+    shared = [write(project, kit, *step, inbox=inbox, pool=pool).status for step in steps]
+    fresh_root = project.parent / "fresh"
+    (fresh_root / ".ctx" / "knowledge").mkdir(parents=True)
+    fresh = [write(fresh_root, kit, *step, inbox=inbox).status for step in steps]
+    assert shared == fresh
+    # Among accepted records a superseded one leaves the pool for its chain's new head; in the
+    # inbox every candidate stays.
+    assert shared[:3] == ["created", "duplicate", "superseded"]
 
 
 def test_thresholds_come_from_settings(project: Path, kit: dict[str, Any]) -> None:
