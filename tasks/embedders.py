@@ -342,6 +342,9 @@ class StaticEmbedder(_LocalEmbedder):
 
     device = "cpu"
     model = STATIC_DIR
+    # Encoding costs about as much as reading the text: writers embed rows before storing them,
+    # whatever their number, instead of storing first and embedding in a second pass.
+    cheap = True
 
     def __init__(self, embed: EmbedSettings, models_dir: Path) -> None:
         super().__init__(embed)

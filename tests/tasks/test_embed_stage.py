@@ -77,3 +77,54 @@ def test_the_cache_indexes_and_compacts_itself_as_it_grows(tmp_path: Path) -> No
     assert set(found) == set(sample)
     for h in sample:
         np.testing.assert_array_equal(found[h], stored[h])
+
+
+class _Cheap(FakeEmbedder):
+    cheap = True
+
+
+def test_a_cheap_embedder_embeds_big_writes_before_they_are_stored(tmp_path: Path) -> None:
+    """Any size of write, with the right vector on each row: new texts from the model (each content
+    once), cached ones from the cache, nothing on rows that are not embedded (tool output)."""
+    from ctxlake.schemas.tables import MESSAGES, with_vector_width
+    from ctxlake.tasks.memory_store import (
+        INLINE_EMBED_ROWS,
+        MESSAGES_TABLE,
+        embed_rows,
+        embeds_inline,
+    )
+
+    embedder = _Cheap()
+    dims = embedder.dims
+    n = INLINE_EMBED_ROWS + 50
+    texts = [f"message {i % (n - 10)} about retries" for i in range(n)]  # the last ten repeat earlier texts
+    roles = ["tool" if i % 7 == 0 else "user" for i in range(n)]
+    schema = with_vector_width(MESSAGES, dims)
+    columns = {f.name: pa.nulls(n, f.type) for f in schema}
+    columns.update({
+        "id": pa.array([f"m{i}" for i in range(n)]), "tool": pa.array(["claude"] * n),
+        "session_id": pa.array(["s"] * n), "project_path": pa.array([""] * n),
+        "timestamp": pa.array([0] * n, pa.timestamp("us", tz="UTC")), "seq": pa.array(range(n), pa.int64()),
+        "role": pa.array(roles), "kind": pa.array(["text"] * n), "text": pa.array(texts), "terms": pa.array([""] * n),
+        "source_file": pa.array(["f"] * n), "content_hash": pa.array([f"h{t}" for t in texts]),
+    })
+    rows = pa.table(columns, schema=schema)
+    assert embeds_inline(rows, embedder) and not embeds_inline(rows, FakeEmbedder())
+    cache = EmbeddingCache(tmp_path / "cache", embedder.model_id, dims)
+    cached_vector = np.full(dims, 1 / np.sqrt(dims), dtype=np.float32)
+    cache.put_many([f"h{texts[1]}"], cached_vector[None, :])
+    FakeEmbedder.reset_counters()
+    out, encoded = embed_rows(rows, MESSAGES_TABLE, cache, embedder)
+    wanted = [r != "tool" for r in roles]
+    assert encoded == len({t for t, w in zip(texts, wanted, strict=True) if w} - {texts[1]})
+    assert FakeEmbedder.texts_embedded == encoded
+    vectors = out.column("vector").to_pylist()
+    expected = FakeEmbedder().embed_documents(texts)
+    for i, vec in enumerate(vectors):
+        if texts[i] == texts[1]:  # row 1 and its repeat near the end
+            np.testing.assert_allclose(vec, cached_vector, rtol=1e-6)
+        elif wanted[i]:
+            np.testing.assert_allclose(vec, expected[i], rtol=1e-5)
+        else:
+            assert vec is None, i
+    assert out.schema == rows.schema
