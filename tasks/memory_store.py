@@ -123,8 +123,8 @@ class StoreResult(NamedTuple):
 INLINE_EMBED_ROWS = 2_048
 
 
-def embeds_inline(rows: pa.Table, embedder: Embedder | None) -> bool:
-    return embedder is not None and (rows.num_rows <= INLINE_EMBED_ROWS or getattr(embedder, "cheap", False))
+def embeds_inline(rows: pa.Table, embedder: Embedder) -> bool:
+    return rows.num_rows <= INLINE_EMBED_ROWS or bool(getattr(embedder, "cheap", False))
 
 
 def wants_vector(rows: pa.Table, name: str, messages: bool = True) -> pa.ChunkedArray | pa.Array:
@@ -191,7 +191,7 @@ def store_messages(tables: MemoryTables, rows: pa.Table, mutable: bool, cache: E
         return StoreResult(0, 0, 0)
     encoded = 0
     if cache is not None:
-        if embeds_inline(rows, embedder):
+        if embedder is not None and embeds_inline(rows, embedder):
             rows, encoded = embed_rows(rows, MESSAGES_TABLE, cache, embedder, messages)
         else:
             rows, _ = fill_from_cache(rows, cache)
@@ -231,7 +231,7 @@ def store_sessions(sessions: Table, rows: pa.Table, where: str, cache: Embedding
     """SESSIONS rows of the touched sessions -> the lake, replacing every stored segment of them
     (a re-split session may have fewer); with an `embedder`, small writes are embedded first."""
     encoded = 0
-    if embeds_inline(rows, embedder):
+    if embedder is not None and embeds_inline(rows, embedder):
         rows, encoded = embed_rows(rows, SESSIONS_TABLE, cache, embedder)
     else:
         rows, _ = fill_from_cache(rows, cache)
