@@ -46,11 +46,14 @@ def vector_array(vectors: np.ndarray, dims: int) -> pa.FixedSizeListArray:
 # session cold ingest had a cache of 2,106 fragments and no index by 157k rows: one lookup of 2,000
 # hashes read them all (4.4-7.6 s, 1.5 GB) and the run slowed and grew to 5 GB. With a BTree index
 # on content_hash the same lookup takes 0.1 s. So the cache indexes content_hash once it has
-# CACHE_INDEX_ROWS rows and is compacted (which folds new rows into that index) once it has
-# CACHE_OPTIMIZE_FRAGMENTS fragments; a writer checks every CACHE_CHECK_APPENDS appends and when
-# its stage ends.
+# CACHE_INDEX_ROWS rows, and rebuilds that index once CACHE_REINDEX_ROWS rows are outside it
+# (rebuilding reads the hashes only). Compacting is left for CACHE_OPTIMIZE_FRAGMENTS fragments:
+# LanceDB's optimize rewrites every fragment under a million rows, which for a growing cache is all
+# of it (1.5M vectors: over two minutes and +0.5 GB, each time). A writer checks every
+# CACHE_CHECK_APPENDS appends and when its stage ends.
 CACHE_INDEX_ROWS = 10_000
-CACHE_OPTIMIZE_FRAGMENTS = 64
+CACHE_REINDEX_ROWS = 50_000
+CACHE_OPTIMIZE_FRAGMENTS = 256
 CACHE_CHECK_APPENDS = 16
 
 
@@ -119,15 +122,15 @@ class EmbeddingCache:
         from ctxlake.tasks.store import KEEP_VERSIONS, fragment_count
 
         try:
-            indexed = any(idx.columns == ["content_hash"] for idx in self.table.list_indices())
-            changed = False
-            if not indexed and self.table.count_rows() >= CACHE_INDEX_ROWS:
-                self.table.create_index("content_hash", config=BTree(), replace=True)
-                changed = True
             if fragment_count(self.table) >= CACHE_OPTIMIZE_FRAGMENTS:
-                self.table.optimize(cleanup_older_than=KEEP_VERSIONS)
-                changed = True
-            return changed
+                self.table.optimize(cleanup_older_than=KEEP_VERSIONS)  # also folds new rows into the index
+                return True
+            index = next((idx for idx in self.table.list_indices() if idx.columns == ["content_hash"]), None)
+            if (self.table.count_rows() >= CACHE_INDEX_ROWS if index is None
+                    else (index.num_unindexed_rows or 0) >= CACHE_REINDEX_ROWS):
+                self.table.create_index("content_hash", config=BTree(), replace=True)
+                return True
+            return False
         except (OSError, RuntimeError, ValueError):  # a full disk shows at the next real write
             return False
 

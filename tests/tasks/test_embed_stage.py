@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from ctxlake.schemas.tables import chunks_schema
 from ctxlake.tasks.embed import ENCODE_GROUP, EmbeddingCache, embed_pending
@@ -54,25 +56,41 @@ def test_a_cpu_embedder_keeps_the_stage_default(tmp_path: Path) -> None:
     assert embedder.sizes == [ENCODE_GROUP, 10]
 
 
-def test_the_cache_indexes_and_compacts_itself_as_it_grows(tmp_path: Path) -> None:
+def test_the_cache_indexes_and_compacts_itself_as_it_grows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from ctxlake.tasks import embed
     from ctxlake.tasks.store import fragment_count
 
+    # The thresholds scaled down, the behaviour the same.
+    for name, value in (("CACHE_INDEX_ROWS", 1000), ("CACHE_REINDEX_ROWS", 2000), ("CACHE_OPTIMIZE_FRAGMENTS", 40),
+                        ("CACHE_CHECK_APPENDS", 4)):
+        monkeypatch.setattr(embed, name, value)
     cache = EmbeddingCache(tmp_path / "cache", "fake:hash:8", 8)
     rng = np.random.default_rng(7)
-    per_append = embed.CACHE_INDEX_ROWS // 40
     stored: dict[str, np.ndarray] = {}
-    for i in range(embed.CACHE_OPTIMIZE_FRAGMENTS + 3):  # three appends after the compaction
-        hashes = [f"h{i}-{j}" for j in range(per_append)]
-        vectors = rng.standard_normal((per_append, 8)).astype(np.float32)
+
+    def append(i: int) -> None:
+        hashes = [f"h{i}-{j}" for j in range(200)]
+        vectors = rng.standard_normal((200, 8)).astype(np.float32)
         cache.put_many(hashes, vectors)
         stored.update(zip(hashes, vectors, strict=True))
-    # Checked every CACHE_CHECK_APPENDS appends: indexed once past CACHE_INDEX_ROWS rows, then
-    # compacted at CACHE_OPTIMIZE_FRAGMENTS fragments (into two: Lance keeps the rows indexed before
-    # apart from those after), so only the three appends after that remain apart.
-    assert any(idx.columns == ["content_hash"] for idx in cache.table.list_indices())
+
+    def index() -> Any:
+        return next((idx for idx in cache.table.list_indices() if idx.columns == ["content_hash"]), None)
+
+    for i in range(4):
+        append(i)
+    assert index() is None  # 800 rows: below CACHE_INDEX_ROWS
+    for i in range(4, 20):
+        append(i)
+    # Indexed at 8 appends; rebuilt at 20, when 2,400 rows were outside it: no compaction yet.
+    assert index() is not None and index().num_unindexed_rows == 0 and fragment_count(cache.table) == 20
+    for i in range(20, 43):
+        append(i)
+    # Compacted at 40 fragments (into two: Lance keeps the rows indexed before apart from those
+    # after), so only the three appends after that remain apart.
     assert fragment_count(cache.table) <= 2 + 3
-    sample = [*list(stored)[:: per_append + 1], *list(stored)[-5:]]  # old rows and rows after the index
+    keys = list(stored)
+    sample = [*keys[::97], *keys[-5:]]  # old rows and rows the index has not seen
     found = cache.get_many([*sample, "never-stored"])
     assert set(found) == set(sample)
     for h in sample:
