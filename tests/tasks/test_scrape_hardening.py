@@ -288,3 +288,22 @@ def test_a_store_folder_that_cannot_be_listed_costs_only_that_folder(tmp_path: P
     found = plan({name: [root] for name, root in roots.items()}, ScrapeState())
     assert found.warnings == [f"{roots['claude']}: cannot list (Permission denied)"]
     assert sorted(i.scraper for i in found.items) == sorted(t for t in TOOLS if t != "claude")
+
+
+def test_scrape_state_round_trips_odd_paths_and_skips_unchanged_writes(tmp_path: Path) -> None:
+    from ctxlake.tasks.scrape import STATE_FILE
+    from ctxlake.tasks.scrape.base import FileState
+
+    odd = "/logs/caf\udce9.jsonl"  # a name that is not UTF-8, as os.fsdecode keeps it
+    state = ScrapeState({"claude": {odd: FileState([1, 2, 3], 3, 40, "", {"calls": {"t1": "Read"}}),
+                                    "/logs/plain.jsonl": FileState([4, 5, 6], 6, 9)}})
+    state.save(tmp_path)
+    loaded = ScrapeState.load(tmp_path)
+    assert loaded.files == state.files
+    inode = os.stat(tmp_path / STATE_FILE).st_ino
+    loaded.save(tmp_path)  # nothing moved: the file is left as it is
+    assert os.stat(tmp_path / STATE_FILE).st_ino == inode
+    loaded.files["claude"]["/logs/plain.jsonl"].offset = 10
+    loaded.save(tmp_path)
+    assert os.stat(tmp_path / STATE_FILE).st_ino != inode
+    assert ScrapeState.load(tmp_path).files["claude"]["/logs/plain.jsonl"].offset == 10
