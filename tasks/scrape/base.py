@@ -323,11 +323,14 @@ def walk_files(root: Path, suffixes: tuple[str, ...], skip_dirs: frozenset[str] 
     """Files under root with these suffixes, sorted (rollout names sort by time); symlinks are not followed."""
     if not root.is_dir():
         return []
-    found: list[Path] = []
+    # Strings while walking, Paths at the end: pathlib's joins and comparisons were a third of a
+    # no-op ingest at 20,000 session files. Sorted by parts, as Paths sort.
+    found: list[str] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in skip_dirs and not d.startswith("."))
-        found.extend(Path(dirpath) / n for n in filenames if n.endswith(suffixes))
-    return sorted(found)
+        found.extend(os.path.join(dirpath, n) for n in filenames if n.endswith(suffixes))
+    found.sort(key=lambda p: p.split(os.sep))
+    return [Path(p) for p in found]
 
 
 # -- reading -------------------------------------------------------------------------------------

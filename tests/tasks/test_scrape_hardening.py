@@ -307,3 +307,26 @@ def test_scrape_state_round_trips_odd_paths_and_skips_unchanged_writes(tmp_path:
     loaded.save(tmp_path)
     assert os.stat(tmp_path / STATE_FILE).st_ino != inode
     assert ScrapeState.load(tmp_path).files["claude"]["/logs/plain.jsonl"].offset == 10
+
+
+def test_checks_reuse_the_saved_positions_until_the_file_changes(tmp_path: Path) -> None:
+    from ctxlake.tasks import memory_state
+    from ctxlake.tasks.scrape.base import FileState
+
+    ScrapeState({"claude": {"/logs/a.jsonl": FileState([1, 2, 3], 3, 40)}}).save(tmp_path)
+    first = memory_state._saved_positions(tmp_path)
+    assert memory_state._saved_positions(tmp_path) is first  # unchanged file: no second read
+    ScrapeState({"claude": {"/logs/a.jsonl": FileState([1, 2, 3], 3, 80)}}).save(tmp_path)
+    second = memory_state._saved_positions(tmp_path)
+    assert second is not first and second.files["claude"]["/logs/a.jsonl"].offset == 80
+
+
+def test_walk_files_sorts_like_paths(tmp_path: Path) -> None:
+    from ctxlake.tasks.scrape.base import walk_files
+
+    for rel in ("a-b/x.jsonl", "a/x.jsonl", "a/sub/y.jsonl", "a/z.txt", "a/.hidden/h.jsonl", "b.jsonl"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("{}\n")
+    found = walk_files(tmp_path, (".jsonl",))
+    assert found == sorted(found)  # pathlib's order: by parts, so a/ before a-b/
+    assert [p.relative_to(tmp_path).as_posix() for p in found] == ["a/sub/y.jsonl", "a/x.jsonl", "a-b/x.jsonl", "b.jsonl"]
