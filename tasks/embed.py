@@ -135,23 +135,34 @@ class EmbeddingCache:
             return False
 
 
+def cached_vectors(hashes: Sequence[str], cache: EmbeddingCache) -> tuple[np.ndarray, np.ndarray]:
+    """(matrix, found): the cache's vector for each hash, zeros where it has none; found marks which."""
+    hits = cache.get_many(hashes)
+    matrix = np.zeros((len(hashes), cache.dims), dtype=np.float32)
+    found = np.fromiter((h in hits for h in hashes), dtype=bool, count=len(hashes))
+    for i in np.flatnonzero(found).tolist():
+        matrix[i] = hits[hashes[i]]
+    return matrix, found
+
+
+def with_vectors(rows: pa.Table, matrix: np.ndarray, valid: np.ndarray, dims: int) -> pa.Table:
+    """`rows` with its vector column replaced: row i gets matrix[i] where valid[i], else null."""
+    import pyarrow.compute as pc
+
+    vectors = vector_array(matrix, dims)
+    column = pc.if_else(pa.array(valid), vectors, pa.nulls(rows.num_rows, vectors.type))
+    index = rows.schema.get_field_index("vector")
+    return rows.set_column(index, rows.schema.field(index), column.cast(rows.schema.field(index).type))
+
+
 def fill_from_cache(chunks: pa.Table, cache: EmbeddingCache) -> tuple[pa.Table, int]:
     """CHUNKS rows -> the same rows with vectors wherever the cache has their content; (rows, hits)."""
     if chunks.num_rows == 0:
         return chunks, 0
-    hashes = chunks.column("content_hash").to_pylist()
-    hits = cache.get_many(hashes)
-    if not hits:
+    matrix, found = cached_vectors(chunks.column("content_hash").to_pylist(), cache)
+    if not found.any():
         return chunks, 0
-    zero = np.zeros(cache.dims, dtype=np.float32)
-    matrix = np.stack([hits.get(h, zero) for h in hashes])
-    mask = pa.array([h not in hits for h in hashes])
-    vectors = vector_array(matrix, cache.dims)
-    import pyarrow.compute as pc
-
-    vectors = pc.if_else(mask, pa.nulls(len(hashes), vectors.type), vectors)
-    index = chunks.schema.get_field_index("vector")
-    return chunks.set_column(index, chunks.schema.field(index), vectors), sum(h in hits for h in hashes)
+    return with_vectors(chunks, matrix, found, cache.dims), int(found.sum())
 
 
 class EmbedResult(NamedTuple):

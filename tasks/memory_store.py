@@ -12,7 +12,13 @@ import xxhash
 
 from ctxlake.errors import LakeError
 from ctxlake.schemas.tables import KNOWLEDGE, MESSAGES, SESSIONS, with_vector_width
-from ctxlake.tasks.embed import EmbeddingCache, fill_from_cache, vector_array
+from ctxlake.tasks.embed import (
+    EmbeddingCache,
+    cached_vectors,
+    fill_from_cache,
+    vector_array,
+    with_vectors,
+)
 from ctxlake.tasks.lake import connect, open_table
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.scrape.base import Msg
@@ -145,13 +151,13 @@ def embed_rows(rows: pa.Table, name: str, cache: EmbeddingCache, embedder: Embed
                messages: bool = True) -> tuple[pa.Table, int]:
     """Rows about to be written -> the same rows with a vector on each that should have one (the
     cache first, then the model; new vectors go to the cache); (rows, texts encoded)."""
-    import pyarrow.compute as pc
-
-    rows, _ = fill_from_cache(rows, cache)
+    hashes = rows.column("content_hash").to_pylist()
+    matrix, have = cached_vectors(hashes, cache)
+    if have.any():
+        rows = with_vectors(rows, matrix, have, cache.dims)  # wants_vector asks which are still null
     wanted = np.asarray(wants_vector(rows, name, messages).to_numpy(zero_copy_only=False), dtype=bool)
     if not wanted.any():
         return rows, 0
-    hashes = rows.column("content_hash").to_pylist()
     texts = rows.column("text")
     first: dict[str, int] = {}  # each wanted content once, by the first row that has it
     for i in np.flatnonzero(wanted).tolist():
@@ -160,19 +166,10 @@ def embed_rows(rows: pa.Table, name: str, cache: EmbeddingCache, embedder: Embed
     fresh = embedder.embed_documents([texts[first[h]].as_py() for h in todo])
     cache.put_many(todo, fresh)
     # Arrays, not Python lists of floats: a cold ingest's 16 MB group is ~20k rows x 256 floats.
-    index = rows.schema.get_field_index("vector")
-    old = rows.column("vector").combine_chunks()
-    have = ~np.asarray(pc.is_null(old).to_numpy(zero_copy_only=False), dtype=bool)
-    matrix = np.zeros((rows.num_rows, cache.dims), dtype=np.float32)
-    if have.any():
-        matrix[have] = np.asarray(old.filter(pa.array(have)).flatten().to_numpy(zero_copy_only=False),
-                                  dtype=np.float32).reshape(-1, cache.dims)
     slot = {h: k for k, h in enumerate(todo)}
     picked = np.flatnonzero(wanted)
     matrix[picked] = fresh[[slot[hashes[i]] for i in picked.tolist()]]
-    vectors = vector_array(matrix, cache.dims)
-    column = pc.if_else(pa.array(have | wanted), vectors, pa.nulls(rows.num_rows, vectors.type))
-    return rows.set_column(index, rows.schema.field(index), column.cast(rows.schema.field(index).type)), len(todo)
+    return with_vectors(rows, matrix, have | wanted, cache.dims), len(todo)
 
 
 def _unembedded(rows: pa.Table, name: str, messages: bool) -> int:

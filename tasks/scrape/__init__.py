@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from ctxlake.errors import InputError, LakeError
 from ctxlake.schemas.config import MemorySettings
 from ctxlake.tasks.lake import write_atomic
@@ -118,8 +120,6 @@ class ScrapeState:
 # tenth (0.47 -> 0.24 s, 0.40 -> 0.04 s there). A path that is not valid UTF-8 (kept with surrogate
 # escapes) is something orjson refuses: then the standard library's escaping is used both ways.
 def _dumps(payload: dict[str, Any]) -> bytes:
-    import orjson
-
     try:
         return orjson.dumps(payload, option=orjson.OPT_NON_STR_KEYS)
     except TypeError:
@@ -127,8 +127,6 @@ def _dumps(payload: dict[str, Any]) -> bytes:
 
 
 def _loads(raw: bytes) -> Any:
-    import orjson
-
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
