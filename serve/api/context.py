@@ -274,28 +274,70 @@ def session_detail(lake: MemoryLake, ref: str, offset: int = 0, limit: int = 50)
 # -- search --------------------------------------------------------------------------------------
 
 
-def _fts(table: Table, query: str, where: str | None, columns: list[str], limit: int) -> list[dict[str, Any]]:
-    from lancedb.query import MatchQuery, MultiMatchQuery
+def _fts(table: Table, query: str, where: str | None, columns: list[str], limit: int,
+         column: str = "text") -> list[dict[str, Any]]:
+    """BM25 over one indexed column (see `_fts_columns` for why not one query over several)."""
+    from lancedb.query import MatchQuery
 
     text = keyword_query(query)
-    indexed = {c for i in table.list_indices() if i.index_type == "FTS" for c in i.columns}
-    if not re.search(r"[A-Za-z0-9]", text) or "text" not in indexed:
+    if not re.search(r"[A-Za-z0-9]", text):
         return []
     # lancedb declares these options as Field(default, kw_only=True), which mypy reads as required.
-    fts = MultiMatchQuery(text, ["text", "terms"]) if "terms" in indexed else MatchQuery(text, "text")  # type: ignore[call-arg]
-    search = table.search(fts, query_type="fts")
+    search = table.search(MatchQuery(text, column), query_type="fts")  # type: ignore[call-arg]
     if where:
         search = search.where(where, prefilter=True)
     rows: list[dict[str, Any]] = search.select(columns).limit(limit).to_list()
     return rows
 
 
+def _fts_columns(table: Table) -> set[str]:
+    """The table's BM25-indexed columns.
+
+    A message's `terms` (tool calls, files) are searched by a query of their own, run beside the
+    one over `text`, and the two BM25 scores of a row are added (`_sum_scores`): what one
+    MultiMatchQuery over both columns ranks, but at 1.55M messages (bench history, 20,000
+    sessions) that one query took 104 ms where its two halves took 27 and 9.
+    """
+    return {c for i in table.list_indices() if i.index_type == "FTS" for c in i.columns}
+
+
+def _sum_scores(lists: Sequence[list[dict[str, Any]]], limit: int) -> list[dict[str, Any]]:
+    """Rows of several BM25 queries over one table, by the sum of each row's scores."""
+    scores: dict[str, float] = {}
+    rows: dict[str, dict[str, Any]] = {}
+    for ranked in lists:
+        for row in ranked:
+            scores[row["id"]] = scores.get(row["id"], 0.0) + float(row.get("_score") or 0.0)
+            rows.setdefault(row["id"], row)
+    return [rows[i] for i in sorted(scores, key=lambda i: -scores[i])[:limit]]
+
+
+# IVF partitions a vector query reads at least and at most, and how many candidates per hit it
+# re-ranks by their full vectors (memory tables get an IVF_PQ index at 10k vectors:
+# tasks/memory_store.py). Measured at 1.55M messages (bench history, 20,000 sessions; a project's
+# flat scan 110-150 ms), 40 queries, recall@10 against the flat answer: 0.62 at lance's 20 probes
+# (16 ms), 0.63 with up to 200 (21 ms), 0.993 with the re-ranking added (24 ms; 50 probes gave
+# the same). A narrow filter (one session) leaves too few rows in 200 partitions (10 of 30
+# hits): then the query is asked again with no limit on partitions (32 ms), which as the first
+# try cost 47-50 ms for every query. A table without the index ignores all three.
+ANN_PROBES = (20, 200)
+ANN_REFINE = 5
+
+
 def _vector(table: Table, vector: list[float], where: str | None, columns: list[str], limit: int) -> list[dict[str, Any]]:
-    builder = cast("LanceVectorQueryBuilder", table.search(vector, vector_column_name="vector"))
-    condition = "vector IS NOT NULL" + (f" AND ({where})" if where else "")
-    rows: list[dict[str, Any]] = (builder.distance_type("cosine").where(condition, prefilter=True).select(columns)
-                                  .limit(limit).to_list())
-    return rows
+    # No `vector IS NOT NULL` condition: a vector search leaves rows without one out by itself
+    # (tested), and as a prefilter it read every vector, which undid the index (13 -> 49 ms).
+    def nearest(max_probes: int) -> list[dict[str, Any]]:
+        builder = cast("LanceVectorQueryBuilder", table.search(vector, vector_column_name="vector"))
+        builder = (builder.distance_type("cosine").minimum_nprobes(ANN_PROBES[0]).maximum_nprobes(max_probes)
+                   .refine_factor(ANN_REFINE))
+        if where:
+            builder = builder.where(where, prefilter=True)
+        found: list[dict[str, Any]] = builder.select(columns).limit(limit).to_list()
+        return found
+
+    rows = nearest(ANN_PROBES[1])
+    return nearest(0) if len(rows) < limit and where else rows
 
 
 def search_context(
@@ -343,12 +385,18 @@ def search_context(
     # The table queries (BM25 and vectors over up to three tables) run at once on the read pool:
     # LanceDB releases the GIL, and one after another they cost their sum (~200 ms at 2,000
     # sessions where the slowest alone is ~70).
-    jobs: list[tuple[Future[list[dict[str, Any]]], str, float]] = []
+    jobs: list[tuple[list[Future[list[dict[str, Any]]]], str, float]] = []
     pool = read_pool()
 
     def add(fn: Callable[..., list[dict[str, Any]]], table: Table, what: Any, where: str | None,
             columns: list[str], kind: str, w: float) -> None:
-        jobs.append((pool.submit(fn, table, what, where, columns, pool_size), kind, w))
+        jobs.append(([pool.submit(fn, table, what, where, columns, pool_size)], kind, w))
+
+    def add_keyword(table: Table, where: str | None, columns: list[str], kind: str) -> None:
+        indexed = _fts_columns(table)
+        parts = [pool.submit(_fts, table, query, where, columns, pool_size, c) for c in ("text", "terms") if c in indexed]
+        if parts:
+            jobs.append((parts, kind, weight))
 
     memory_ready = lake.messages is not None and lake.sessions is not None
     if ("message" in wanted or "session" in wanted) and not memory_ready:
@@ -359,7 +407,7 @@ def search_context(
         if "message" in wanted:
             where = _and(scope, tool_where, _since("timestamp", after), _until("timestamp", before))
             if mode != "semantic":
-                add(_fts, lake.messages, query, where, MESSAGE_COLUMNS, "message", weight)
+                add_keyword(lake.messages, where, MESSAGE_COLUMNS, "message")
             vec = semantic(model, "messages")
             if vec is not None:
                 add(_vector, lake.messages, vec, where, MESSAGE_COLUMNS, "message", 1.0 - weight if mode == "hybrid" else 1.0)
@@ -367,7 +415,7 @@ def search_context(
             where = _and(scope, tool_where, _since("ended_at", after), _until("started_at", before))
             cols = [*SESSION_COLUMNS, "session_id"]
             if mode != "semantic":
-                add(_fts, lake.sessions, query, where, cols, "session", weight)
+                add_keyword(lake.sessions, where, cols, "session")
             vec = semantic(model, "sessions")
             if vec is not None:
                 add(_vector, lake.sessions, vec, where, cols, "session", 1.0 - weight if mode == "hybrid" else 1.0)
@@ -376,12 +424,12 @@ def search_context(
         where = _and("superseded_by IS NULL", _in("type", kinds), _since("created_at", after),
                      _until("created_at", before))
         if mode != "semantic":
-            add(_fts, lake.knowledge, query, where, KNOWLEDGE_COLUMNS, "knowledge", weight)
+            add_keyword(lake.knowledge, where, KNOWLEDGE_COLUMNS, "knowledge")
         vec = semantic(lake.knowledge_model, "knowledge")
         if vec is not None:
             add(_vector, lake.knowledge, vec, where, KNOWLEDGE_COLUMNS, "knowledge", 1.0 - weight if mode == "hybrid" else 1.0)
-    for job, kind, w in jobs:
-        rows = job.result()
+    for parts, kind, w in jobs:
+        rows = parts[0].result() if len(parts) == 1 else _sum_scores([p.result() for p in parts], pool_size)
         for r in rows:
             r["_type"] = kind if kind != "knowledge" else r["type"]
             r["id"] = f"{r['_type']}:{r['id']}"
