@@ -350,37 +350,30 @@ def ensure_scalar_indexes(table: Table) -> None:
             table.create_index(column, config=BTree() if kind == "BTree" else Bitmap(), replace=True)
 
 
-def _sub_vectors(dims: int) -> int:
-    """PQ sub-vectors of 8 dimensions each (lance's fast path), or the nearest divisor of `dims` below."""
-    return next(n for n in range(max(1, dims // 8), 0, -1) if dims % n == 0)
-
-
 # Vectors a memory table holds before it gets an ANN index. Lower than the chunks' crossover
 # (tasks/store.py) because one search_context runs five queries on the same cores: at 20,000
-# sessions the sessions table's flat scan (20k vectors) took 21-25 ms of a 50 ms budget, 14-16 ms
-# with the index (built in 12 s).
+# sessions the sessions table's flat scan (20k vectors) took 21-25 ms of a 50 ms budget.
 MEMORY_ANN_ROWS = 10_000
 
 
 def ensure_vector_index(table: Table, min_rows: int = MEMORY_ANN_ROWS) -> bool:
-    """Give a table that holds `min_rows` vectors an IVF_PQ index on them; True if one was built.
+    """Give a table that holds `min_rows` vectors an IVF_SQ index on them; True if one was built.
 
     At 20,000 sessions the messages table holds 1.55M rows, 0.9M with a vector (bench history):
-    a project's flat scan took 110-150 ms; IVF_PQ (sqrt(n) partitions, 8-dim sub-vectors) built in
-    94-101 s and answered in 24 ms at recall@10 0.99 with the probes and re-ranking that
-    serve/api/context.py asks for; HNSW-SQ (the chunks' index) took 172 s to build. Rows added
-    later are folded in by optimize() and searched flat until then.
+    a project's flat scan took 110-150 ms. IVF_SQ (sqrt(n) partitions, 8-bit scalars) built in
+    58 s; IVF_PQ (8-dim sub-vectors) in 94-101 s and needed its candidates re-ranked by the full
+    vectors (recall@10 0.62 without, 0.99 with, at 24 ms); HNSW-SQ (the chunks' index) in 172 s.
+    The probes serve/api/context.py asks for set the recall. Rows added later are folded in by
+    optimize() and searched flat until then.
     """
-    from lancedb.index import IvfPq
+    from lancedb.index import IvfSq
 
     if any(idx.columns == ["vector"] for idx in table.list_indices()) or table.count_rows() < min_rows:
         return False
     embedded = table.count_rows("vector IS NOT NULL")
     if embedded < min_rows:
         return False
-    dims = vector_width(table)
-    table.create_index("vector", config=IvfPq(distance_type="cosine", num_partitions=max(1, int(embedded ** 0.5)),
-                                              num_sub_vectors=_sub_vectors(dims)))
+    table.create_index("vector", config=IvfSq(distance_type="cosine", num_partitions=max(1, int(embedded ** 0.5))))
     return True
 
 

@@ -312,25 +312,22 @@ def _sum_scores(lists: Sequence[list[dict[str, Any]]], limit: int) -> list[dict[
     return [rows[i] for i in sorted(scores, key=lambda i: -scores[i])[:limit]]
 
 
-# IVF partitions a vector query reads at least and at most, and how many candidates per hit it
-# re-ranks by their full vectors (memory tables get an IVF_PQ index at 10k vectors:
-# tasks/memory_store.py). Measured at 1.55M messages (bench history, 20,000 sessions; a project's
-# flat scan 110-150 ms), 40 queries, recall@10 against the flat answer: 0.62 at lance's 20 probes
-# (16 ms), 0.63 with up to 200 (21 ms), 0.993 with the re-ranking added (24 ms; 50 probes gave
-# the same). A narrow filter (one session) leaves too few rows in 200 partitions (10 of 30
-# hits): then the query is asked again with no limit on partitions (32 ms), which as the first
-# try cost 47-50 ms for every query. A table without the index ignores all three.
+# IVF partitions a vector query reads at least and at most (memory tables get an IVF_SQ index at
+# 10k vectors: tasks/memory_store.py). Measured at 1.55M messages (bench history, 20,000
+# sessions; a project's flat scan took 110-150 ms), 40 queries, recall@10 against the flat
+# answer: 0.975 in 19 ms (40 or 60 probes: the same; re-ranking by full vectors: 0.99 for 2 ms
+# more). A narrow filter (one session) leaves too few rows in 200 partitions (10 of 30 hits): then
+# the query is asked again with no limit on partitions (32 ms), which as the first try cost
+# 47-50 ms for every query. A table without the index ignores both.
 ANN_PROBES = (20, 200)
-ANN_REFINE = 5
 
 
 def _vector(table: Table, vector: list[float], where: str | None, columns: list[str], limit: int) -> list[dict[str, Any]]:
     # No `vector IS NOT NULL` condition: a vector search leaves rows without one out by itself
-    # (tested), and as a prefilter it read every vector, which undid the index (13 -> 49 ms).
+    # (tested), and as a prefilter it read every vector, which undid an index (13 -> 49 ms).
     def nearest(max_probes: int) -> list[dict[str, Any]]:
         builder = cast("LanceVectorQueryBuilder", table.search(vector, vector_column_name="vector"))
-        builder = (builder.distance_type("cosine").minimum_nprobes(ANN_PROBES[0]).maximum_nprobes(max_probes)
-                   .refine_factor(ANN_REFINE))
+        builder = builder.distance_type("cosine").minimum_nprobes(ANN_PROBES[0]).maximum_nprobes(max_probes)
         if where:
             builder = builder.where(where, prefilter=True)
         found: list[dict[str, Any]] = builder.select(columns).limit(limit).to_list()

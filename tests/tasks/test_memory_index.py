@@ -1,6 +1,6 @@
 """Indexes of the memory tables at scale, and the read side's queries over them.
 
-A memory table gets an IVF_PQ index on its vectors once it holds enough of them; these tests use
+A memory table gets an IVF_SQ index on its vectors once it holds enough of them; these tests use
 a low threshold on small real LanceDB tables, and check what the read side (serve/api/context.py)
 promises over an indexed table: the same answers as a flat scan within recall, every hit a narrow
 filter allows, never a row without a vector, and BM25 over two columns ranked as one query would.
