@@ -20,10 +20,12 @@ from ctxlake.tasks.memory_state import (
     MANIFEST_FILE,
     clear_touched,
     embed_key,
+    keep_positions,
     manifest_changed,
     read_project_paths,
     read_touched,
     save_manifest,
+    take_positions,
     write_project_paths,
     write_touched,
 )
@@ -48,7 +50,6 @@ from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.redact import redact_scraped
 from ctxlake.tasks.scrape import (
     SCRAPERS,
-    ScrapeState,
     malformed_totals,
     plan,
     prune,
@@ -159,8 +160,8 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
     state.write(settings.memory_dir)
     cache = EmbeddingCache(settings.cache_dir, embedder.model_id, dims)
 
-    scrape_state = ScrapeState.load(settings.memory_dir)
-    work = plan(roots, scrape_state)
+    scrape_state, work_planned = take_positions(settings.memory_dir, roots)
+    work = work_planned or plan(roots, scrape_state)
     prune(scrape_state, work.removed)
     report.files_seen, report.files_changed = work.store_files, work.changed_files
     report.warnings.extend(work.warnings)
@@ -202,6 +203,7 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
             progress.advance("scrape", len(group.files))
     progress.finish("scrape")
     scrape_state.save(settings.memory_dir)
+    keep_positions(settings.memory_dir, scrape_state)  # not changed from here on
     ensure_scalar_indexes(tables.messages)  # the summaries below read messages by session id
     report.malformed_in_logs = malformed_totals(scrape_state)
 

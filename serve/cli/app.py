@@ -27,7 +27,7 @@ from ctxlake.serve.cli import memory as cli_memory
 from ctxlake.serve.cli import read as cli_read
 from ctxlake.serve.cli import registry as cli_registry
 from ctxlake.serve.cli import stats as cli_stats
-from ctxlake.serve.cli.base import _prefect_quietly, ensure_project
+from ctxlake.serve.cli.base import _prefect_quietly, ensure_project, without_heartbeats
 from ctxlake.serve.cli.schedule import schedule_app
 from ctxlake.serve.cli.service import print_service_status, service_status
 from ctxlake.serve.cli.service import register as register_service
@@ -167,7 +167,8 @@ def _run_flow(settings: Settings, *, force: bool, embed: bool, verbose: bool, wa
             from ctxlake.flows.watch_code import watch_code
 
             return watch_code(settings)
-        return index_code(settings, force=force, embed=embed)
+        with without_heartbeats():
+            return index_code(settings, force=force, embed=embed)
 
 
 def _on_device(report: Any) -> str:

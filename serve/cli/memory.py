@@ -78,7 +78,9 @@ def run_ingest(
     try:
         project_lock = WriterLock(settings.lake_dir, purpose="ctx run ingest").acquire(wait_s=wait)
         try:
-            if not force:
+            if force:
+                report = _run_flow(settings, roots, embed=not no_embed, optimize=force, verbose=verbose)
+            else:
                 # Decided before Prefect starts (its temporary server costs seconds): a no-op run returns at once.
                 fresh = memory_state.check(settings, roots, model_id)
                 if fresh.up_to_date and not (no_embed is False and _pending(settings)):
@@ -88,7 +90,8 @@ def run_ingest(
                     else:
                         typer.echo(f"Up to date: {fresh.plan.store_files:,} log files unchanged (checked in {took:.2f} s).")
                     return
-            report = _run_flow(settings, roots, embed=not no_embed, optimize=force, verbose=verbose)
+                with memory_state.planned(fresh, roots):  # the run uses this check's plan
+                    report = _run_flow(settings, roots, embed=not no_embed, optimize=force, verbose=verbose)
         finally:
             project_lock.release()
     finally:
@@ -107,7 +110,7 @@ def _pending(settings: Settings) -> bool:
 
 
 def _run_flow(settings: Settings, roots: dict[str, list[Path]], *, embed: bool, optimize: bool, verbose: bool) -> Any:
-    from ctxlake.serve.cli.base import _prefect_quietly
+    from ctxlake.serve.cli.base import _prefect_quietly, without_heartbeats
     from ctxlake.serve.cli.render import RichReporter
     from ctxlake.tasks.progress import use_reporter
 
@@ -117,7 +120,8 @@ def _run_flow(settings: Settings, roots: dict[str, list[Path]], *, embed: bool, 
         from ctxlake.flows.ingest_conversations import ingest_conversations
 
         rich.finish("prefect")
-        return ingest_conversations(settings, roots, embed=embed, optimize=optimize)
+        with without_heartbeats():
+            return ingest_conversations(settings, roots, embed=embed, optimize=optimize)
 
 
 def _print_ingest(report: Any) -> None:

@@ -163,3 +163,22 @@ def test_index_reports_wall_time_from_process_start(make_repo: Callable[..., Pat
     assert report["startup_seconds"] > report["seconds"]
     human = ctx_subprocess("run", "index", "--force", cwd=repo, env=env)
     assert "s starting Python and Prefect" in human.stdout and human.stdout.count("Done in ") == 1
+
+
+def test_flow_runs_a_command_waits_on_have_no_heartbeat_thread() -> None:
+    # Prefect's heartbeat thread sleeps in whole seconds and a run's end joins it (0-1 s a run).
+    from prefect import flow
+    from prefect.flow_engine import FlowRunEngine
+    from prefect.settings import get_current_settings
+
+    from ctxlake.serve.cli.base import without_heartbeats
+
+    @flow
+    def noop() -> None:
+        return None
+
+    assert FlowRunEngine(flow=noop).heartbeat_seconds is not None  # Prefect's default: on
+    with without_heartbeats():
+        assert FlowRunEngine(flow=noop).heartbeat_seconds is None
+        assert get_current_settings().flows.heartbeat_frequency is None
+    assert get_current_settings().flows.heartbeat_frequency is not None

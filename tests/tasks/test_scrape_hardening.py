@@ -314,11 +314,79 @@ def test_checks_reuse_the_saved_positions_until_the_file_changes(tmp_path: Path)
     from ctxlake.tasks.scrape.base import FileState
 
     ScrapeState({"claude": {"/logs/a.jsonl": FileState([1, 2, 3], 3, 40)}}).save(tmp_path)
-    first = memory_state._saved_positions(tmp_path)
-    assert memory_state._saved_positions(tmp_path) is first  # unchanged file: no second read
+    first = memory_state._saved_positions(tmp_path)[0]
+    assert memory_state._saved_positions(tmp_path)[0] is first  # unchanged file: no second read
     ScrapeState({"claude": {"/logs/a.jsonl": FileState([1, 2, 3], 3, 80)}}).save(tmp_path)
-    second = memory_state._saved_positions(tmp_path)
+    second = memory_state._saved_positions(tmp_path)[0]
     assert second is not first and second.files["claude"]["/logs/a.jsonl"].offset == 80
+
+
+def test_a_run_takes_the_kept_positions_and_gives_them_back_after_saving(tmp_path: Path) -> None:
+    from ctxlake.tasks import memory_state
+    from ctxlake.tasks.scrape.base import FileState
+
+    ScrapeState({"claude": {"/logs/a.jsonl": FileState([1, 2, 3], 3, 40)}}).save(tmp_path)
+    checked = memory_state._saved_positions(tmp_path)[0]
+    taken, planned = memory_state.take_positions(tmp_path, {})
+    assert taken is checked and planned is None  # no check handed over: the run plans itself
+    # While a run holds them, a check reads the file, not the positions being advanced.
+    taken.files["claude"]["/logs/a.jsonl"].offset = 99
+    assert memory_state._saved_positions(tmp_path)[0].files["claude"]["/logs/a.jsonl"].offset == 40
+    taken.save(tmp_path)
+    memory_state.keep_positions(tmp_path, taken)
+    assert memory_state._saved_positions(tmp_path)[0] is taken
+    assert memory_state.take_positions(tmp_path, {})[0] is taken
+
+
+def test_a_failed_run_gives_nothing_back(tmp_path: Path) -> None:
+    from ctxlake.tasks import memory_state
+    from ctxlake.tasks.scrape.base import FileState
+
+    ScrapeState({"claude": {"/logs/a.jsonl": FileState([1, 2, 3], 3, 40)}}).save(tmp_path)
+    memory_state._saved_positions(tmp_path)
+    taken, _ = memory_state.take_positions(tmp_path, {})
+    taken.files["claude"]["/logs/a.jsonl"].offset = 99  # advanced, then the run failed before saving
+    again, _ = memory_state.take_positions(tmp_path, {})
+    assert again is not taken and again.files["claude"]["/logs/a.jsonl"].offset == 40
+
+
+def test_kept_positions_are_dropped_when_another_process_writes_the_file(tmp_path: Path) -> None:
+    from ctxlake.tasks import memory_state
+    from ctxlake.tasks.scrape.base import FileState
+
+    ScrapeState({"claude": {"/logs/a.jsonl": FileState([1, 2, 3], 3, 40)}}).save(tmp_path)
+    taken, _ = memory_state.take_positions(tmp_path, {})
+    taken.save(tmp_path)
+    memory_state.keep_positions(tmp_path, taken)
+    ScrapeState({"claude": {"/logs/a.jsonl": FileState([1, 2, 3], 3, 80)}}).save(tmp_path)  # e.g. a scheduled run
+    fresh, _ = memory_state.take_positions(tmp_path, {})
+    assert fresh is not taken and fresh.files["claude"]["/logs/a.jsonl"].offset == 80
+
+
+def test_a_run_uses_the_plan_of_the_check_handed_to_it(tmp_path: Path) -> None:
+    from ctxlake.schemas.config import load_settings
+    from ctxlake.tasks import memory_state
+
+    logs = tmp_path / "logs"
+    (logs / "p").mkdir(parents=True)
+    (logs / "p" / "s.jsonl").write_text("{}\n")
+    settings = load_settings(tmp_path)
+    roots = {"claude": [logs]}
+    fresh = memory_state.check(settings, roots, "m")
+    assert fresh.plan.changed_files == 1
+    with memory_state.planned(fresh, roots):
+        state, planned = memory_state.take_positions(settings.memory_dir, {"codex": [logs]})
+        assert planned is None  # other roots: that plan says nothing about them
+    with memory_state.planned(fresh, roots):  # before any run: no positions file yet
+        state, planned = memory_state.take_positions(settings.memory_dir, roots)
+        assert state is fresh.state and planned is fresh.plan
+    state.save(settings.memory_dir)
+    memory_state.keep_positions(settings.memory_dir, state)
+    fresh = memory_state.check(settings, roots, "m")
+    with memory_state.planned(fresh, roots):
+        again, planned = memory_state.take_positions(settings.memory_dir, roots)
+        assert again is state and planned is fresh.plan
+    assert memory_state.take_positions(settings.memory_dir, roots)[1] is None  # outside the block: plan again
 
 
 def test_walk_files_sorts_like_paths(tmp_path: Path) -> None:
