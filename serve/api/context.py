@@ -334,7 +334,9 @@ def _vector(table: Table, vector: list[float], where: str | None, columns: list[
         return found
 
     rows = nearest(ANN_PROBES[1])
-    return nearest(0) if len(rows) < limit and where else rows
+    if len(rows) < limit and where and any(idx.columns == ["vector"] for idx in table.list_indices()):
+        return nearest(0)  # a flat scan (no index) has already seen every row the filter allows
+    return rows
 
 
 def search_context(
