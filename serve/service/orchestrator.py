@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
 START_TIMEOUT_S = 120.0  # a busy 2-core machine needs ~10-20 s for the first start (migrations)
 MONITOR_S = 2.0
+LOG_FOLDER_POLL_S = 5.0  # how often a log folder that does not exist yet is looked for
 
 
 class ServiceError(CtxError):
@@ -297,17 +299,9 @@ class Orchestrator:
     def _start_log_watcher(self) -> None:
         from ctxlake.tasks.scrape import resolve_roots
 
-        folders = [p for paths in resolve_roots(self.settings.memory, Path.home()).values() for p in paths if p.is_dir()]
-        if not folders:
-            return
-
-        def watch() -> None:
-            from watchfiles import watch as wf_watch
-
-            for _changes in wf_watch(*folders, stop_event=self._stopping, debounce=500, rust_timeout=1000):
-                self.notify_logs_changed()
-
-        self._watcher = threading.Thread(target=watch, name="ctx-log-watcher", daemon=True)
+        roots = [p for paths in resolve_roots(self.settings.memory, Path.home()).values() for p in paths]
+        self._watcher = threading.Thread(target=watch_log_folders, args=(roots, self._stopping, self.notify_logs_changed),
+                                         name="ctx-log-watcher", daemon=True)
         self._watcher.start()
 
     # -- read side -----------------------------------------------------------------------------
@@ -351,3 +345,37 @@ def _is_flow_run(process: Any) -> bool:
         return any("prefect.engine" in part for part in process.cmdline())
     except psutil.Error:
         return False
+
+
+
+def watch_log_folders(roots: list[Path], stop: threading.Event, on_change: Callable[[], None],
+                      appear_s: float = LOG_FOLDER_POLL_S) -> None:
+    """Call `on_change` after writes under any of the agent tools' log folders, until `stop`.
+
+    A folder that does not exist yet (a tool installed after `ctx up`, or never used) is looked
+    for every `appear_s` seconds and watched from when it appears; its appearance counts as a
+    change, since it may hold logs already. (Watching only the folders present at start left a
+    first Claude Code session after `ctx up` unindexed until the next scheduled run.)
+    """
+    from watchfiles import watch
+
+    known: set[Path] | None = None
+    while not stop.is_set():
+        present = [p for p in roots if p.is_dir()]
+        if known is not None and set(present) - known:
+            on_change()
+        known = set(present)
+        if not present:
+            if stop.wait(appear_s):
+                return
+            continue
+        waiting = [p for p in roots if p not in known]
+        looked = time.monotonic()
+        for changes in watch(*present, stop_event=stop, debounce=500, rust_timeout=1000, yield_on_timeout=True):
+            if changes:
+                on_change()
+            if waiting and time.monotonic() - looked >= appear_s:
+                looked = time.monotonic()
+                if any(p.is_dir() for p in waiting):
+                    break  # watch again, the new folder with the others
+
