@@ -141,3 +141,19 @@ def test_two_column_keyword_search_ranks_as_one_multi_column_query(tmp_path: Pat
     assert len(merged) == 25 and all(r["id"] in scores for r in merged)
     # The same top scores (row order among equal scores is the engine's).
     assert [round(scores[r["id"]], 4) for r in merged] == [round(r["_score"], 4) for r in one[:25]]
+
+
+def test_compaction_merges_fragments_and_keeps_the_vector_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ctxlake.tasks import memory_store
+
+    monkeypatch.setattr(memory_store, "MEMORY_ANN_ROWS", 1_000)
+    table = _table(tmp_path)
+    assert ensure_vector_index(table, min_rows=1_000)
+    for k in range(30):  # small ingests, each a fragment
+        table.add(pa.table({"id": [f"late{k}"], "project_path": ["/p0"], "session_id": ["s-late"], "text": ["cache"],
+                            "terms": [""], "vector": pa.array([[0.1] * DIMS], pa.list_(pa.float32(), DIMS))}))
+    assert table.stats()["fragment_stats"]["num_fragments"] > 24
+    memory_store.index_and_optimize.fn([table])
+    assert table.stats()["fragment_stats"]["num_fragments"] <= 2
+    assert _has_vector_index(table)
+    assert "late7" in {h["id"] for h in _vector(table, [0.1] * DIMS, "session_id = 's-late'", ["id"], 30)}
