@@ -10,7 +10,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -238,8 +237,6 @@ class SentenceTransformerEmbedder(_LocalEmbedder):
     def _encode(self, model: Any, texts: list[str]) -> np.ndarray:
         while True:
             try:
-                if self.device != "cpu":
-                    return overlapped_encode(model, texts, self.batch_size, self.device)
                 return np.asarray(model.encode(
                     texts,
                     batch_size=self.batch_size,
@@ -321,41 +318,6 @@ def _pick_gpu_batch(st: Any, max_tokens: int, device: str) -> int:
     while batch * 2 <= min(fits, GPU_BATCH_MAX):
         batch *= 2
     return batch
-
-
-def overlapped_encode(model: Any, texts: list[str], batch: int, device: str) -> np.ndarray:
-    """`model.encode(texts, normalize_embeddings=True)` with the next batch tokenized on a thread
-    while the device runs this one.
-
-    encode() alternates: it tokenizes a batch on the CPU, then waits for the model, then tokenizes
-    the next. On a GPU the two are of the same order (an H200: tokenizing alone 2,200-3,600 texts/s,
-    all-mpnet-base-v2 alone 900 in float32 and 5,000 in float16), so encode() ran at the harmonic
-    sum of both; overlapped, it runs near the slower one. The same batches as encode() (longest
-    texts first, so padding stays small), the model's own modules, vectors in the input order.
-    Not used on a CPU, where the model is the bound and tokenizing would take cores from it."""
-    import torch
-
-    if not texts:
-        return np.zeros((0, 0), dtype=np.float32)
-    prepare = getattr(model, "preprocess", None) or model.tokenize
-    order = np.argsort([-len(text) for text in texts], kind="stable")
-    batches = [[texts[i] for i in order[k : k + batch]] for k in range(0, len(texts), batch)]
-    done: list[np.ndarray] = []
-    model.eval()
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ctx-tokenize") as pool, torch.inference_mode():
-        ahead = pool.submit(prepare, batches[0])
-        for k in range(len(batches)):
-            features = ahead.result()
-            if k + 1 < len(batches):
-                ahead = pool.submit(prepare, batches[k + 1])
-            features = {name: value.to(device) if isinstance(value, torch.Tensor) else value
-                        for name, value in features.items()}
-            vectors = model(features)["sentence_embedding"].float()
-            done.append(torch.nn.functional.normalize(vectors, p=2, dim=1).cpu().numpy())
-    stacked = np.concatenate(done)
-    out = np.empty_like(stacked)
-    out[order] = stacked
-    return out
 
 
 def _free_device_memory(device: str) -> None:

@@ -523,40 +523,6 @@ def test_other_model_errors_are_not_retried(tmp_path: Path) -> None:
 
 
 @pytest.mark.model
-def test_overlapped_encode_gives_encodes_vectors_in_input_order(tmp_path: Path) -> None:
-    """The GPU path's encode (next batch tokenized while the model runs) is run here on the CPU
-    with the real bundled model: same vectors as encode(), rows in the order given, across uneven
-    lengths and a last partial batch."""
-    embedder = make_embedder(EmbedSettings(model="minilm", device="cpu"), tmp_path)
-    model = embedder._loaded()  # type: ignore[attr-defined]
-    texts = [BLUEPRINT_CODE, "x", DATE_CODE * 3, QUERY, "", "def f():\n    return 1\n" * 40, "ünïcödé text"]
-    expected = model.encode(texts, batch_size=3, normalize_embeddings=True, convert_to_numpy=True)
-    got = embedders.overlapped_encode(model, texts, batch=3, device="cpu")
-    assert got.shape == (len(texts), 384) and got.dtype == np.float32
-    np.testing.assert_allclose(got, expected, atol=2e-5)
-    assert embedders.overlapped_encode(model, [], batch=3, device="cpu").shape[0] == 0
-
-
-def test_a_gpu_encodes_overlapped_and_still_halves_the_batch_on_out_of_memory(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    embedder = make_embedder(EmbedSettings(model="minilm", device="cuda", batch_size=64), tmp_path)
-    calls: list[tuple[int, str]] = []
-
-    def fits_16(model: Any, texts: list[str], batch: int, device: str) -> np.ndarray:
-        calls.append((batch, device))
-        if batch > 16:
-            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return np.ones((len(texts), 384), dtype=np.float32)
-
-    monkeypatch.setattr(embedders, "overlapped_encode", fits_16)
-    model = _RunsOutOfMemory(fits=1_000)  # its plain encode() must not be used on a GPU
-    assert embedder._encode(model, ["a", "b"]).shape == (2, 384)  # type: ignore[attr-defined]
-    assert calls == [(64, "cuda"), (32, "cuda"), (16, "cuda")] and model.batches == []
-    assert "batch size now 16" in capsys.readouterr().err
-
-
-@pytest.mark.model
 def test_local_model_missing_offline_says_how_to_get_it(tmp_path: Path) -> None:
     with pytest.raises(EmbedderError, match="not available offline") as err:
         make_embedder(EmbedSettings(model="acme/no-such-embedder"), tmp_path)
