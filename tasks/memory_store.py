@@ -23,7 +23,7 @@ from ctxlake.tasks.lake import connect, open_table
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.scrape.base import Msg
 from ctxlake.tasks.stage import stage
-from ctxlake.tasks.store import KEEP_VERSIONS, fragment_count, sql_str
+from ctxlake.tasks.store import KEEP_VERSIONS, fragment_count, sql_str, vector_indexes
 
 if TYPE_CHECKING:
     import lancedb
@@ -87,9 +87,8 @@ def vector_width(table: Table) -> int:
 
 def reset_vectors(table: Table, dims: int) -> None:
     """Drop every vector (another model, maybe another width); rows stay, the cache refills them."""
-    for idx in table.list_indices():
-        if idx.columns == ["vector"]:  # trained on the old vectors: rebuilt once the new ones are in
-            table.drop_index(idx.name)
+    for name in vector_indexes(table):  # trained on the old vectors: rebuilt once the new ones are in
+        table.drop_index(name)
     table.drop_columns(["vector"])
     table.add_columns(pa.field("vector", pa.list_(pa.float32(), dims)))
 
@@ -370,7 +369,7 @@ def ensure_vector_index(table: Table, min_rows: int | None = None) -> bool:
     from lancedb.index import IvfSq
 
     min_rows = MEMORY_ANN_ROWS if min_rows is None else min_rows
-    if any(idx.columns == ["vector"] for idx in table.list_indices()) or table.count_rows() < min_rows:
+    if vector_indexes(table) or table.count_rows() < min_rows:
         return False
     embedded = table.count_rows("vector IS NOT NULL")
     if embedded < min_rows:
@@ -407,9 +406,8 @@ def index_and_optimize(tables: Sequence[Table], force: bool = False) -> list[str
             # Compacted without its vector index, which is built again below: with the index kept,
             # LanceDB's optimize left 400 small ingests' fragments in place at 20,000 sessions (2 ->
             # 150; on a copy of that sessions table it compacted 149 -> 1 once the index was gone).
-            for idx in table.list_indices():
-                if idx.columns == ["vector"]:
-                    table.drop_index(idx.name)
+            for name in vector_indexes(table):
+                table.drop_index(name)
             table.optimize(cleanup_older_than=KEEP_VERSIONS)
             optimized.append(table.name)
         ensure_vector_index(table)  # after compaction, which would otherwise rewrite it at once

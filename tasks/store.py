@@ -172,8 +172,13 @@ def optimize(tables: LakeTables, ann: bool = True) -> None:
             _maybe_ann_index(tables.chunks)
 
 
+def vector_indexes(table: Table) -> list[str]:
+    """Names of `table`'s indexes on its vector column (the ANN index, if it has one)."""
+    return [idx.name for idx in table.list_indices() if idx.columns == ["vector"]]
+
+
 def _maybe_ann_index(chunks: Table) -> None:
-    if any(idx.columns == ["vector"] for idx in chunks.list_indices()):
+    if vector_indexes(chunks):
         return
     from lancedb.index import HnswSq
 

@@ -26,13 +26,13 @@ from ctxlake.serve.api.memory_models import (
     SessionSummary,
     ToolCallOut,
 )
-from ctxlake.serve.api.queries import fuse, keyword_query, read_pool
+from ctxlake.serve.api.queries import fuse, keyword_query, read_pool, sum_scores
 from ctxlake.tasks.knowledge import inbox_records
 from ctxlake.tasks.lake import IndexState, connect, open_table
 from ctxlake.tasks.memory_state import MANIFEST_FILE, PROJECTS_FILE, read_project_paths
 from ctxlake.tasks.memory_store import KNOWLEDGE_TABLE, MESSAGES_TABLE, SESSIONS_TABLE
 from ctxlake.tasks.sessionize import scope_filter
-from ctxlake.tasks.store import sql_str
+from ctxlake.tasks.store import sql_str, vector_indexes
 
 if TYPE_CHECKING:
     from lancedb.query import LanceVectorQueryBuilder
@@ -294,22 +294,11 @@ def _fts_columns(table: Table) -> set[str]:
     """The table's BM25-indexed columns.
 
     A message's `terms` (tool calls, files) are searched by a query of their own, run beside the
-    one over `text`, and the two BM25 scores of a row are added (`_sum_scores`): what one
+    one over `text`, and the two BM25 scores of a row are added (`sum_scores`): what one
     MultiMatchQuery over both columns ranks, but at 1.55M messages (bench history, 20,000
     sessions) that one query took 104 ms where its two halves took 27 and 9.
     """
     return {c for i in table.list_indices() if i.index_type == "FTS" for c in i.columns}
-
-
-def _sum_scores(lists: Sequence[list[dict[str, Any]]], limit: int) -> list[dict[str, Any]]:
-    """Rows of several BM25 queries over one table, by the sum of each row's scores."""
-    scores: dict[str, float] = {}
-    rows: dict[str, dict[str, Any]] = {}
-    for ranked in lists:
-        for row in ranked:
-            scores[row["id"]] = scores.get(row["id"], 0.0) + float(row.get("_score") or 0.0)
-            rows.setdefault(row["id"], row)
-    return [rows[i] for i in sorted(scores, key=lambda i: -scores[i])[:limit]]
 
 
 # IVF partitions a vector query reads at least and at most (memory tables get an IVF_SQ index at
@@ -334,7 +323,7 @@ def _vector(table: Table, vector: list[float], where: str | None, columns: list[
         return found
 
     rows = nearest(ANN_PROBES[1])
-    if len(rows) < limit and where and any(idx.columns == ["vector"] for idx in table.list_indices()):
+    if len(rows) < limit and where and vector_indexes(table):
         return nearest(0)  # a flat scan (no index) has already seen every row the filter allows
     return rows
 
@@ -428,7 +417,7 @@ def search_context(
         if vec is not None:
             add(_vector, lake.knowledge, vec, where, KNOWLEDGE_COLUMNS, "knowledge", 1.0 - weight if mode == "hybrid" else 1.0)
     for parts, kind, w in jobs:
-        rows = parts[0].result() if len(parts) == 1 else _sum_scores([p.result() for p in parts], pool_size)
+        rows = parts[0].result() if len(parts) == 1 else sum_scores([p.result() for p in parts], pool_size)
         for r in rows:
             r["_type"] = kind if kind != "knowledge" else r["type"]
             r["id"] = f"{r['_type']}:{r['id']}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
@@ -389,16 +389,27 @@ def lexical_rows(
     return fused, warnings
 
 
-def fuse(lists: Sequence[tuple[list[dict[str, Any]], float]], k: int) -> list[dict[str, Any]]:
-    """Weighted reciprocal-rank fusion: each list adds weight / (k + rank) to its rows' scores."""
+def _add_up(contributions: Iterable[tuple[dict[str, Any], float]]) -> list[tuple[dict[str, Any], float]]:
+    """Each row (by id) with the sum of its contributions, highest first; ties keep first-seen order."""
     scores: dict[str, float] = {}
     rows: dict[str, dict[str, Any]] = {}
-    for ranked, weight in lists:
-        for rank, row in enumerate(ranked, start=1):
-            scores[row["id"]] = scores.get(row["id"], 0.0) + weight / (k + rank)
-            rows.setdefault(row["id"], row)
-    ordered = sorted(scores, key=lambda i: -scores[i])
-    return [{**rows[i], "_rank_score": scores[i]} for i in ordered]
+    for row, value in contributions:
+        scores[row["id"]] = scores.get(row["id"], 0.0) + value
+        rows.setdefault(row["id"], row)
+    return [(rows[i], scores[i]) for i in sorted(scores, key=lambda i: -scores[i])]
+
+
+def fuse(lists: Sequence[tuple[list[dict[str, Any]], float]], k: int) -> list[dict[str, Any]]:
+    """Weighted reciprocal-rank fusion: each list adds weight / (k + rank) to its rows' scores."""
+    added = _add_up((row, weight / (k + rank)) for ranked, weight in lists for rank, row in enumerate(ranked, start=1))
+    return [{**row, "_rank_score": score} for row, score in added]
+
+
+def sum_scores(lists: Sequence[list[dict[str, Any]]], limit: int) -> list[dict[str, Any]]:
+    """Rows of several BM25 queries over one table, by the sum of each row's scores (what one
+    query over all their columns gives; a row a list lacks adds nothing)."""
+    added = _add_up((row, float(row.get("_score") or 0.0)) for ranked in lists for row in ranked)
+    return [row for row, _ in added[:limit]]
 
 
 # -- public queries ------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ import pyarrow as pa
 import pytest
 
 from ctxlake.serve.api import context
-from ctxlake.serve.api.context import _fts, _fts_columns, _sum_scores, _vector
+from ctxlake.serve.api.context import _fts, _fts_columns, _vector
+from ctxlake.serve.api.queries import sum_scores
 from ctxlake.tasks.memory_store import ensure_vector_index, reset_vectors
 
 DIMS = 32
@@ -134,7 +135,7 @@ def test_two_column_keyword_search_ranks_as_one_multi_column_query(tmp_path: Pat
         table.create_index(column, config=FTS(stem=False, remove_stop_words=False, with_position=False))
     assert _fts_columns(table) == {"text", "terms"}
     where = "project_path IN ('/p0')"
-    merged = _sum_scores([_fts(table, query, where, ["id"], ROWS, c) for c in ("text", "terms")], 25)
+    merged = sum_scores([_fts(table, query, where, ["id"], ROWS, c) for c in ("text", "terms")], 25)
     one = (table.search(MultiMatchQuery(query, ["text", "terms"]), query_type="fts")  # type: ignore[call-arg]
            .where(where, prefilter=True).select(["id"]).limit(ROWS).to_list())
     scores = {r["id"]: r["_score"] for r in one}
