@@ -243,6 +243,7 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
         }
     progress.start("optimize", None, "indexing")
     report.optimized = index_and_optimize([tables.messages, tables.sessions, knowledge], force=optimize)
+    cache.maintain()  # a scheduled run appends a few vectors: the cache folds them in bulk
     progress.finish("optimize")
 
     report.seconds = round(time.perf_counter() - started, 3)

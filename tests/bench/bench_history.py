@@ -136,20 +136,23 @@ def lake_files(folder: Path) -> tuple[int, int]:
 
 LIVE = """
 import json, sys, lancedb
-db = lancedb.connect(sys.argv[1])
 out = {}
-for name in ("messages", "sessions"):
-    st = db.open_table(name).stats()
-    out[name] = {"rows": st["num_rows"], "fragments": st["fragment_stats"]["num_fragments"], "live_mb": round(st["total_bytes"] / 1e6, 1)}
+for folder in sys.argv[1:]:
+    db = lancedb.connect(folder)
+    for name in db.list_tables().tables:
+        st = db.open_table(name).stats()
+        out[name] = {"rows": st["num_rows"], "fragments": st["fragment_stats"]["num_fragments"], "live_mb": round(st["total_bytes"] / 1e6, 1)}
 print(json.dumps(out))
 """
 
 
 def lake_summary(folder: Path) -> dict[str, object]:
-    """Files and bytes on disk (old versions kept for KEEP_VERSIONS included) and, per table, the
-    rows, fragments and bytes of the current version alone."""
+    """Files and bytes on disk (old versions kept for KEEP_VERSIONS included) and, per table (the
+    memory tables and the embedding cache's), the rows, fragments and bytes of the current version alone."""
     files, size = lake_files(folder)
-    live = subprocess.run([sys.executable, "-c", LIVE, str(folder)], capture_output=True, text=True, check=True)
+    cache = folder.parent / "embeddings"  # the embedding cache beside the memory lake, small appends included
+    live = subprocess.run([sys.executable, "-c", LIVE, str(folder), *([str(cache)] if cache.is_dir() else [])],
+                          capture_output=True, text=True, check=True)
     return {"files": files, "disk_mb": round(size / 1e6, 1), "tables": json.loads(live.stdout)}
 
 

@@ -60,9 +60,9 @@ def test_the_cache_indexes_and_compacts_itself_as_it_grows(tmp_path: Path, monke
     from ctxlake.tasks import embed
     from ctxlake.tasks.store import fragment_count
 
-    # The thresholds scaled down, the behaviour the same.
+    # The thresholds scaled down, the behaviour the same; appends of 200 count as big ones.
     for name, value in (("CACHE_INDEX_ROWS", 1000), ("CACHE_REINDEX_ROWS", 2000), ("CACHE_OPTIMIZE_FRAGMENTS", 40),
-                        ("CACHE_CHECK_APPENDS", 4)):
+                        ("CACHE_CHECK_APPENDS", 4), ("FOLD_ROWS", 100)):
         monkeypatch.setattr(embed, name, value)
     cache = EmbeddingCache(tmp_path / "cache", "fake:hash:8", 8)
     rng = np.random.default_rng(7)
@@ -93,6 +93,39 @@ def test_the_cache_indexes_and_compacts_itself_as_it_grows(tmp_path: Path, monke
     sample = [*keys[::97], *keys[-5:]]  # old rows and rows the index has not seen
     found = cache.get_many([*sample, "never-stored"])
     assert set(found) == set(sample)
+    for h in sample:
+        np.testing.assert_array_equal(found[h], stored[h])
+
+
+def test_small_appends_wait_in_a_side_table_and_move_to_the_cache_in_bulk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scheduled ingest stores a few vectors per run; 800 such runs once left 1,807 fragments in
+    the cache and made each lookup take up to a second. Small appends go to a side table now."""
+    from ctxlake.tasks import embed
+    from ctxlake.tasks.store import fragment_count
+
+    monkeypatch.setattr(embed, "FOLD_ROWS", 500)
+    monkeypatch.setattr(embed, "RECENT_OPTIMIZE_FRAGMENTS", 4)
+    cache = EmbeddingCache(tmp_path / "cache", "fake:hash:8", 8)
+    rng = np.random.default_rng(3)
+    stored: dict[str, np.ndarray] = {}
+    for run in range(60):  # 60 runs of 30 vectors, each ending with the run's maintain()
+        hashes = [f"r{run}-{j}" for j in range(30)]
+        vectors = rng.standard_normal((30, 8)).astype(np.float32)
+        cache.put_many(hashes, vectors)
+        stored.update(zip(hashes, vectors, strict=True))
+        cache.maintain()
+        assert fragment_count(cache.recent) < 4 + 1 and cache.recent.count_rows() < 500 + 30
+    assert cache.table.count_rows() + cache.recent.count_rows() == 1800
+    assert cache.table.count_rows() >= 1500  # three folds of 510 rows
+    assert fragment_count(cache.table) <= 3  # one fragment per fold, not one per run
+    big = [f"big-{j}" for j in range(600)]  # a cold run's batch skips the side table
+    cache.put_many(big, rng.standard_normal((600, 8)).astype(np.float32))
+    assert cache.recent.count_rows() < 500 and cache.table.count_rows() >= 2100
+    sample = [*list(stored)[::37], *list(stored)[-3:]]  # folded rows and rows still waiting
+    found = cache.get_many([*sample, "never-stored", big[5]])
+    assert set(found) == {*sample, big[5]}
     for h in sample:
         np.testing.assert_array_equal(found[h], stored[h])
 
