@@ -18,7 +18,7 @@ from ctxlake.schemas.tables import embeddings_schema
 from ctxlake.tasks.lake import connect, open_table, writing
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.stage import stage
-from ctxlake.tasks.store import LakeTables, sql_str
+from ctxlake.tasks.store import KEEP_VERSIONS, LakeTables, fragment_count, sql_str
 
 if TYPE_CHECKING:
     from lancedb.table import Table
@@ -96,9 +96,10 @@ class EmbeddingCache:
         for start in range(0, len(unique), LOOKUP_BATCH):
             part = unique[start : start + LOOKUP_BATCH]
             for table in (self.table, self.recent):
-                where = f"content_hash IN ({', '.join(sql_str(h) for h in part if h not in found)})"
-                if where.endswith("()"):
+                todo = [h for h in part if h not in found]
+                if not todo:
                     break
+                where = f"content_hash IN ({', '.join(sql_str(h) for h in todo)})"
                 rows = table.search().where(where).select(["content_hash", "vector"]).to_arrow()
                 if rows.num_rows == 0:
                     continue
@@ -134,8 +135,6 @@ class EmbeddingCache:
         """
         from lancedb.index import BTree
 
-        from ctxlake.tasks.store import KEEP_VERSIONS, fragment_count
-
         try:
             did = self._fold()
             if fragment_count(self.table) >= CACHE_OPTIMIZE_FRAGMENTS:
@@ -153,8 +152,6 @@ class EmbeddingCache:
     def _fold(self) -> bool:
         """The side table's rows -> one append to the main table once there are FOLD_ROWS of them,
         else compact the side table when its appends have piled up; whether it did either."""
-        from ctxlake.tasks.store import KEEP_VERSIONS, fragment_count
-
         if self.recent.count_rows() >= FOLD_ROWS:
             rows = self.recent.to_arrow()
             with writing("the embedding cache"):
