@@ -140,11 +140,16 @@ class Service:
             orchestrator = Orchestrator(home, settings)
             self.orchestrator_note = "starting"
             orchestrator.start()
-            self.orchestrator = orchestrator
-            self.orchestrator_note = f"up at {orchestrator.api_url}"
-            self.write_info()
+            # Projects watched so far get their deployments before the API URL is published, so the
+            # first `ctx schedule list` already shows them; a project that registers while this runs
+            # is caught by the second pass (register_project skips the ones it has).
             for root in self.watchers.roots():
                 orchestrator.register_project(Path(root))
+            self.orchestrator = orchestrator
+            for root in self.watchers.roots():
+                orchestrator.register_project(Path(root))
+            self.orchestrator_note = f"up at {orchestrator.api_url}"
+            self.write_info()
         except Exception as exc:  # the service still serves queries without schedules
             self.orchestrator_note = f"failed: {exc}"
             log(f"orchestrator failed to start: {exc!r}")

@@ -71,6 +71,7 @@ class Orchestrator:
         self._batch_open = False  # a timer is waiting to start an ingest run
         self._lock = threading.Lock()
         self._deployments: dict[str, Any] = {}  # name -> deployment id
+        self._register_lock = threading.Lock()  # service start and client threads both register projects
         self._backed_off: set[str] = set()
         self.ingest_triggers = 0  # runs started by log events (after debouncing)
         self.trigger_errors: list[str] = []  # failed attempts to start such a run
@@ -181,8 +182,9 @@ class Orchestrator:
     def register_project(self, root: Path) -> None:
         from ctxlake.flows.deployments import index_name, project_deployment
 
-        if index_name(root) not in self._deployments:
-            self.add_deployment(project_deployment(root, self.settings))
+        with self._register_lock:
+            if index_name(root) not in self._deployments:
+                self.add_deployment(project_deployment(root, self.settings))
 
     def stop(self) -> None:
         self._stopping.set()

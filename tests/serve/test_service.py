@@ -320,15 +320,18 @@ def test_service_runs_the_schedules_and_stops_them_with_it(
     try:
         # A project registers (watcher + its periodic index_code deployment) on its first run there.
         assert ctx("run", "index", cwd=indexed).returncode == 0
+        # The orchestrator starts in the background: wait for it and for the project's deployment.
         deadline = time.monotonic() + 120
         listed: subprocess.CompletedProcess[str] | None = None
+        names: set[str] = set()
         while time.monotonic() < deadline:
             listed = ctx("schedule", "list", "--json", cwd=indexed)
             if listed.returncode == 0:
-                break
+                names = {row["name"] for row in json.loads(listed.stdout)}
+                if any(name.startswith("index_code") for name in names):
+                    break
             time.sleep(1.0)
         assert listed is not None and listed.returncode == 0, listed.stderr if listed else "no answer"
-        names = {row["name"] for row in json.loads(listed.stdout)}
         assert {"ingest_conversations", "sync_sources"} <= names, names
         assert any(name.startswith("index_code") for name in names), names
         status = json.loads(ctx("status", "--json", cwd=indexed).stdout)
