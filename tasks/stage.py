@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import sys
+import time
 from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar
 
@@ -11,9 +13,9 @@ R = TypeVar("R")
 
 
 class Stage(Generic[P, R]):
-    """A pipeline stage. Called inside a flow it runs as a Prefect task run; `.fn` is the plain
-    function, which the read side (CLI queries, the MCP server) uses so that it never pays
-    Prefect's 1.7 s import or starts its temporary API server.
+    """A pipeline stage. Called inside a flow run it runs as a Prefect task run; called anywhere
+    else (the service's watchers, the read side) it is the plain function, which never pays
+    Prefect's 1.7 s import or starts its temporary API server. `.fn` is that function too.
     """
 
     def __init__(self, fn: Callable[P, R], name: str, retries: int) -> None:
@@ -24,6 +26,11 @@ class Stage(Generic[P, R]):
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        if not in_flow_run():
+            # Outside a flow run Prefect would make each call a standalone task run: a new API
+            # client (an SSL context) and a result-storage request per call, 55% of the service
+            # watcher's one-file batch on django, and a warning for every log line it writes.
+            return self._plain(*args, **kwargs)
         if self._task is None:
             from prefect import task
             from prefect.cache_policies import NO_CACHE
@@ -45,6 +52,24 @@ class Stage(Generic[P, R]):
         quoted_kwargs = {k: quote(v) for k, v in kwargs.items()}
         result: R = self._task(*quoted_args, **quoted_kwargs)
         return result
+
+    def _plain(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """The function with the task's retries (1 s apart), as Prefect would run it."""
+        for attempt in range(self.retries + 1):
+            try:
+                return self.fn(*args, **kwargs)
+            except Exception:
+                if attempt == self.retries:
+                    raise
+                time.sleep(1.0)
+        raise AssertionError("unreachable")
+
+
+def in_flow_run() -> bool:
+    """True inside a Prefect flow run. Prefect not imported yet means no flow can be running, and
+    the check must not import it (1.7 s)."""
+    context = sys.modules.get("prefect.context")
+    return context is not None and context.FlowRunContext.get() is not None
 
 
 def stage(name: str, *, retries: int = 0) -> Callable[[Callable[P, R]], Stage[P, R]]:
