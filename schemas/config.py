@@ -237,6 +237,7 @@ class ScheduleSettings(_Section):
     sync_cron: str = Field("0 3 * * *", description="sync_sources: daily cron")
     index_every_s: float = Field(3600.0, ge=1.0, description="index_code consistency run per registered project")
     max_failures: int = Field(3, ge=1, description="a deployment failing this many runs in a row is paused")
+    max_parallel_runs: int = Field(2, ge=1, description="flow runs the service runs at once (each is a process)")
 
     @field_validator("sync_cron")
     @classmethod

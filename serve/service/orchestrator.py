@@ -76,6 +76,7 @@ class Orchestrator:
         self.ingest_triggers = 0  # runs started by log events (after debouncing)
         self.trigger_errors: list[str] = []  # failed attempts to start such a run
         self.server_start_s: float | None = None
+        self.missed_runs_dropped = 0  # planned while the service was down, dropped at start
 
     @property
     def api_url(self) -> str | None:
@@ -92,6 +93,7 @@ class Orchestrator:
             self._api_url = user_url
         else:
             self._start_server()
+            self._drop_missed_runs()
         os.environ["PREFECT_API_URL"] = self._api_url or ""
         self._start_runner()
         from ctxlake.flows.deployments import service_deployments
@@ -137,6 +139,18 @@ class Orchestrator:
         raise ServiceError(f"prefect server did not answer within {START_TIMEOUT_S:.0f} s",
                            hint=f"see {prefect_home / 'server.log'}")
 
+    def _drop_missed_runs(self) -> None:
+        """Runs planned while the service was down are not owed: each deployment's next run comes
+        at its normal time (the watchers and log events catch up meanwhile). Only on the service's
+        own server, before the runner starts to pick runs up."""
+        from ctxlake.serve.service.schedules import drop_missed_runs
+
+        assert self._api_url is not None
+        try:
+            self.missed_runs_dropped = drop_missed_runs(self._api_url, datetime.now(UTC))
+        except Exception as exc:  # the schedules still work; the backlog then runs once
+            self.trigger_errors.append(f"dropping missed runs: {type(exc).__name__}: {exc}"[:300])
+
     def _start_runner(self) -> None:
         from prefect.runner import Runner
 
@@ -146,7 +160,8 @@ class Orchestrator:
             loop = asyncio.new_event_loop()
             asyncio.set_event_loop(loop)
             self._loop = loop
-            self._runner = Runner(name="ctxlake-service", query_seconds=1, prefetch_seconds=2, pause_on_shutdown=False)
+            self._runner = Runner(name="ctxlake-service", query_seconds=1, prefetch_seconds=2, pause_on_shutdown=False,
+                                  limit=self.settings.schedule.max_parallel_runs)
             ready.set()
             try:
                 loop.run_until_complete(self._in_settings(self._runner.start()))

@@ -143,6 +143,36 @@ async def _pause(api_url: str, name: str, paused: bool) -> None:
             await client.resume_deployment(dep.id)
 
 
+async def _drop_missed(api_url: str, before: datetime) -> int:
+    from prefect.client.orchestration import PrefectClient
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterExpectedStartTime,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    dropped = 0
+    async with PrefectClient(api_url) as client:
+        while True:
+            missed = await client.read_flow_runs(limit=200, flow_run_filter=FlowRunFilter(
+                expected_start_time=FlowRunFilterExpectedStartTime(before_=before),
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))))
+            for run in missed:
+                await client.delete_flow_run(run.id)
+            dropped += len(missed)
+            if len(missed) < 200:
+                return dropped
+
+
+def drop_missed_runs(api_url: str, before: datetime) -> int:
+    """Delete the runs planned to start before `before` that never started (the service was
+    down); how many. Left in place, a restarted service would run them all at once."""
+    result: int = _in_new_loop(_drop_missed(api_url, before))
+    return result
+
+
 def pause_schedule(api_url: str, name: str, paused: bool = True) -> None:
     _in_new_loop(_pause(api_url, name, paused))
 

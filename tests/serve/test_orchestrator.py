@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ from memlogs import claude, write_jsonl
 from ctxlake.schemas.config import load_settings
 from ctxlake.schemas.trust import trust
 from ctxlake.serve.service.orchestrator import Orchestrator, healthy
-from ctxlake.serve.service.schedules import pause_schedule, set_schedule
+from ctxlake.serve.service.schedules import drop_missed_runs, pause_schedule, set_schedule
 
 CONFIG = """
 [embed]
@@ -149,6 +149,44 @@ def test_log_events_make_one_debounced_ingest_run(service: tuple[Orchestrator, P
     assert orch.ingest_triggers == before + 1
     row = wait_for(lambda: (r := schedule(orch, "ingest_conversations"))["last_run"] and r, 180, "the ingest run")
     assert row["last_run"]["state"] == "COMPLETED", row["last_run"]
+
+
+def test_runs_missed_while_down_are_dropped_and_planned_ones_kept(service: tuple[Orchestrator, Path]) -> None:
+    """A service down for hours comes back to late runs of every deployment: start() drops them
+    (drop_missed_runs) instead of running them all at once. A deployment no runner serves keeps
+    its runs where the test put them."""
+    import asyncio
+
+    from prefect.client.orchestration import PrefectClient
+    from prefect.states import Scheduled
+
+    orch, _ = service
+    url = orch.api_url or ""
+    now = datetime.now(UTC)
+
+    async def plan() -> tuple[Any, Any]:
+        async with PrefectClient(url) as client:
+            flow_id = await client.create_flow_from_name("test-missed")
+            dep_id = await client.create_deployment(flow_id=flow_id, name="nobody-serves-it")
+            late = await client.create_flow_run_from_deployment(dep_id, state=Scheduled(scheduled_time=now - timedelta(hours=3)))
+            later = await client.create_flow_run_from_deployment(dep_id, state=Scheduled(scheduled_time=now + timedelta(hours=3)))
+            return late.id, later.id
+
+    async def still_there(run_id: Any) -> bool:
+        from prefect.exceptions import ObjectNotFound
+
+        async with PrefectClient(url) as client:
+            try:
+                await client.read_flow_run(run_id)
+            except ObjectNotFound:
+                return False
+            return True
+
+    late, later = asyncio.run(plan())
+    assert drop_missed_runs(url, now) >= 1
+    assert not asyncio.run(still_there(late))
+    assert asyncio.run(still_there(later))
+    assert drop_missed_runs(url, now) == 0  # nothing left to drop
 
 
 def test_stop_leaves_no_child_process(tmp_path: Path) -> None:
