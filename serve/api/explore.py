@@ -246,7 +246,9 @@ def stale_status(settings: Settings, lake: Lake | None, fresh: freshness.Freshne
     if indexed_root is None:
         snapshot = load_snapshot(lake_dir, PROJECT_SOURCE)
         indexed_root = snapshot.root_hash if snapshot is not None else None
-    current_root = fresh.tree.root_hash if fresh.tree is not None else None
+    # A watched project's answer may come from its watcher without a scan (no tree): up to date
+    # means the files hash to the indexed root.
+    current_root = fresh.tree.root_hash if fresh.tree is not None else (indexed_root if fresh.up_to_date else None)
     changes = ([StaleFile(path=p, change="added") for p in fresh.diff.added]
                + [StaleFile(path=p, change="modified") for p in fresh.diff.modified]
                + [StaleFile(path=p, change="removed") for p in fresh.diff.removed])

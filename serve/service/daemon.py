@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -74,6 +75,7 @@ class Service:
         self.engine = EngineCache(idle_evict_s=float(os.environ.get("CTX_SERVICE_IDLE_EVICT_S", "1800")))
         install(self.engine)
         self.watchers = Watchers(self.engine, on_drop=log)
+        self.watch_state_shared = threading.Event()  # the read layer follows the watchers from then on
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -140,6 +142,8 @@ class Service:
             orchestrator = Orchestrator(home, settings)
             self.orchestrator_note = "starting"
             orchestrator.start()
+            if orchestrator.missed_runs_dropped:
+                log(f"dropped {orchestrator.missed_runs_dropped} scheduled run(s) missed while the service was down")
             # Projects watched so far get their deployments before the API URL is published, so the
             # first `ctx schedule list` already shows them; a project that registers while this runs
             # is caught by the second pass (register_project skips the ones it has).
@@ -152,13 +156,14 @@ class Service:
             self.write_info()
         except Exception as exc:  # the service still serves queries without schedules
             self.orchestrator_note = f"failed: {exc}"
-            log(f"orchestrator failed to start: {exc!r}")
+            log(f"orchestrator failed to start: {exc!r}\n{traceback.format_exc()}")
 
     def _share_watch_counts(self) -> None:
         # On a thread: the read layer's import (pyarrow, lancedb) must not delay listening.
-        from ctxlake.serve.api.queries import use_change_counter
+        from ctxlake.serve.api.queries import use_watch_state
 
-        use_change_counter(self.watchers.changes)
+        use_watch_state(self.watchers.state)
+        self.watch_state_shared.set()
 
     def start_ui(self) -> None:
         """The web UI on 127.0.0.1 in a thread of this process: it shares the warm engine."""
@@ -277,12 +282,26 @@ class Service:
         root = str(folder.resolve())
         if not self.watchers.add(Path(root)):
             return None
+        threading.Thread(target=self._first_check, args=(Path(root),), name="first check", daemon=True).start()
         if self.orchestrator is not None:
             try:
                 self.orchestrator.register_project(Path(root))
             except Exception as exc:
                 log(f"could not register {root} with the orchestrator: {exc!r}")
         return root
+
+    def _first_check(self, root: Path) -> None:
+        """One walk of a newly watched project while it is quiet: from an up-to-date answer on,
+        its freshness follows the watcher (serve/api/queries.py), so searches right after an edit
+        do not each walk the tree."""
+        from ctxlake.schemas.config import load_settings
+        from ctxlake.serve.api.queries import project_freshness
+
+        self.watch_state_shared.wait(60)
+        try:
+            project_freshness(load_settings(root))
+        except Exception as exc:  # the first query makes the check instead
+            log(f"first freshness check of {root} failed: {exc!r}")
 
     def info(self) -> dict[str, Any]:
         return {
@@ -316,7 +335,7 @@ class Service:
                 self._settle(argv)
                 with capture.captured(bool(message.get("stdout_tty")), False) as (out, err):
                     try:
-                        code = self._run_in_child(argv) if self._heavy(argv) else run(argv)
+                        code = self._run_in_child(argv) if self._heavy(argv) else run(argv, reuse=True)
                     except SystemExit as exc:
                         code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
                     except Exception:

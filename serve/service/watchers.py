@@ -29,6 +29,7 @@ class ProjectWatcher(threading.Thread):
         self.stop_event = threading.Event()
         self.batches = 0
         self.changes = 0  # event batches seen plus batches applied: any change under root moves it
+        self.pending: frozenset[str] = frozenset()  # indexable paths of the batch being applied
         self._tree: tuple[str, Any] | None = None  # (Merkle root hash, Tree) the lake matched last
         self.error: str | None = None
 
@@ -43,6 +44,7 @@ class ProjectWatcher(threading.Thread):
         from watchfiles._rust_notify import RustNotify
 
         from ctxlake.schemas.config import load_settings
+        from ctxlake.tasks.merkle import PathFilter
 
         settings = load_settings(self.root)
         with RustNotify([str(self.root)], False, False, 300, True, False) as notify:
@@ -53,15 +55,19 @@ class ProjectWatcher(threading.Thread):
                 if raw == "timeout":
                     continue
                 events = cast("set[tuple[int, str]]", raw)
-                self.changes += 1  # before the lake moves: a check taken meanwhile is not kept
                 paths = {Path(p).relative_to(self.root).as_posix() for _, p in events
                          if Path(p).is_relative_to(self.root)}
                 paths = {p for p in paths if p != "." and not p.startswith(NOISE)}
-                if paths and self.root.is_dir():
-                    try:
+                # Before the lake moves: readers see the paths as stale until the batch is in.
+                keep = PathFilter(self.root, settings.index)
+                self.pending = frozenset(p for p in paths if keep.keeps(p))
+                self.changes += 1
+                try:
+                    if paths and self.root.is_dir():
                         self._apply(settings, paths)
-                    finally:
-                        self.changes += 1
+                finally:
+                    self.pending = frozenset()
+                    self.changes += 1
 
     def _apply(self, settings: Any, paths: set[str]) -> None:
         from ctxlake.flows.index_code import OPTIMIZE_AFTER_ROWS, IndexReport, Writer
@@ -131,14 +137,17 @@ class Watchers:
         watcher.start()
         return True
 
-    def changes(self, root: Path) -> int | None:
-        """The change count of root's live watcher; None when root is not watched (or its watcher
-        stopped), so a caller must look at the files itself."""
+    def state(self, root: Path) -> tuple[int, frozenset[str]] | None:
+        """(change count, paths seen but not applied yet) of root's live watcher; None when root is
+        not watched (or its watcher stopped), so a caller must look at the files itself."""
         with self._lock:
             watcher = self._by_root.get(str(root))
         if watcher is None or not watcher.is_alive() or watcher.error is not None:
             return None
-        return watcher.changes
+        while True:  # a consistent pair: the count did not move while pending was read
+            count, pending = watcher.changes, watcher.pending
+            if watcher.changes == count:
+                return count, pending
 
     def roots(self) -> list[str]:
         with self._lock:

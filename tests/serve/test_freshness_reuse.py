@@ -1,4 +1,5 @@
-"""The read layer's freshness check reuses its answer only while a watcher's change count stands still."""
+"""The read layer's freshness check in the service: reused while a watcher's change count stands
+still, then following the watcher (its pending paths) once a check found the project up to date."""
 
 from __future__ import annotations
 
@@ -9,19 +10,22 @@ from typing import Any
 import pytest
 
 from ctxlake.schemas.config import load_settings
+from ctxlake.schemas.tables import PROJECT_SOURCE
 from ctxlake.serve.api import queries
+from ctxlake.tasks import freshness
+from ctxlake.tasks.lake import IndexState
 
 
 @pytest.fixture
-def counter() -> Iterator[dict[str, int | None]]:
-    count: dict[str, int | None] = {"n": 0}
-    queries.use_change_counter(lambda root: count["n"])
-    yield count
-    queries.use_change_counter(lambda root: None)
+def watcher() -> Iterator[dict[str, Any]]:
+    seen: dict[str, Any] = {"count": 0, "pending": frozenset(), "watched": True}
+    queries.use_watch_state(lambda root: (seen["count"], seen["pending"]) if seen["watched"] else None)
+    yield seen
+    queries.use_watch_state(lambda root: None)
 
 
 def test_answer_is_reused_until_the_count_moves(make_repo: Callable[..., Path], cli: Callable[..., Any],
-                                               fake_embedder: Any, counter: dict[str, int | None]) -> None:
+                                               fake_embedder: Any, watcher: dict[str, Any]) -> None:
     repo = make_repo({"app.py": "def alpha():\n    return 1\n"})
     assert cli("run", "index", cwd=repo).exit_code == 0
     settings = load_settings(repo)
@@ -30,9 +34,47 @@ def test_answer_is_reused_until_the_count_moves(make_repo: Callable[..., Path], 
     (repo / "app.py").write_text("def alpha():\n    return 2\n")
     # Same count: the service's watcher has not reported the write yet, so the answer stands.
     assert queries.project_freshness(settings).stale_paths == []
-    counter["n"] = 1  # the watcher saw events
-    assert queries.project_freshness(settings).stale_paths == ["app.py"]
+    watcher.update(count=1, pending=frozenset({"app.py"}))  # the watcher saw it, the batch runs
+    fresh = queries.project_freshness(settings)
+    assert (fresh.up_to_date, fresh.stale_paths) == (False, ["app.py"])
 
-    counter["n"] = None  # not watched (or the watcher died): every call looks at the files
+    watcher["watched"] = False  # not watched (or the watcher died): every call looks at the files
     (repo / "new.py").write_text("x = 1\n")
     assert sorted(queries.project_freshness(settings).stale_paths) == ["app.py", "new.py"]
+
+
+def test_after_an_up_to_date_check_the_watcher_alone_answers(
+        make_repo: Callable[..., Path], cli: Callable[..., Any], fake_embedder: Any,
+        watcher: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = make_repo({"app.py": "def alpha():\n    return 1\n"})
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    settings = load_settings(repo)
+    assert queries.project_freshness(settings).up_to_date  # the one walk of the tree
+
+    walks: list[Path] = []
+    real_check = freshness.check
+    monkeypatch.setattr(freshness, "check", lambda *a: walks.append(a[2]) or real_check(*a))
+
+    def ask() -> tuple[freshness.Freshness, int]:
+        before = len(walks)
+        return queries.project_freshness(settings), len(walks) - before
+
+    for batch in range(1, 4):  # event -> batch applied, three times
+        (repo / "app.py").write_text(f"def alpha():\n    return {batch + 1}\n")
+        watcher.update(count=2 * batch - 1, pending=frozenset({"app.py"}))
+        fresh, walked = ask()
+        assert (fresh.stale_paths, walked) == (["app.py"], 0)
+        assert cli("run", "index", cwd=repo).exit_code == 0  # stands in for the watcher's batch
+        watcher.update(count=2 * batch, pending=frozenset())
+        fresh, walked = ask()
+        assert (fresh.up_to_date, walked) == (True, 0)
+
+    # Another writer left the lake unfinished: the watcher cannot vouch for it, the files are read.
+    state = IndexState.read(settings.lake_dir)
+    assert state is not None
+    state.clean = False
+    state.write(settings.lake_dir)
+    freshness.write_journal(settings.lake_dir, {PROJECT_SOURCE: ["app.py"]})
+    watcher.update(count=7, pending=frozenset())
+    fresh, walked = ask()
+    assert walked == 1 and not fresh.up_to_date and fresh.reason == "the last run did not finish"
