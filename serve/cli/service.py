@@ -22,6 +22,8 @@ def service_status() -> dict[str, Any]:
     # A listening service answers even when loaded; only a missing socket means down.
     info = lifecycle.ping(paths, timeout=1.0, reply_timeout=15.0)
     if info is None:
+        if lifecycle.lock_is_held(paths):  # alive (holds its lock) but did not answer in time
+            return {"up": True, "answering": False, "socket": str(paths.socket)}
         return {"up": False, "socket": str(paths.socket)}
     info.pop("op", None)
     return {"up": True, **info}
@@ -31,6 +33,9 @@ def print_service_status() -> None:
     st = service_status()
     if not st["up"]:
         typer.echo("Service: down (commands run in-process; `ctx up` starts it)")
+        return
+    if st.get("answering") is False:
+        typer.echo(f"Service: up, but it did not answer within 15 s (busy; see {service_paths().log})")
         return
     mib = st.get("rss_bytes", 0) / 2**20
     typer.echo(f"Service: up, pid {st['pid']}, uptime {_duration(st.get('uptime_s', 0))}, RSS {mib:.0f} MiB, "
@@ -44,7 +49,7 @@ def print_service_status() -> None:
         last = sched.get("last_run") or {}
         typer.echo(f"  schedule {sched.get('name')}: {sched.get('kind')} {sched.get('spec')}"
                    f"{' (paused)' if sched.get('paused') else ''}, next {sched.get('next_run') or '-'}, "
-                   f"last {last.get('state') or '-'}")
+                   f"last {last.get('state') or '-'}{' (as last read: Prefect is slow to answer)' if sched.get('stale') else ''}")
 
 
 def _duration(seconds: float) -> str:

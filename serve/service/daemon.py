@@ -20,10 +20,10 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from ctxlake import __version__
 from ctxlake.serve.service import capture, protocol
@@ -35,6 +35,8 @@ HOUSEKEEPING_S = 2.0  # how often deleted project folders are dropped and idle l
 INDEX_WAIT_S = 60
 BUSY_WAIT_S = 1.0  # a CLI request waits this long for the one before it, then runs in its client
 SETTLE_S = 0.08  # > the watcher's 50 ms quiet step; a miss only costs a full (correct) run
+SCHEDULES_WAIT_S = 3.0  # `ctx status` shows the last schedules read when Prefect takes longer
+T = TypeVar("T")
 VALUE_OPTIONS = frozenset({"--wait", "--model", "--provider"})  # `ctx run index` options taking a value
 MAX_SOCKET_PATH = 100  # sun_path holds 104-108 bytes depending on the OS  # LakeError's code: the state under $CTX_HOME cannot be written
 
@@ -75,6 +77,7 @@ class Service:
         self.engine = EngineCache(idle_evict_s=float(os.environ.get("CTX_SERVICE_IDLE_EVICT_S", "1800")))
         install(self.engine)
         self.watchers = Watchers(self.engine, on_drop=log)
+        self._last_schedules: list[dict[str, Any]] = []
         self.watch_state_shared = threading.Event()  # the read layer follows the watchers from then on
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -313,12 +316,23 @@ class Service:
         }
 
     def _schedules(self) -> list[dict[str, Any]]:
-        if self.orchestrator is None:
+        """The schedules as Prefect has them now, or (Prefect slow to answer: flow runs starting on
+        a loaded machine) the last ones read, marked `stale`: `ctx status` must not wait on it."""
+        orchestrator = self.orchestrator
+        if orchestrator is None:
             return []
-        try:
-            return list(self.orchestrator.schedules())
-        except Exception as exc:
-            return [{"name": "?", "error": str(exc)}]
+
+        def read() -> list[dict[str, Any]]:
+            try:
+                return list(orchestrator.schedules())
+            except Exception as exc:
+                return [{"name": "?", "error": str(exc)}]
+
+        rows = call_within(read, SCHEDULES_WAIT_S)
+        if rows is not None:
+            self._last_schedules = rows
+            return rows
+        return [{**row, "stale": True} for row in self._last_schedules]
 
     def run_cli(self, message: dict[str, Any]) -> dict[str, Any]:
         argv = [str(a) for a in message.get("argv", [])]
@@ -442,6 +456,21 @@ class Service:
         """A project registers for watching on its first successful `ctx run index` here."""
         root = self._index_root(argv) if code == 0 else None
         return self.register(root) if root is not None else None
+
+
+def call_within(fn: Callable[[], T], seconds: float) -> T | None:
+    """fn()'s answer, or None when it takes longer than `seconds` (it finishes on its thread)."""
+    done = threading.Event()
+    answer: list[T] = []
+
+    def target() -> None:
+        try:
+            answer.append(fn())
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name="bounded call", daemon=True).start()
+    return answer[0] if done.wait(seconds) and answer else None
 
 
 def stop_children(grace_s: float = 5.0) -> None:
