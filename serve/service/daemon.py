@@ -35,6 +35,7 @@ HOUSEKEEPING_S = 2.0  # how often deleted project folders are dropped and idle l
 INDEX_WAIT_S = 60
 BUSY_WAIT_S = 1.0  # a CLI request waits this long for the one before it, then runs in its client
 SETTLE_S = 0.08  # > the watcher's 50 ms quiet step; a miss only costs a full (correct) run
+CHILD_NICE = 10  # whole-tree index runs (a child process) yield the CPU to queries
 SCHEDULES_WAIT_S = 3.0  # `ctx status` shows the last schedules read when Prefect takes longer
 T = TypeVar("T")
 VALUE_OPTIONS = frozenset({"--wait", "--model", "--provider"})  # `ctx run index` options taking a value
@@ -432,7 +433,10 @@ class Service:
     def _run_in_child(self, argv: list[str]) -> int:
         """`ctx ARGV` in a child running the in-process path, with this request's folder and env;
         its output becomes the request's output."""
-        code = "import sys\nfrom ctxlake.serve.service.client import in_process\nsys.exit(in_process(sys.argv[1:]))"
+        # At a lower CPU priority: on a small machine a whole-tree run and the agents' queries want
+        # the same cores, and a query waits on the user while the run does not.
+        code = (f"import os, sys\nos.nice({CHILD_NICE})\nfrom ctxlake.serve.service.client import in_process\n"
+                "sys.exit(in_process(sys.argv[1:]))")
         done = subprocess.run([sys.executable, "-c", code, *argv], cwd=os.getcwd(), env=dict(os.environ),
                               capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
         sys.stdout.write(done.stdout)
