@@ -15,7 +15,7 @@ from ctxlake.schemas.tables import PROJECT_SOURCE
 from ctxlake.tasks import freshness
 from ctxlake.tasks.chunk_stage import BatchRows, chunk_files, with_graph
 from ctxlake.tasks.cochange import update_cochange
-from ctxlake.tasks.embed import EmbeddingCache, embed_pending, fill_from_cache
+from ctxlake.tasks.embed import EmbeddingCache, embed_missing, embed_pending, fill_from_cache
 from ctxlake.tasks.embedders import Embedder, make_embedder
 from ctxlake.tasks.graph_store import clear_graph, open_graph, optimize_graph, write_graph
 from ctxlake.tasks.lake import IndexState, check_model, reset_lake
@@ -71,6 +71,10 @@ class IndexReport:
         return out
 
 
+# A run changing at most this many files encodes up to this many texts missing from the cache
+# before writing the rows (embed_missing): an edit lands with its vectors, no embed stage after.
+INLINE_EMBED_FILES = 8
+INLINE_EMBED_TEXTS = 64
 OPTIMIZE_AFTER_ROWS = 2_000  # rows written since the last optimize that make the next run optimize
 
 
@@ -94,6 +98,12 @@ class Writer:
                                                      settings.models_dir)
             self.encode_group = dask_run.ENCODE_GROUP
         self.lake = settings.lake_dir
+        # The last run finished with every chunk embedded by this model: while this run writes no
+        # row without a vector, it needs no embed stage (see embed_missing).
+        self.vectors_settled = (state is not None and state.clean and not state.pending_vectors
+                                and state.model_id == embedder.model_id)
+        self.nulls_written = 0  # CHUNKS rows this run wrote without a vector
+        self.embed_inline = True  # small runs encode missing vectors before writing (not with --no-embed)
         self.state = state or IndexState()
         self.state.provider, self.state.model = settings.embed.provider, settings.embed.model
         self.state.model_id, self.state.dims = embedder.model_id, embedder.dims
@@ -117,6 +127,9 @@ class Writer:
         _write_changes(self, diff, report, force)
 
     def embed(self, report: IndexReport, force: bool = False) -> None:
+        if not force and self.vectors_settled and self.nulls_written == 0:
+            return
+        self.vectors_settled = False  # finish() counts what is left
         result = embed_pending(self.tables, self.cache, self.embedder, use_cache=not force,
                                reembed_source=self.source if force else None, group=self.encode_group)
         report.vectors_from_cache += result.from_cache
@@ -130,7 +143,8 @@ class Writer:
         """After the last write: the snapshot, then the state says the lake matches it."""
         save_snapshot(self.lake, self.source, tree)
         freshness.clear_journal(self.lake, self.source)
-        self.state.pending_vectors = self.tables.chunks.count_rows("vector IS NULL")
+        self.state.pending_vectors = (0 if self.vectors_settled and self.nulls_written == 0
+                                      else self.tables.chunks.count_rows("vector IS NULL"))
         # Clean only when no other source's run is left unfinished (its journal entry remains).
         self.state.clean = not freshness.read_journal(self.lake)
         self.state.roots = {**(self.state.roots or {}), self.source: tree.root_hash}
@@ -174,6 +188,7 @@ def index_code(
     report.added, report.modified, report.removed = len(diff.added), len(diff.modified), len(diff.removed)
 
     writer = Writer(settings, source, root, embedder, state)
+    writer.embed_inline = embed
     if force:
         # Without a previous snapshot every file counts as added; files the lake still holds
         # but the disk no longer has must go too. Nothing is deleted up front, so readers see
@@ -230,6 +245,12 @@ def _write_changes(writer: Writer, diff: Diff, report: IndexReport, force: bool)
     for batch, rows in _batch_rows(writer, jobs):
         chunks, hits = (rows.chunks, 0) if force else fill_from_cache(rows.chunks, cache)
         report.vectors_from_cache += hits
+        if not force and writer.embed_inline and len(todo) <= INLINE_EMBED_FILES:
+            t0 = time.perf_counter()
+            chunks, encoded = embed_missing(chunks, cache, writer.embedder, INLINE_EMBED_TEXTS)
+            report.embedded += encoded
+            report.encode_seconds += (time.perf_counter() - t0) if encoded else 0.0
+        writer.nulls_written += chunks.column("vector").null_count
         for reason, n in rows.skipped.items():
             report.skipped[reason] = report.skipped.get(reason, 0) + n
         report.secrets_masked += rows.secrets.masked

@@ -204,6 +204,39 @@ class EmbedResult(NamedTuple):
     encode_seconds: float  # time inside the model's encode calls
 
 
+def embed_missing(chunks: pa.Table, cache: EmbeddingCache, embedder: Embedder, limit: int) -> tuple[pa.Table, int]:
+    """CHUNKS rows whose vectors are still null (after fill_from_cache) -> encoded now, when no more
+    than `limit` distinct texts are missing; (rows, texts encoded). A one-file edit then writes its
+    rows with vectors, and its run skips the embed stage (a scan of every vector and a merge into
+    CHUNKS: most of a watcher batch on django)."""
+    import pyarrow.compute as pc
+
+    if chunks.num_rows == 0:
+        return chunks, 0
+    index = chunks.schema.get_field_index("vector")
+    column = chunks.column(index).combine_chunks()
+    missing = np.asarray(column.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    if not missing.any():
+        return chunks, 0
+    hashes = chunks.column("content_hash").to_pylist()
+    texts = chunks.column("text").to_pylist()
+    todo: dict[str, str] = {}
+    for i in np.flatnonzero(missing).tolist():
+        todo.setdefault(hashes[i], texts[i])
+    if len(todo) > limit:
+        return chunks, 0
+    keys = list(todo)
+    vectors = embedder.embed_documents([todo[h] for h in keys])
+    cache.put_many(keys, vectors)
+    position = {h: i for i, h in enumerate(keys)}
+    filled = np.zeros((chunks.num_rows, cache.dims), dtype=np.float32)
+    for i in np.flatnonzero(missing).tolist():
+        filled[i] = vectors[position[hashes[i]]]
+    field = chunks.schema.field(index)
+    merged = pc.if_else(pa.array(missing), vector_array(filled, cache.dims).cast(field.type), column)
+    return chunks.set_column(index, field, merged), len(keys)
+
+
 class _Writer:
     """Writes vectors to the cache, then to CHUNKS, on a thread of its own so encoding never
     waits for Lance commits. Cache first: a crash after it costs a lookup, not a re-embed."""

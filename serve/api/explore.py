@@ -20,7 +20,6 @@ from ctxlake.serve.api.queries import (
     Lake,
     _sql,
     keyword_rows,
-    project_freshness,
     snippet,
 )
 from ctxlake.serve.api.symbols import SYMBOL_COLUMNS, symbol_index
@@ -38,6 +37,7 @@ from ctxlake.serve.api.tool_models import (
     decode_cursor,
     encode_cursor,
 )
+from ctxlake.serve.api.watched import project_freshness
 from ctxlake.tasks import freshness, safe_io
 from ctxlake.tasks.lake import IndexState, WriterLock
 from ctxlake.tasks.merkle import load_snapshot

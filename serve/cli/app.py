@@ -81,8 +81,7 @@ def run_index(
     if ensure_project(root):
         typer.echo(f"Created {root / CTX_DIR}/ (config.toml, knowledge/; the lake is gitignored).", err=True)
     settings = load_settings(root, _overrides(embed={"model": model, "provider": provider}))
-    from ctxlake.schemas.tables import PROJECT_SOURCE
-    from ctxlake.tasks import freshness
+    from ctxlake.serve.api.watched import project_freshness
     from ctxlake.tasks.embedders import make_embedder
     from ctxlake.tasks.lake import IndexState, WriterLock
 
@@ -105,7 +104,8 @@ def run_index(
         elif not force:
             # Decided before Prefect starts (its temporary server costs ~10 s): a no-op run
             # must return at once.
-            fresh = freshness.check(settings.lake_dir, PROJECT_SOURCE, root, settings.index)
+            # In the service a watched project's answer comes from its watcher, without a walk.
+            fresh = project_freshness(settings)
             state = IndexState.read(settings.lake_dir)
             same_model = state is not None and state.model_id == make_embedder(
                 settings.embed, settings.models_dir).model_id

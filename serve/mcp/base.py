@@ -82,7 +82,7 @@ class FreshnessCache:
 
     def rescan(self) -> Freshness:
         """A new scan, remembered for the next callers."""
-        from ctxlake.serve.api.queries import project_freshness
+        from ctxlake.serve.api.watched import project_freshness
 
         with self._lock:
             self._dirty = False  # changes from here on mark the new scan dirty again

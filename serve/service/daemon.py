@@ -164,7 +164,7 @@ class Service:
 
     def _share_watch_counts(self) -> None:
         # On a thread: the read layer's import (pyarrow, lancedb) must not delay listening.
-        from ctxlake.serve.api.queries import use_watch_state
+        from ctxlake.serve.api.watched import use_watch_state
 
         use_watch_state(self.watchers.state)
         self.watch_state_shared.set()
@@ -299,7 +299,7 @@ class Service:
         its freshness follows the watcher (serve/api/queries.py), so searches right after an edit
         do not each walk the tree."""
         from ctxlake.schemas.config import load_settings
-        from ctxlake.serve.api.queries import project_freshness
+        from ctxlake.serve.api.watched import project_freshness
 
         self.watch_state_shared.wait(60)
         try:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from helpers import ctx_subprocess, git, write_files
 
+from ctxlake.flows import index_code
 from ctxlake.schemas.config import load_settings
 from ctxlake.tasks.lake import CHUNKS_TABLE, FILES_TABLE, IndexState, WriterLock, connect
 
@@ -227,6 +228,9 @@ def test_interrupted_run_is_repaired_by_the_next(project: Path, cli: Callable[..
     with pytest.MonkeyPatch.context() as fault:
         fault.setattr(embed.embed_pending, "fn", interrupted)
         fault.setattr(embed.embed_pending, "_task", None)
+        # Rows written without vectors, then the embed stage interrupted (an edit this small would
+        # otherwise be encoded before its rows are written).
+        fault.setattr(index_code, "INLINE_EMBED_FILES", 0)
         result = cli("run", "index", cwd=project)
     embed.embed_pending._task = None  # rebuild the Prefect task around the real function
     assert result.exit_code == 130 and "interrupted" in result.stderr
@@ -241,6 +245,35 @@ def test_interrupted_run_is_repaired_by_the_next(project: Path, cli: Callable[..
     util_text = "\n".join(r["text"] for r in rows if r["path"] == "app/util.py")
     assert "int(day or 1)" not in util_text and "int(day)" in util_text
     assert any(r["path"] == "app/extra.py" for r in rows)
+
+
+def test_small_edit_lands_with_its_vectors_and_skips_the_embed_stage(project: Path, cli: Callable[..., Any]) -> None:
+    assert cli("run", "index", cwd=project).exit_code == 0
+    write_files(project, {"app/extra.py": "def brand_new_helper():\n    return 'never seen before'\n"})
+    from ctxlake.tasks import embed
+
+    def must_not_run(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the embed stage ran for a one-file edit")
+
+    with pytest.MonkeyPatch.context() as fault:
+        fault.setattr(embed.embed_pending, "fn", must_not_run)
+        fault.setattr(embed.embed_pending, "_task", None)
+        result = cli("run", "index", "--json", cwd=project)
+    embed.embed_pending._task = None
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["embedded"] >= 1 and report["added"] == 1
+    rows = lake_rows(project, CHUNKS_TABLE, ["path", "vector"])
+    assert any(r["path"] == "app/extra.py" for r in rows)
+    assert all(r["vector"] is not None for r in rows)
+    state = IndexState.read(project / ".ctx" / "lake")
+    assert state is not None and state.clean and state.pending_vectors == 0
+
+    # Many files at once go through the embed stage as before.
+    write_files(project, {f"app/bulk{i}.py": f"def bulk_{i}():\n    return {i}\n" for i in range(12)})
+    bulk = cli("run", "index", "--json", cwd=project)
+    assert bulk.exit_code == 0 and json.loads(bulk.stdout)["embedded"] >= 12
+    assert all(r["vector"] is not None for r in lake_rows(project, CHUNKS_TABLE, ["vector"]))
 
 
 def test_config_file_and_env_precedence(project: Path, cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from ctxlake.schemas.config import load_settings
 from ctxlake.schemas.tables import PROJECT_SOURCE
-from ctxlake.serve.api import queries
+from ctxlake.serve.api import watched as queries
 from ctxlake.tasks import freshness
 from ctxlake.tasks.lake import IndexState
 
@@ -24,10 +24,20 @@ def watcher() -> Iterator[dict[str, Any]]:
     queries.use_watch_state(lambda root: None)
 
 
+def index(cli: Callable[..., Any], repo: Path, watcher: dict[str, Any]) -> None:
+    """`ctx run index` as a stand-in for a watcher's batch (it asks for freshness itself: as an
+    unwatched project, so this test's made-up watcher state is not cached under it)."""
+    watcher["watched"] = False
+    try:
+        assert cli("run", "index", cwd=repo).exit_code == 0
+    finally:
+        watcher["watched"] = True
+
+
 def test_answer_is_reused_until_the_count_moves(make_repo: Callable[..., Path], cli: Callable[..., Any],
                                                fake_embedder: Any, watcher: dict[str, Any]) -> None:
     repo = make_repo({"app.py": "def alpha():\n    return 1\n"})
-    assert cli("run", "index", cwd=repo).exit_code == 0
+    index(cli, repo, watcher)
     settings = load_settings(repo)
     assert queries.project_freshness(settings).stale_paths == []
 
@@ -47,7 +57,7 @@ def test_after_an_up_to_date_check_the_watcher_alone_answers(
         make_repo: Callable[..., Path], cli: Callable[..., Any], fake_embedder: Any,
         watcher: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     repo = make_repo({"app.py": "def alpha():\n    return 1\n"})
-    assert cli("run", "index", cwd=repo).exit_code == 0
+    index(cli, repo, watcher)
     settings = load_settings(repo)
     assert queries.project_freshness(settings).up_to_date  # the one walk of the tree
 
@@ -64,7 +74,7 @@ def test_after_an_up_to_date_check_the_watcher_alone_answers(
         watcher.update(count=2 * batch - 1, pending=frozenset({"app.py"}))
         fresh, walked = ask()
         assert (fresh.stale_paths, walked) == (["app.py"], 0)
-        assert cli("run", "index", cwd=repo).exit_code == 0  # stands in for the watcher's batch
+        index(cli, repo, watcher)
         watcher.update(count=2 * batch, pending=frozenset())
         fresh, walked = ask()
         assert (fresh.up_to_date, walked) == (True, 0)
@@ -78,3 +88,17 @@ def test_after_an_up_to_date_check_the_watcher_alone_answers(
     watcher.update(count=7, pending=frozenset())
     fresh, walked = ask()
     assert walked == 1 and not fresh.up_to_date and fresh.reason == "the last run did not finish"
+
+
+def test_a_changed_index_rule_is_not_answered_from_the_watcher(
+        make_repo: Callable[..., Path], cli: Callable[..., Any], fake_embedder: Any, watcher: dict[str, Any]) -> None:
+    repo = make_repo({"app.py": "def alpha():\n    return 1\n", "notes/todo.py": "x = 1\n"})
+    (repo / ".ctx").mkdir(exist_ok=True)
+    index(cli, repo, watcher)
+    assert queries.project_freshness(load_settings(repo)).up_to_date
+    # .ctx/ is noise to the watcher: its count moves, nothing is pending.
+    config = repo / ".ctx" / "config.toml"
+    config.write_text(config.read_text() + '\n[index]\nexclude = ["notes/**"]\n')
+    watcher.update(count=2, pending=frozenset())
+    fresh = queries.project_freshness(load_settings(repo))
+    assert not fresh.up_to_date and fresh.stale_paths == ["notes/todo.py"]
