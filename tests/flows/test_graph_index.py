@@ -68,6 +68,18 @@ def test_graph_rows_follow_edits_and_deletes_file_by_file(
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["rows"] == [[2]]  # the import and the call in main.py
 
+    # More files than write_graph's small-batch path takes: the merge replaces their rows too.
+    many = {f"pkg/m{i}.py": f"def f{i}():\n    return {i}\n" for i in range(12)}
+    (repo / "pkg").mkdir()
+    for name, text in many.items():
+        (repo / name).write_text(text)
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    for name in many:
+        (repo / name).write_text((repo / name).read_text().replace("def f", "def g"))
+    assert json.loads(cli("run", "index", "--json", cwd=repo).stdout)["modified"] == 12
+    pkg = {(r["path"], r["qualname"]) for r in rows(repo, DEFINITIONS_TABLE) if r["path"].startswith("pkg/")}
+    assert pkg == {(f"pkg/m{i}.py", f"g{i}") for i in range(12)}
+
 
 def test_cli_graph_readers_answer_in_json_rank_ambiguity_and_page(
     make_repo: Callable[..., Path], cli: Callable[..., Any]
