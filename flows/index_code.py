@@ -150,6 +150,7 @@ class Writer:
         self.state.roots = {**(self.state.roots or {}), self.source: tree.root_hash}
         self.state.last_run = report.as_dict()
         self.state.write(self.lake)
+        self.cache.maintain_if_appended()  # vectors encoded before their rows were written
         try:
             record_run(self.lake, self.tables, self.source, report)
         except Exception as exc:  # the history is a nicety: a failure to append loses no index data

@@ -125,6 +125,13 @@ class EmbeddingCache:
         if self._appends % CACHE_CHECK_APPENDS == 0:
             self.maintain()
 
+    def maintain_if_appended(self) -> None:
+        """The check, when this object appended since its last one: a writer that lives for one
+        small batch (the service's watcher makes one per batch) never reaches CACHE_CHECK_APPENDS."""
+        if self._appends % CACHE_CHECK_APPENDS:
+            self.maintain()
+            self._appends = 0
+
     def maintain(self) -> bool:
         """Fold or compact the small appends, index content_hash and compact the cache when it needs
         it (see above); whether it did anything. Writers call it every CACHE_CHECK_APPENDS appends

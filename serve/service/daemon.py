@@ -35,6 +35,7 @@ HOUSEKEEPING_S = 2.0  # how often deleted project folders are dropped and idle l
 INDEX_WAIT_S = 60
 BUSY_WAIT_S = 1.0  # a CLI request waits this long for the one before it, then runs in its client
 SETTLE_S = 0.08  # > the watcher's 50 ms quiet step; a miss only costs a full (correct) run
+SETTLE_MAX_S = 10.0  # how long a `ctx run index` waits for a watcher batch under way
 CHILD_NICE = 10  # whole-tree index runs (a child process) yield the CPU to queries
 SCHEDULES_WAIT_S = 3.0  # `ctx status` shows the last schedules read when Prefect takes longer
 T = TypeVar("T")
@@ -453,8 +454,14 @@ class Service:
         if "--force" in argv:
             return
         root = self._index_root(argv)
-        if root is not None and str(root) in self.watchers.roots():
-            time.sleep(SETTLE_S)
+        if root is None or str(root) not in self.watchers.roots():
+            return
+        time.sleep(SETTLE_S)
+        # A batch under way: let it finish (the run then finds nothing to do) rather than queue
+        # behind it for the writer lock and scan the whole tree after.
+        deadline = time.monotonic() + SETTLE_MAX_S
+        while time.monotonic() < deadline and (seen := self.watchers.state(root)) is not None and seen[1]:
+            time.sleep(0.02)
 
     def _watch_after(self, argv: list[str], code: int) -> str | None:
         """A project registers for watching on its first successful `ctx run index` here."""
