@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 from ctxlake.errors import LakeError, ModelMismatchError, NotIndexedError
 
 if TYPE_CHECKING:
+    import threading
+
     import lancedb
     from lancedb.table import Table
 
@@ -162,7 +164,9 @@ class WriterLock:
         except (OSError, ValueError):
             return {}
 
-    def acquire(self, wait_s: float = 0.0) -> WriterLock:
+    def acquire(self, wait_s: float = 0.0, cancel: threading.Event | None = None) -> WriterLock:
+        """Take the lock, waiting up to `wait_s` (may be math.inf) for its holder; LockBusyError
+        when that runs out or `cancel` is set meanwhile."""
         import fcntl
         import time
 
@@ -177,7 +181,7 @@ class WriterLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if time.monotonic() >= deadline:
+                if time.monotonic() >= deadline or (cancel is not None and cancel.is_set()):
                     os.close(fd)
                     from ctxlake.errors import LockBusyError
 
@@ -187,7 +191,10 @@ class WriterLock:
                         f"another writer holds the lake: {who}",
                         hint="wait for it to finish, or pass --wait SECONDS",
                     ) from None
-                time.sleep(0.2)
+                if cancel is not None:
+                    cancel.wait(0.2)
+                else:
+                    time.sleep(0.2)
         previous = self.owner().get("pid")
         if isinstance(previous, int) and previous != os.getpid() and not _pid_alive(previous):
             self.took_over_from = previous

@@ -1,6 +1,6 @@
 """Freshness of a project as the read side sees it: a walk of its files, or, in the service, what
-the project's watcher says. Light on purpose (no pyarrow or lancedb): `ctx run index` asks it
-before deciding to start a flow."""
+the project's watcher says. Light on purpose (no lancedb, none of the read layer): `ctx run index`
+asks it before deciding to start a flow."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ per batch so a `ctx run index` elsewhere and the watcher never write at once.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -70,6 +71,7 @@ class ProjectWatcher(threading.Thread):
                     self.changes += 1
 
     def _apply(self, settings: Any, paths: set[str]) -> None:
+        from ctxlake.errors import LockBusyError
         from ctxlake.flows.index_code import OPTIMIZE_AFTER_ROWS, IndexReport, Writer
         from ctxlake.flows.watch_code import RULE_FILES, apply_batch
         from ctxlake.schemas.tables import PROJECT_SOURCE
@@ -84,7 +86,15 @@ class ProjectWatcher(threading.Thread):
         )
         from ctxlake.tasks.store import optimize
 
-        lock = WriterLock(settings.lake_dir, purpose="ctx service watcher").acquire(wait_s=60.0)
+        # However long another writer (a forced re-index) holds the lake: giving up would end the
+        # watcher, and the paths stay pending (stale to readers) meanwhile. `ctx down` cancels it.
+        try:
+            lock = WriterLock(settings.lake_dir, purpose="ctx service watcher").acquire(
+                wait_s=math.inf, cancel=self.stop_event)
+        except LockBusyError:
+            if self.stop_event.is_set():
+                return
+            raise
         try:
             # Re-read each time: a `ctx run index` may have moved the lake on since the last batch.
             state = IndexState.read(settings.lake_dir)

@@ -294,6 +294,43 @@ def test_deleted_project_is_dropped_and_the_service_stays_up(indexed: Path, ctx_
         ctx("down", cwd=indexed)
 
 
+def test_watcher_outwaits_another_writer_and_down_does_not_wait_for_it(indexed: Path, service: Path) -> None:
+    """A forced re-index may hold the lake for minutes: the watcher keeps the edit pending (stale to
+    readers) and applies it once the lake is free; `ctx down` meanwhile stops it at once."""
+    from ctxlake.tasks.lake import WriterLock
+
+    assert ctx("run", "index", cwd=indexed).returncode == 0  # registers: the service watches it
+    held = WriterLock(indexed / ".ctx" / "lake", purpose="test: a long re-index").acquire()
+    try:
+        (indexed / "late.py").write_text("def applied_after_the_lock():\n    return 1\n")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            answer = json.loads(ctx("search", "applied_after_the_lock", "--mode", "keyword", "--json", cwd=indexed).stdout)
+            if "late.py" in answer.get("stale_paths", []):
+                break
+            time.sleep(0.3)
+        assert answer["stale"] and "late.py" in answer["stale_paths"] and not answer["hits"]
+    finally:
+        held.release()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        hits = json.loads(ctx("search", "applied_after_the_lock", "--mode", "keyword", "--json", cwd=indexed).stdout)["hits"]
+        if hits:
+            break
+        time.sleep(0.3)
+    assert hits and hits[0]["path"] == "late.py"  # the same watcher, still alive, applied it
+
+    held = WriterLock(indexed / ".ctx" / "lake", purpose="test: a long re-index").acquire()
+    try:
+        (indexed / "later.py").write_text("def waits_for_the_lock():\n    return 2\n")
+        time.sleep(1.0)  # the watcher now waits for the lake
+        started = time.monotonic()
+        assert ctx("down", cwd=indexed).returncode == 0
+        assert time.monotonic() - started < 8, "ctx down waited for a watcher stuck on the lock"
+    finally:
+        held.release()
+
+
 def test_autostart_starts_the_service_when_enabled(indexed: Path, ctx_home: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     off = ctx("search", "invoice", cwd=indexed)
