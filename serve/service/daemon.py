@@ -163,7 +163,7 @@ class Service:
             self.orchestrator_note = f"failed: {exc}"
             log(f"orchestrator failed to start: {exc!r}\n{traceback.format_exc()}")
 
-    def _share_watch_counts(self) -> None:
+    def _share_watch_state(self) -> None:
         # On a thread: the read layer's import (pyarrow, lancedb) must not delay listening.
         from ctxlake.serve.api.watched import use_watch_state
 
@@ -195,7 +195,7 @@ class Service:
         threading.Thread(target=self.start_orchestrator, name="orchestrator", daemon=True).start()
         threading.Thread(target=self._housekeeping, name="housekeeping", daemon=True).start()
         threading.Thread(target=_warm_imports, name="warm-imports", daemon=True).start()
-        threading.Thread(target=self._share_watch_counts, name="freshness", daemon=True).start()
+        threading.Thread(target=self._share_watch_state, name="freshness", daemon=True).start()
         for folder in self.initial_watch:
             self.register(folder)
         log(f"listening on {self.paths.socket}")
@@ -297,7 +297,7 @@ class Service:
 
     def _first_check(self, root: Path) -> None:
         """One walk of a newly watched project while it is quiet: from an up-to-date answer on,
-        its freshness follows the watcher (serve/api/queries.py), so searches right after an edit
+        its freshness follows the watcher (serve/api/watched.py), so searches right after an edit
         do not each walk the tree."""
         from ctxlake.schemas.config import load_settings
         from ctxlake.serve.api.watched import project_freshness
