@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from lancedb.query import LanceVectorQueryBuilder
     from lancedb.table import Table
 
+    from ctxlake.serve.api.vectors import FlatVectors
     from ctxlake.tasks.embedders import Embedder
 
 HIT_COLUMNS = ["id", "source", "path", "start_line", "end_line", "symbol", "kind", "lang", "text"]
@@ -90,6 +91,18 @@ class Lake:
         self._imports: tuple[int, dict[tuple[str, str], set[tuple[str, str]]]] | None = None
         # (files version, chunks version) -> per-source figures (source_queries.index_stats)
         self._source_stats: tuple[tuple[int, int], dict[str, Any]] | None = None
+        self.flat: FlatVectors | None = None  # chunk vectors in memory, for long-lived readers
+
+    def keep_vectors(self, like: Lake | None = None) -> FlatVectors:
+        """Answer flat semantic queries from vectors held in memory (serve/api/vectors.py); a
+        long-lived reader calls this once. `like`: a Lake this one replaces, whose vectors it takes
+        over (only the rows changed since are read)."""
+        from ctxlake.serve.api.vectors import FlatVectors
+
+        if self.flat is None:
+            old = like.flat if like is not None else None
+            self.flat = old.rebind(self.chunks) if old is not None else FlatVectors(self.chunks)
+        return self.flat
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -295,6 +308,9 @@ def semantic_rows(lake: Lake, query: str, limit: int, where: str | None) -> list
     # The null test reads every vector (4x the cost of the search on 50k chunks): only a lake
     # that is still being embedded needs it.
     complete = embedded_fraction(lake) == 1.0
+    held = _held_nearest(lake, vector, limit) if complete and not where and lake.flat is not None else None
+    if held is not None:
+        return held
     rows = _nearest(lake, vector.tolist(), limit, ([] if complete else ["vector IS NOT NULL"]) + ([where] if where else []))
     if complete and len(rows) < limit:
         # The fraction was counted on a version an indexer has since replaced with chunks still
@@ -302,6 +318,31 @@ def semantic_rows(lake: Lake, query: str, limit: int, where: str | None) -> list
         rows = _nearest(lake, vector.tolist(), limit, ["vector IS NOT NULL"] + ([where] if where else []))
     for row in rows:
         row["_rank_score"] = 1.0 - float(row.get("_distance", 1.0))
+    return rows
+
+
+def _held_nearest(lake: Lake, vector: Any, limit: int) -> list[dict[str, Any]] | None:
+    """The flat search over the vectors the lake holds in memory, rows as `_nearest` gives them;
+    None when those cannot answer (see serve/api/vectors.py) or a row went away meanwhile."""
+    from ctxlake.serve.api.vectors import Unanswerable
+
+    assert lake.flat is not None
+    try:
+        row_ids, distances = lake.flat.nearest(vector, limit)
+    except Unanswerable:
+        return None
+    if not row_ids:
+        return []
+    taken = lake.chunks.take_row_ids(row_ids).select(HIT_COLUMNS).with_row_id().to_list()
+    if len(taken) < len(row_ids):
+        return None  # deleted by a commit after the matrix was read: ask LanceDB instead
+    by_id = {row.pop("_rowid"): row for row in taken}
+    rows = []
+    for row_id, distance in zip(row_ids, distances, strict=True):
+        row = by_id[row_id]
+        row["_distance"] = distance
+        row["_rank_score"] = 1.0 - distance
+        rows.append(row)
     return rows
 
 
@@ -431,8 +472,11 @@ def embedded_fraction(lake: Lake) -> float:
     version = lake.chunks.version
     if lake._fraction is not None and lake._fraction[0] == version:
         return lake._fraction[1]
-    total = lake.chunks.count_rows()
-    fraction = 0.0 if total == 0 else 1.0 - lake.chunks.count_rows("vector IS NULL") / total
+    if lake.flat is not None and lake.flat.complete():  # its refresh costs less than the count
+        fraction = 1.0
+    else:
+        total = lake.chunks.count_rows()
+        fraction = 0.0 if total == 0 else 1.0 - lake.chunks.count_rows("vector IS NULL") / total
     lake._fraction = (version, fraction)
     return fraction
 

@@ -153,8 +153,10 @@ class ServerState:
         if self._lake.exception() is None:
             from ctxlake.serve.api.queries import embedded_fraction, keyword_rows
 
-            # Loads the FTS index and counts vectors now rather than in the first search.
+            # Loads the FTS index and the vectors (held in memory: this server lives long) now
+            # rather than in the first search.
             lake = self._lake.result()
+            lake.keep_vectors()
             embedded_fraction(lake)
             keyword_rows(lake, "warm up", 1, None)
 

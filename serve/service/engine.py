@@ -95,8 +95,10 @@ class EngineCache:
             if hit is not None and hit[0] == stamp:
                 self._lakes[key] = (stamp, hit[1], time.monotonic())
                 return hit[1]
-        # A new index run committed (or first use): reopen, keeping the loaded model.
+        # A new index run committed (or first use): reopen, keeping the loaded model and the
+        # vectors held in memory (only rows changed since are read again).
         lake = Lake(settings)
+        lake.keep_vectors(like=hit[1] if hit is not None else None)
         try:
             lake._embedder = self.embedder(settings)
             lake._check_model(lake._embedder)

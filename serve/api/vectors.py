@@ -1,0 +1,217 @@
+"""The chunk vectors of one lake held in memory, for long-lived readers (the service, `ctx serve`).
+
+Below the ANN threshold a semantic query is a flat scan, and LanceDB's costs ~40 ms of CPU on
+django's 47k chunks (it reads and decodes every vector per query): two thirds of a hybrid query,
+and what ten concurrent MCP sessions queue behind on a small machine. The same scan over a matrix
+already in memory takes ~2 ms and gives the same distances (cosine, float32). The matrix follows
+the table's versions by row id: a new version costs one read of the row ids (~20 ms on django)
+and the vectors of the rows it added; rows it deleted are masked out. One-shot CLI commands keep
+LanceDB's scan (loading the matrix costs more than one scan).
+
+Row ids here are Lance row addresses: a row keeps its id until compaction rewrites its fragment,
+and a rewritten row gets a new id (fragment ids are never reused), so an id seen in two versions
+names the same vector. The one write that could change a vector in place, filling in a missing
+one, cannot be missed: the matrix answers only while every row it knows of has a vector.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from lancedb.table import Table
+
+log = logging.getLogger("ctxlake.vectors")
+
+# Past this many rows the matrix is not kept (memory: rows x dims x 4 bytes, 72 MB at 47k x 384);
+# a lake that big has its ANN index (tasks/store.py ANN_MIN_ROWS) or will have it after a run.
+MAX_ROWS = 150_000
+# A refresh that would leave more than this many segments, or a masked share above MAX_DEAD,
+# rebuilds one segment (a copy of the matrix, ~15 ms on django) instead of appending another.
+MAX_SEGMENTS = 8
+MAX_DEAD = 0.25
+
+
+@dataclass(frozen=True)
+class _Segment:
+    row_ids: np.ndarray  # uint64, one per matrix row
+    matrix: np.ndarray  # float32 (rows, dims), each row of unit length
+    alive: np.ndarray  # bool: still in the table at the snapshot's version
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    version: int
+    segments: tuple[_Segment, ...]
+
+    @property
+    def rows(self) -> int:
+        return sum(int(s.alive.sum()) for s in self.segments)
+
+
+class Unanswerable(Exception):
+    """The matrix cannot answer for this version (vectors missing, too many rows, an ANN index)."""
+
+
+def _unit(vectors: pa.FixedSizeListArray | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """(unit-length float32 matrix, mask of rows that had a vector)."""
+    import pyarrow as pa
+
+    array = vectors.combine_chunks() if isinstance(vectors, pa.ChunkedArray) else vectors
+    present = ~np.asarray(array.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    width = array.type.list_size
+    matrix = np.asarray(array.flatten().to_numpy(zero_copy_only=False), dtype=np.float32)
+    # Null rows contribute no values to flatten(): rebuild the full shape with zeros for them.
+    if not present.all():
+        full = np.zeros((len(array), width), dtype=np.float32)
+        full[present] = matrix.reshape(-1, width)
+        matrix = full
+    else:
+        matrix = matrix.reshape(len(array), width).copy()
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    np.divide(matrix, norms, out=matrix, where=norms > 0)
+    return matrix, present
+
+
+class FlatVectors:
+    """A lake's chunk vectors in memory, kept at the table's latest version; `nearest` answers a
+    flat cosine search (what LanceDB's scan without an index answers) or raises Unanswerable."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+        self._snapshot: _Snapshot | None = None
+        self._lock = threading.Lock()
+        self._refused: int | None = None  # a version found unanswerable: don't reread it per query
+
+    def nearest(self, query: np.ndarray, k: int) -> tuple[list[int], list[float]]:
+        """Row ids of the `k` nearest rows and their cosine distances, nearest first."""
+        snap = self._current()
+        q = np.asarray(query, dtype=np.float32).ravel()
+        norm = float(np.linalg.norm(q))
+        if norm > 0:
+            q = q / norm
+        scores, ids = [], []
+        for seg in snap.segments:
+            s = seg.matrix @ q
+            s[~seg.alive] = -np.inf
+            scores.append(s)
+            ids.append(seg.row_ids)
+        if not scores:
+            return [], []
+        score = np.concatenate(scores) if len(scores) > 1 else scores[0]
+        row_ids = np.concatenate(ids) if len(ids) > 1 else ids[0]
+        k = min(k, snap.rows)
+        if k <= 0:
+            return [], []
+        # Ties go to the lower row id, as LanceDB's scan orders them: every row scoring at least
+        # the k-th best is a candidate, sorted by (score, row id).
+        if k < len(score):
+            kth = np.partition(score, len(score) - k)[len(score) - k]
+            candidates = np.flatnonzero(score >= kth)
+        else:
+            candidates = np.flatnonzero(score > -np.inf)
+        top = candidates[np.lexsort((row_ids[candidates], -score[candidates]))][:k]
+        return [int(r) for r in row_ids[top]], [float(1.0 - score[i]) for i in top]
+
+    def _current(self) -> _Snapshot:
+        version = self.table.version
+        snap = self._snapshot
+        if snap is not None and snap.version == version:
+            return snap
+        if self._refused == version:
+            raise Unanswerable(f"version {version}")
+        with self._lock:
+            snap = self._snapshot
+            if snap is not None and snap.version == version:
+                return snap
+            try:
+                snap = self._refresh(snap)
+            except Unanswerable:
+                self._snapshot, self._refused = None, version
+                raise
+            self._snapshot = snap
+            return snap
+
+    def _refresh(self, old: _Snapshot | None) -> _Snapshot:
+        if old is None:
+            return self._load()
+        before = self.table.version
+        current = self.table.search().select(["_rowid"]).with_row_id(True).limit(None).to_arrow()
+        now = np.sort(current.column("_rowid").to_numpy())
+        if len(now) > MAX_ROWS:
+            raise Unanswerable(f"{len(now)} rows")
+        known = np.concatenate([s.row_ids for s in old.segments]) if old.segments else np.zeros(0, np.uint64)
+        added = np.setdiff1d(now, known, assume_unique=True)
+        segments = [_Segment(s.row_ids, s.matrix, s.alive & np.isin(s.row_ids, now, assume_unique=True))
+                    for s in old.segments]
+        if len(added) > len(now) // 2:
+            return self._load()  # mostly new rows (a forced re-index): one read beats the takes
+        if len(added):
+            rows = self.table.take_row_ids([int(r) for r in added]).select(["vector"]).with_row_id().to_arrow()
+            matrix, present = _unit(rows.column("vector"))
+            if not present.all():
+                raise Unanswerable("rows without vectors")
+            segments.append(_Segment(np.asarray(rows.column("_rowid").to_numpy(), dtype=np.uint64), matrix,
+                                     np.ones(len(matrix), dtype=bool)))
+        alive = sum(int(s.alive.sum()) for s in segments)
+        if alive != len(now):
+            # A row vanished between reading the ids and taking its vector (a writer committed
+            # meanwhile): begin again from a full read next time.
+            raise Unanswerable("the table changed during the refresh")
+        total = sum(len(s.row_ids) for s in segments)
+        if len(segments) > MAX_SEGMENTS or (total and 1 - alive / total > MAX_DEAD):
+            segments = [_compact(segments)]
+        # The ids were read at some version from `before` on; a later commit is caught next query.
+        return _Snapshot(before, tuple(segments))
+
+    def _load(self) -> _Snapshot:
+        from ctxlake.tasks.store import vector_indexes
+
+        before = self.table.version
+        if vector_indexes(self.table):
+            raise Unanswerable("the table has an ANN index")
+        if self.table.count_rows() > MAX_ROWS:
+            raise Unanswerable("too many rows")
+        if self.table.count_rows("vector IS NULL"):  # still being embedded: not worth a read
+            raise Unanswerable("rows without vectors")
+        rows = self.table.search().select(["vector"]).with_row_id(True).limit(None).to_arrow()
+        matrix, present = _unit(rows.column("vector"))
+        if not present.all():
+            raise Unanswerable("rows without vectors")
+        row_ids = np.asarray(rows.column("_rowid").to_numpy(), dtype=np.uint64)
+        log.debug("loaded %d vectors of %s (version %d)", len(row_ids), self.table.name, before)
+        return _Snapshot(before, (_Segment(row_ids, matrix, np.ones(len(row_ids), dtype=bool)),))
+
+    def rebind(self, table: Table) -> FlatVectors:
+        """The same vectors for another handle on the same table (a reopened Lake)."""
+        other = FlatVectors(table)
+        other._snapshot = self._snapshot
+        return other
+
+    def complete(self) -> bool:
+        """Whether the matrix answers for the table's latest version, which holds then no row
+        without a vector (loads or refreshes it: the first call is the warm-up)."""
+        try:
+            self._current()
+        except Unanswerable:
+            return False
+        return True
+
+    def stats(self) -> dict[str, Any]:
+        snap = self._snapshot
+        if snap is None:
+            return {"rows": 0, "bytes": 0, "segments": 0}
+        return {"rows": snap.rows, "bytes": sum(s.matrix.nbytes for s in snap.segments),
+                "segments": len(snap.segments), "version": snap.version}
+
+
+def _compact(segments: list[_Segment]) -> _Segment:
+    row_ids = np.concatenate([s.row_ids[s.alive] for s in segments])
+    matrix = np.concatenate([s.matrix[s.alive] for s in segments])
+    return _Segment(row_ids, matrix, np.ones(len(row_ids), dtype=bool))
