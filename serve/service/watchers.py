@@ -59,12 +59,17 @@ class ProjectWatcher(threading.Thread):
                 paths = {Path(p).relative_to(self.root).as_posix() for _, p in events
                          if Path(p).is_relative_to(self.root)}
                 paths = {p for p in paths if p != "." and not p.startswith(NOISE)}
+                if not paths:
+                    # The lake's own writes (.ctx/) and git's bookkeeping: not a change to the
+                    # project. Counted, they made every reader walk the tree again per commit of
+                    # a forced re-index (half the service's CPU under query load).
+                    continue
                 # Before the lake moves: readers see the paths as stale until the batch is in.
                 keep = PathFilter(self.root, settings.index)
                 self.pending = frozenset(p for p in paths if keep.keeps(p))
                 self.changes += 1
                 try:
-                    if paths and self.root.is_dir():
+                    if self.root.is_dir():
                         self._apply(settings, paths)
                 finally:
                     self.pending = frozenset()
