@@ -31,6 +31,11 @@ def use_watch_state(state: WatchState) -> None:
     _checked.clear()
 
 
+def watch_state(root: Path) -> tuple[int, frozenset[str]] | None:
+    """What the service's watcher of `root` has seen (see WatchState); None when not watched."""
+    return _watch_state(root)
+
+
 def project_freshness(settings: Settings) -> freshness.Freshness:
     """The one freshness check of the read side: the project's files now against the last index
     run (the MCP server caches its result; the CLI calls it per command; in the service, a watched

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from mcp.server import MCPServer
@@ -50,7 +51,11 @@ class FreshnessCache:
     """The last freshness scan of the project (stat of every file: ~0.3 s on django here), redone
     only when needed: a file watcher marks it dirty on any change, and a dirty or (without a
     watcher) older-than-[mcp] stale_check_s scan is replaced on a background thread while callers
-    get the previous one. stale_check_s = 0 scans on every call (exact, for tests)."""
+    get the previous one. stale_check_s = 0 scans on every call (exact, for tests).
+
+    In the service, a project its watcher follows needs no watcher of its own per session (ten
+    sessions were ten inotify walks of the tree): the scan is redone when that watcher's state
+    moves, and costs a lookup then (serve/api/watched.py)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -62,6 +67,7 @@ class FreshnessCache:
         self._stop = threading.Event()
         self._scanning = 0
         self._scanned = threading.Event()  # set once the first scan has finished
+        self._followed: tuple[int, frozenset[str]] | None = None  # the service watcher's state at the last scan
 
     def get(self) -> Freshness:
         max_age = self.settings.mcp.stale_check_s
@@ -73,7 +79,11 @@ class FreshnessCache:
         with self._lock:
             last = self._last
             if last is not None and max_age > 0:
-                expired = self._dirty or (not self._watching and time.monotonic() - last[0] > max_age)
+                followed = _service_watch(self.settings.root)
+                if followed is not None:
+                    expired = followed != self._followed
+                else:
+                    expired = self._dirty or (not self._watching and time.monotonic() - last[0] > max_age)
                 if expired and not self._refreshing:
                     self._refreshing = True
                     threading.Thread(target=self.rescan, name="ctx-freshness", daemon=True).start()
@@ -86,6 +96,7 @@ class FreshnessCache:
 
         with self._lock:
             self._dirty = False  # changes from here on mark the new scan dirty again
+            self._followed = _service_watch(self.settings.root)
             self._scanning += 1
         try:
             fresh = project_freshness(self.settings)
@@ -120,6 +131,14 @@ class FreshnessCache:
         self._stop.set()
 
 
+def _service_watch(root: Path) -> tuple[int, frozenset[str]] | None:
+    """The service watcher's state of `root` (None: not watched); imported on first use, as the
+    freshness check itself is."""
+    from ctxlake.serve.api.watched import watch_state
+
+    return watch_state(root)
+
+
 class ServerState:
     """What every tool shares for one server: settings, the lake (opened once, in the
     background), the docs reader and the freshness cache."""
@@ -144,7 +163,7 @@ class ServerState:
 
     def _warm_up(self) -> None:
         watching = self.settings.mcp.stale_check_s > 0 and self.settings.lake_dir.is_dir()
-        if watching:
+        if watching and _service_watch(self.settings.root) is None:
             # Watch first, so that no change slips in between the first scan and the watch; the
             # scan (stat calls, mostly outside the GIL) runs while lancedb imports.
             threading.Thread(target=self.fresh.watch, name="ctx-watch", daemon=True).start()
