@@ -3,6 +3,8 @@ still, then following the watcher (its pending paths) once a check found the pro
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ import pytest
 from ctxlake.schemas.config import load_settings
 from ctxlake.schemas.tables import PROJECT_SOURCE
 from ctxlake.serve.api import watched as queries
+from ctxlake.serve.mcp.base import ServeOptions, ServerState
 from ctxlake.tasks import freshness
 from ctxlake.tasks.lake import IndexState
 
@@ -96,9 +99,28 @@ def test_a_changed_index_rule_is_not_answered_from_the_watcher(
     (repo / ".ctx").mkdir(exist_ok=True)
     index(cli, repo, watcher)
     assert queries.project_freshness(load_settings(repo)).up_to_date
-    # .ctx/ is noise to the watcher: its count moves, nothing is pending.
+    # .ctx/ is noise to the watcher: its count stands still, nothing is pending.
     config = repo / ".ctx" / "config.toml"
     config.write_text(config.read_text() + '\n[index]\nexclude = ["notes/**"]\n')
-    watcher.update(count=2, pending=frozenset())
     fresh = queries.project_freshness(load_settings(repo))
     assert not fresh.up_to_date and fresh.stale_paths == ["notes/todo.py"]
+
+
+def test_an_mcp_session_follows_the_service_watcher_instead_of_its_own(
+        make_repo: Callable[..., Path], cli: Callable[..., Any], fake_embedder: Any, watcher: dict[str, Any]) -> None:
+    repo = make_repo({"app.py": "def alpha():\n    return 1\n"})
+    index(cli, repo, watcher)
+    before = {t for t in threading.enumerate() if t.name == "ctx-watch"}
+    state = ServerState(load_settings(repo), ServeOptions())
+    state.start()
+    state.lake()
+    assert state.freshness().up_to_date
+    assert {t for t in threading.enumerate() if t.name == "ctx-watch"} == before, "the session started a watcher"
+
+    (repo / "app.py").write_text("def alpha():\n    return 2\n")
+    watcher.update(count=1, pending=frozenset({"app.py"}))
+    deadline = time.monotonic() + 30
+    while state.freshness().up_to_date and time.monotonic() < deadline:  # rescanned in the background
+        time.sleep(0.05)
+    assert state.freshness().stale_paths == ["app.py"]
+    state.close()

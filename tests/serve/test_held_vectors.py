@@ -14,8 +14,9 @@ from ctxlake.tasks.store import open_for_write, optimize
 QUERIES = ["parse the config file", "render a template", "open a socket", "sum of numbers", "retry later"]
 
 
-WORDS = ("parse config file toml render template html open socket network sum numbers math retry later "
-         "backoff cache lookup key store user session token queue worker thread").split()
+WORDS = ["parse", "config", "file", "toml", "render", "template", "html", "open", "socket", "network", "sum",
+         "numbers", "math", "retry", "later", "backoff", "cache", "lookup", "key", "store", "user", "session",
+         "token", "queue", "worker", "thread"]
 
 
 def files(n: int, tag: str = "") -> dict[str, str]:
@@ -73,7 +74,7 @@ def test_held_vectors_answer_as_lancedb_across_edits_deletes_and_compaction(
     assert_same_as_lancedb(held, settings)
     stats = held.flat.stats()
     assert stats["version"] > loaded["version"] and stats["segments"] == 2
-    paths = {p for q in QUERIES + ["brand new", "changed three"] for p, _ in semantic(held, q)}
+    paths = {p for q in [*QUERIES, "brand new", "changed three"] for p, _ in semantic(held, q)}
     assert "pkg/mod7.py" not in paths and "pkg/extra.py" in paths
 
     # Compaction rewrites every row under a new id: the refresh reads the whole table again.

@@ -1,0 +1,53 @@
+"""The service's project watcher, in process: the lake's own writes under .ctx/ and git's under
+.git/ are not changes to the project (readers redo their freshness check when the count moves)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mcp_helpers import PROJECT
+
+from ctxlake.serve.service.engine import EngineCache
+from ctxlake.serve.service.watchers import ProjectWatcher
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def test_lake_and_git_writes_do_not_move_the_watchers_count(
+        make_repo: Callable[..., Path], cli: Callable[..., Any], fake_embedder: Any) -> None:
+    repo = make_repo(PROJECT)
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    watcher = ProjectWatcher(repo, EngineCache(), log=lambda line: None)
+    watcher.start()
+    try:
+        # The watch is set up when a project write is seen (applied as one batch: two counts).
+        target = repo / "src" / "billing" / "refund.py"
+        wait_for(lambda: (target.write_text(f"def refund_{time.monotonic_ns()}():\n    pass\n"),
+                          time.sleep(0.3), watcher.batches >= 1)[-1], 60, "the watcher's first batch")
+        wait_for(lambda: watcher.changes % 2 == 0 and not watcher.pending, 30, "the batch to finish")
+        time.sleep(1.0)
+        before = watcher.changes
+
+        for i in range(5):  # what a commit of the lake and a git command write
+            (repo / ".ctx" / f"scratch-{i}.tmp").write_text("x" * 100)
+            (repo / ".git" / f"scratch-{i}.tmp").write_text("x")
+            time.sleep(0.1)
+        time.sleep(1.5)  # several debounce windows
+        assert watcher.changes == before, "writes under .ctx/ or .git/ moved the count"
+
+        (repo / "src" / "new_module.py").write_text("def fresh_name():\n    return 1\n")
+        wait_for(lambda: watcher.changes >= before + 2, 30, "a project write to be counted")
+        assert watcher.error is None
+    finally:
+        watcher.stop_event.set()
+        watcher.join(15)
