@@ -303,14 +303,18 @@ def identifier_rows(
     return rows, None
 
 
-def semantic_rows(lake: Lake, query: str, limit: int, where: str | None) -> list[dict[str, Any]]:
+def semantic_rows(lake: Lake, query: str, limit: int, where: str | None, fill: bool = True,
+                  held: bool = True) -> list[dict[str, Any]]:
+    """The `limit` chunks nearest the query. From the vectors the lake holds in memory when it
+    can (`held`); those rows carry only id, `_rowid` and distance unless `fill` (fill_rows)."""
     vector = lake.embedder().embed_query(query)
     # The null test reads every vector (4x the cost of the search on 50k chunks): only a lake
     # that is still being embedded needs it.
     complete = embedded_fraction(lake) == 1.0
-    held = _held_nearest(lake, vector, limit) if complete and not where and lake.flat is not None else None
-    if held is not None:
-        return held
+    if held and complete and not where and lake.flat is not None:
+        rows = _held_nearest(lake, vector, limit)
+        if rows is not None and (not fill or fill_rows(lake, rows)):
+            return rows
     rows = _nearest(lake, vector.tolist(), limit, ([] if complete else ["vector IS NOT NULL"]) + ([where] if where else []))
     if complete and len(rows) < limit:
         # The fraction was counted on a version an indexer has since replaced with chunks still
@@ -322,28 +326,35 @@ def semantic_rows(lake: Lake, query: str, limit: int, where: str | None) -> list
 
 
 def _held_nearest(lake: Lake, vector: Any, limit: int) -> list[dict[str, Any]] | None:
-    """The flat search over the vectors the lake holds in memory, rows as `_nearest` gives them;
-    None when those cannot answer (see serve/api/vectors.py) or a row went away meanwhile."""
+    """The flat search over the vectors the lake holds in memory (serve/api/vectors.py): rows of
+    id, `_rowid` and distance; None when those vectors cannot answer."""
     from ctxlake.serve.api.vectors import Unanswerable
 
     assert lake.flat is not None
     try:
-        row_ids, distances = lake.flat.nearest(vector, limit)
+        nearest = lake.flat.nearest(vector, limit)
     except Unanswerable:
         return None
-    if not row_ids:
-        return []
-    taken = lake.chunks.take_row_ids(row_ids).select(HIT_COLUMNS).with_row_id().to_list()
-    if len(taken) < len(row_ids):
-        return None  # deleted by a commit after the matrix was read: ask LanceDB instead
-    by_id = {row.pop("_rowid"): row for row in taken}
-    rows = []
-    for row_id, distance in zip(row_ids, distances, strict=True):
-        row = by_id[row_id]
-        row["_distance"] = distance
-        row["_rank_score"] = 1.0 - distance
-        rows.append(row)
-    return rows
+    return [{"id": chunk_id, "_rowid": row_id, "_distance": distance, "_rank_score": 1.0 - distance}
+            for row_id, chunk_id, distance in nearest]
+
+
+def fill_rows(lake: Lake, rows: list[dict[str, Any]]) -> bool:
+    """Complete, in place, rows that carry only an id (from held vectors) with the columns a hit
+    shows. Done after fusion, for the few rows shown: reading all 40 candidates of a hybrid
+    query's semantic half was its costliest step. False when a row went away meanwhile (a commit
+    after the vectors were read)."""
+    wanted = [row for row in rows if "text" not in row]
+    if not wanted:
+        return True
+    taken = lake.chunks.take_row_ids([row["_rowid"] for row in wanted]).select(HIT_COLUMNS).with_row_id().to_list()
+    by_row = {found.pop("_rowid"): found for found in taken}
+    for row in wanted:
+        found = by_row.get(row["_rowid"])
+        if found is None or found["id"] != row["id"]:
+            return False
+        row.update(found)
+    return True
 
 
 def _nearest(lake: Lake, vector: list[float], limit: int, conditions: list[str]) -> list[dict[str, Any]]:
@@ -557,7 +568,7 @@ def search(
                             "or a question use hybrid (the default) or keyword")
         rows = fuzzy_rows(lake, query, limit, where, 2 if fuzziness is None else fuzziness)
     elif mode == "hybrid":
-        semantic = read_pool().submit(semantic_rows, lake, query, pool, where) if fraction != 0.0 else None
+        semantic = read_pool().submit(semantic_rows, lake, query, pool, where, False) if fraction != 0.0 else None
         lexical, notes = lexical_rows(lake, query, pool, where, cfg.rrf_k, edits)
         warnings += notes
         if semantic is None:
@@ -565,6 +576,9 @@ def search(
             rows = lexical
         else:
             rows = fuse([(lexical, weight), (semantic.result(), 1.0 - weight)], cfg.rrf_k)
+            if not fill_rows(lake, rows[:limit]):  # a shown row went away: the semantic half from the table
+                rows = fuse([(lexical, weight), (semantic_rows(lake, query, pool, where, held=False), 1.0 - weight)],
+                            cfg.rrf_k)
     else:
         raise InputError(f"unknown mode {mode!r}", hint="hybrid, keyword, semantic or fuzzy")
     if 0.0 < fraction < 1.0 and mode in ("hybrid", "semantic"):

@@ -41,6 +41,7 @@ MAX_DEAD = 0.25
 @dataclass(frozen=True)
 class _Segment:
     row_ids: np.ndarray  # uint64, one per matrix row
+    chunk_ids: np.ndarray  # object (str): the rows' `id`, so a fused ranking needs no read per row
     matrix: np.ndarray  # float32 (rows, dims), each row of unit length
     alive: np.ndarray  # bool: still in the table at the snapshot's version
 
@@ -89,26 +90,26 @@ class FlatVectors:
         self._lock = threading.Lock()
         self._refused: int | None = None  # a version found unanswerable: don't reread it per query
 
-    def nearest(self, query: np.ndarray, k: int) -> tuple[list[int], list[float]]:
-        """Row ids of the `k` nearest rows and their cosine distances, nearest first."""
+    def nearest(self, query: np.ndarray, k: int) -> list[tuple[int, str, float]]:
+        """(row id, chunk id, cosine distance) of the `k` nearest rows, nearest first."""
         snap = self._current()
         q = np.asarray(query, dtype=np.float32).ravel()
         norm = float(np.linalg.norm(q))
         if norm > 0:
             q = q / norm
-        scores, ids = [], []
+        scores, ids, names = [], [], []
         for seg in snap.segments:
             s = seg.matrix @ q
             s[~seg.alive] = -np.inf
             scores.append(s)
             ids.append(seg.row_ids)
-        if not scores:
-            return [], []
+            names.append(seg.chunk_ids)
+        k = min(k, snap.rows)
+        if not scores or k <= 0:
+            return []
         score = np.concatenate(scores) if len(scores) > 1 else scores[0]
         row_ids = np.concatenate(ids) if len(ids) > 1 else ids[0]
-        k = min(k, snap.rows)
-        if k <= 0:
-            return [], []
+        chunk_ids = np.concatenate(names) if len(names) > 1 else names[0]
         # Ties go to the lower row id, as LanceDB's scan orders them: every row scoring at least
         # the k-th best is a candidate, sorted by (score, row id).
         if k < len(score):
@@ -117,7 +118,7 @@ class FlatVectors:
         else:
             candidates = np.flatnonzero(score > -np.inf)
         top = candidates[np.lexsort((row_ids[candidates], -score[candidates]))][:k]
-        return [int(r) for r in row_ids[top]], [float(1.0 - score[i]) for i in top]
+        return [(int(row_ids[i]), str(chunk_ids[i]), float(1.0 - score[i])) for i in top]
 
     def _current(self) -> _Snapshot:
         version = self.table.version
@@ -148,17 +149,17 @@ class FlatVectors:
             raise Unanswerable(f"{len(now)} rows")
         known = np.concatenate([s.row_ids for s in old.segments]) if old.segments else np.zeros(0, np.uint64)
         added = np.setdiff1d(now, known, assume_unique=True)
-        segments = [_Segment(s.row_ids, s.matrix, s.alive & np.isin(s.row_ids, now, assume_unique=True))
+        segments = [_Segment(s.row_ids, s.chunk_ids, s.matrix, s.alive & np.isin(s.row_ids, now, assume_unique=True))
                     for s in old.segments]
         if len(added) > len(now) // 2:
             return self._load()  # mostly new rows (a forced re-index): one read beats the takes
         if len(added):
-            rows = self.table.take_row_ids([int(r) for r in added]).select(["vector"]).with_row_id().to_arrow()
+            rows = self.table.take_row_ids([int(r) for r in added]).select(["id", "vector"]).with_row_id().to_arrow()
             matrix, present = _unit(rows.column("vector"))
             if not present.all():
                 raise Unanswerable("rows without vectors")
-            segments.append(_Segment(np.asarray(rows.column("_rowid").to_numpy(), dtype=np.uint64), matrix,
-                                     np.ones(len(matrix), dtype=bool)))
+            segments.append(_Segment(np.asarray(rows.column("_rowid").to_numpy(), dtype=np.uint64),
+                                     _ids(rows.column("id")), matrix, np.ones(len(matrix), dtype=bool)))
         alive = sum(int(s.alive.sum()) for s in segments)
         if alive != len(now):
             # A row vanished between reading the ids and taking its vector (a writer committed
@@ -180,13 +181,14 @@ class FlatVectors:
             raise Unanswerable("too many rows")
         if self.table.count_rows("vector IS NULL"):  # still being embedded: not worth a read
             raise Unanswerable("rows without vectors")
-        rows = self.table.search().select(["vector"]).with_row_id(True).limit(None).to_arrow()
+        rows = self.table.search().select(["id", "vector"]).with_row_id(True).limit(None).to_arrow()
         matrix, present = _unit(rows.column("vector"))
         if not present.all():
             raise Unanswerable("rows without vectors")
         row_ids = np.asarray(rows.column("_rowid").to_numpy(), dtype=np.uint64)
         log.debug("loaded %d vectors of %s (version %d)", len(row_ids), self.table.name, before)
-        return _Snapshot(before, (_Segment(row_ids, matrix, np.ones(len(row_ids), dtype=bool)),))
+        segment = _Segment(row_ids, _ids(rows.column("id")), matrix, np.ones(len(row_ids), dtype=bool))
+        return _Snapshot(before, (segment,))
 
     def rebind(self, table: Table) -> FlatVectors:
         """The same vectors for another handle on the same table (a reopened Lake)."""
@@ -213,5 +215,10 @@ class FlatVectors:
 
 def _compact(segments: list[_Segment]) -> _Segment:
     row_ids = np.concatenate([s.row_ids[s.alive] for s in segments])
+    chunk_ids = np.concatenate([s.chunk_ids[s.alive] for s in segments])
     matrix = np.concatenate([s.matrix[s.alive] for s in segments])
-    return _Segment(row_ids, matrix, np.ones(len(row_ids), dtype=bool))
+    return _Segment(row_ids, chunk_ids, matrix, np.ones(len(row_ids), dtype=bool))
+
+
+def _ids(column: pa.ChunkedArray) -> np.ndarray:
+    return np.asarray(column.to_pylist(), dtype=object)

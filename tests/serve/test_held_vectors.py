@@ -50,6 +50,13 @@ def assert_same_as_lancedb(held: queries.Lake, settings: Any) -> None:
     for query in QUERIES:
         assert ranked(held, query) == ranked(plain, query), query
     assert held.flat.stats()["rows"] == held.chunks.count_rows()
+    # Hybrid reads the shown rows' columns after fusion: every hit complete, the same hits.
+    everything = held.chunks.count_rows()
+    for query in QUERIES[:2]:
+        mine, theirs = (queries.search(lake, query, mode="hybrid", limit=everything, check_stale=False).hits
+                        for lake in (held, plain))
+        assert {(h.path, h.start_line, h.symbol, h.snippet) for h in mine} == \
+            {(h.path, h.start_line, h.symbol, h.snippet) for h in theirs}
     # ... and the answers above came from the matrix, not from a fallback to LanceDB.
     assert queries._held_nearest(held, held.embedder().embed_query(QUERIES[0]), 5) is not None
 
