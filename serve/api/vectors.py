@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -84,8 +85,10 @@ class FlatVectors:
     """A lake's chunk vectors in memory, kept at the table's latest version; `nearest` answers a
     flat cosine search (what LanceDB's scan without an index answers) or raises Unanswerable."""
 
-    def __init__(self, table: Table) -> None:
+    def __init__(self, table: Table, version: Callable[[], int] | None = None) -> None:
         self.table = table
+        # The table's latest version (the Lake passes its memo of it: serve/api/queries.py).
+        self._version = version or (lambda: int(table.version))
         self._snapshot: _Snapshot | None = None
         self._lock = threading.Lock()
         self._refused: int | None = None  # a version found unanswerable: don't reread it per query
@@ -121,15 +124,15 @@ class FlatVectors:
         return [(int(row_ids[i]), str(chunk_ids[i]), float(1.0 - score[i])) for i in top]
 
     def _current(self) -> _Snapshot:
-        version = self.table.version
+        version = self._version()
         snap = self._snapshot
-        if snap is not None and snap.version == version:
+        if snap is not None and snap.version >= version:
             return snap
         if self._refused == version:
             raise Unanswerable(f"version {version}")
         with self._lock:
             snap = self._snapshot
-            if snap is not None and snap.version == version:
+            if snap is not None and snap.version >= version:
                 return snap
             try:
                 snap = self._refresh(snap)
@@ -190,9 +193,9 @@ class FlatVectors:
         segment = _Segment(row_ids, _ids(rows.column("id")), matrix, np.ones(len(row_ids), dtype=bool))
         return _Snapshot(before, (segment,))
 
-    def rebind(self, table: Table) -> FlatVectors:
+    def rebind(self, table: Table, version: Callable[[], int] | None = None) -> FlatVectors:
         """The same vectors for another handle on the same table (a reopened Lake)."""
-        other = FlatVectors(table)
+        other = FlatVectors(table, version)
         other._snapshot = self._snapshot
         return other
 
