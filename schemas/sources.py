@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ctxlake.errors import ConfigError, InputError
 from ctxlake.schemas.config import CTX_DIR, IndexSettings
-from ctxlake.schemas.tables import PROJECT_SOURCE
+from ctxlake.schemas.names import PROJECT_SOURCE
 
 SOURCES_FILE = "sources.toml"
 # A source name becomes a folder name (sandbox links, snapshot files): one safe path component.

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+# Re-exported: the tables' users import it from here.
+from ctxlake.schemas.names import PROJECT_SOURCE as PROJECT_SOURCE
+
 SCHEMA_VERSION = "1"
 
 
@@ -86,8 +89,6 @@ MANIFEST = pa.schema(
     ],
     metadata=_meta("path", "Merkle snapshot of one source's files"),
 )
-
-PROJECT_SOURCE = "project"  # the `source` of the project's own files; other sources are named by `ctx add`
 
 # One row per source added with `ctx add`: what was fetched and how the last sync went. The
 # declarations themselves (name, origin, ref, paths) live in .ctx/sources.toml, committed with the

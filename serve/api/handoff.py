@@ -12,8 +12,6 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
-
 from ctxlake.errors import InputError
 from ctxlake.serve.api.context import (
     MESSAGE_COLUMNS,
@@ -23,47 +21,14 @@ from ctxlake.serve.api.context import (
     resolve_ref,
     time_estimated,
 )
+from ctxlake.serve.api.memory_models import DEFAULT_BUDGET, Brief
 from ctxlake.tasks.open_tasks import open_tasks
 from ctxlake.tasks.store import sql_str
 
-DEFAULT_BUDGET = 1500
 # A cheap, dependency-free estimate: about four characters of English or code per token (cl100k/o200k average).
 CHARS_PER_TOKEN = 4
-TOKEN_ESTIMATE = "chars/4"
 LINE = 240
 GIT_TIMEOUT_S = 5
-
-
-
-
-class Brief(BaseModel):
-    """What `ctx handoff` prints; `text` is the rendered brief, the rest is the same facts as data."""
-
-    session_ref: str
-    tool: str
-    title: str
-    started_at: str
-    ended_at: str
-    time_estimated: bool = False  # the log has no message times; the file's modification time stands in
-    goal: str
-    files: list[str] = Field(default_factory=list)
-    diff_stat: str = ""
-    commits: list[str] = Field(default_factory=list)
-    decisions: list[str] = Field(default_factory=list)
-    errors: list[str] = Field(default_factory=list)
-    last_user: str = ""
-    last_assistant: str = ""
-    failing_command: str = ""
-    open_tasks: list[str] = Field(default_factory=list)
-    next_step: str = ""
-    text: str = ""
-    tokens: int = 0
-    token_estimate: str = TOKEN_ESTIMATE
-    budget: int = DEFAULT_BUDGET
-    truncated: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
 
 
 def estimate_tokens(text: str) -> int:

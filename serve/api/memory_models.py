@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -110,3 +110,39 @@ class RememberResult(BaseModel):
     path: str | None = Field(None, description="the file written, relative to the project root")
     similar_to: str | None = None
     similarity: float = 0.0
+
+
+# -- the hand-off brief (serve/api/handoff.py builds it) -----------------------------------------
+
+DEFAULT_BUDGET = 1500  # tokens
+TOKEN_ESTIMATE = "chars/4"  # how serve/api/handoff.py counts them
+
+
+class Brief(BaseModel):
+    """What `ctx handoff` prints; `text` is the rendered brief, the rest is the same facts as data."""
+
+    session_ref: str
+    tool: str
+    title: str
+    started_at: str
+    ended_at: str
+    time_estimated: bool = False  # the log has no message times; the file's modification time stands in
+    goal: str
+    files: list[str] = Field(default_factory=list)
+    diff_stat: str = ""
+    commits: list[str] = Field(default_factory=list)
+    decisions: list[str] = Field(default_factory=list)
+    errors: list[str] = Field(default_factory=list)
+    last_user: str = ""
+    last_assistant: str = ""
+    failing_command: str = ""
+    open_tasks: list[str] = Field(default_factory=list)
+    next_step: str = ""
+    text: str = ""
+    tokens: int = 0
+    token_estimate: str = TOKEN_ESTIMATE
+    budget: int = DEFAULT_BUDGET
+    truncated: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field
 
-from ctxlake.serve.api.graph import DefinitionAnswer, Outline, ReferencePage, RelatedAnswer
+from ctxlake.serve.api.graph_models import DefinitionAnswer, Outline, ReferencePage, RelatedAnswer
 from ctxlake.serve.mcp.base import READ_ONLY, ServerState, tool_errors
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field
 
-from ctxlake.serve.api.handoff import DEFAULT_BUDGET, Brief, build_brief
+from ctxlake.serve.api.memory_models import DEFAULT_BUDGET, Brief
 from ctxlake.serve.mcp.base import READ_ONLY, tool_errors
 
 if TYPE_CHECKING:
@@ -17,8 +17,14 @@ if TYPE_CHECKING:
 
 def register_handoff(server: MCPServer[ServerState], state: ServerState) -> None:
     """Read-only: the brief is built from stored rows and git; nothing is written."""
-    from ctxlake.serve.api.context import MemoryLake
     from ctxlake.serve.mcp.resources import _domain_errors
+
+    def brief_of(tool: str | None, ref: str | None = None, budget: int = DEFAULT_BUDGET) -> Brief:
+        # Imported here: the memory tables' reader pulls in pyarrow, which start-up must not wait for.
+        from ctxlake.serve.api.context import MemoryLake
+        from ctxlake.serve.api.handoff import build_brief
+
+        return build_brief(MemoryLake(state.settings), tool=tool, ref=ref, budget=budget)
 
     @server.tool(annotations=READ_ONLY, structured_output=True)
     @tool_errors
@@ -29,14 +35,14 @@ def register_handoff(server: MCPServer[ServerState], state: ServerState) -> None
         errors and their fixes, the last request and reply, a failing command, open tasks and a suggested next
         step. from_tool: only that tool's latest session (claude, codex, gemini, cursor, ...). budget: most
         tokens (estimated as characters/4)."""
-        return build_brief(MemoryLake(state.settings), tool=from_tool, ref=session_ref, budget=budget)
+        return brief_of(from_tool, session_ref, budget)
 
     @server.prompt(description="Continue the work the last agent session in this project left off")
     @_domain_errors
     def continue_work(
         from_tool: Annotated[str | None, Field(description="only this tool's latest session")] = None,
     ) -> str:
-        brief = build_brief(MemoryLake(state.settings), tool=from_tool)
+        brief = brief_of(from_tool)
         return ("You are continuing work another agent session started. Read the hand-off below, check the "
                 "working tree matches it (git status), then carry on with the suggested next step; ask the user "
                 "only if the goal is unclear.\n\n" + brief.text)

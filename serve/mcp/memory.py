@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import TYPE_CHECKING, Literal
 
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field
 
 from ctxlake.schemas.config import Settings
-from ctxlake.serve.api import context as queries
 from ctxlake.serve.api.memory_models import (
     ContextMode,
     ContextResult,
@@ -23,6 +23,8 @@ from ctxlake.serve.mcp.base import READ_ONLY, tool_errors
 if TYPE_CHECKING:
     from mcp.server import MCPServer
 
+    from ctxlake.serve.api.context import MemoryLake
+
 TypeFilter = Literal["message", "session", "decision", "error", "insight", "knowledge"]
 WRITES_FILES = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
 
@@ -34,16 +36,24 @@ class TimeRange(BaseModel):
     before: str | None = Field(None, description="only results at or before this time")
 
 
+def _queries() -> ModuleType:
+    """The memory read layer, imported on the first call: it pulls in pyarrow and numpy, which the
+    server's start-up (answering `initialize`) must not wait for."""
+    from ctxlake.serve.api import context
+
+    return context
+
+
 def register_memory_tools(server: MCPServer, settings: Settings, *, allow_writes: bool = False) -> None:
     """Add the conversation-memory tools to `server`; the save_* tools only when writes are allowed
     (they write .ctx/knowledge/ files, never tables: `ctx run ingest` picks them up)."""
-    opened: list[queries.MemoryLake] = []
+    opened: list[MemoryLake] = []
 
-    def lake() -> queries.MemoryLake:
+    def lake() -> MemoryLake:
         # Opened once; reopened while the memory lake or the knowledge table does not exist yet,
         # so a server started before the first `ctx run ingest` sees its result.
         if not opened or opened[0].messages is None or opened[0].knowledge is None:
-            opened[:] = [queries.MemoryLake(settings)]
+            opened[:] = [_queries().MemoryLake(settings)]
         return opened[0]
 
     @server.tool(annotations=READ_ONLY, structured_output=True)
@@ -58,10 +68,10 @@ def register_memory_tools(server: MCPServer, settings: Settings, *, allow_writes
         with tool calls). source_filter: agent tool names. type_filter: message, session, decision, error,
         insight, knowledge."""
         window = time_range or TimeRange()
-        return queries.search_context(
+        return _queries().search_context(
             lake(), query, mode=mode, depth=depth, types=type_filter, tools=source_filter,
-            after=queries.parse_when(window.after, "time_range.after"),
-            before=queries.parse_when(window.before, "time_range.before"), limit=limit)
+            after=_queries().parse_when(window.after, "time_range.after"),
+            before=_queries().parse_when(window.before, "time_range.before"), limit=limit)
 
     @server.tool(annotations=READ_ONLY, structured_output=True)
     @tool_errors
@@ -69,14 +79,14 @@ def register_memory_tools(server: MCPServer, settings: Settings, *, allow_writes
         """The most recently active agent sessions in this project, with what each was about, when it was
         last active, key decisions, open tasks and errors: start here to continue where another agent
         (or another tool) stopped. Pass a session_ref to session_detail for the messages."""
-        return queries.list_sessions(lake(), limit=limit, tools=tool_filter)
+        return _queries().list_sessions(lake(), limit=limit, tools=tool_filter)
 
     @server.tool(annotations=READ_ONLY, structured_output=True)
     @tool_errors
     def session_detail(session_ref: str, offset: int = 0, limit: int = 50) -> SessionDetail:
         """One session's summary and its messages in order, a page at a time (next_offset for more).
         session_ref comes from recent_sessions or search_context; a unique prefix works too."""
-        return queries.session_detail(lake(), session_ref, offset=offset, limit=limit)
+        return _queries().session_detail(lake(), session_ref, offset=offset, limit=limit)
 
     @server.tool(annotations=READ_ONLY, structured_output=True)
     @tool_errors
@@ -84,14 +94,14 @@ def register_memory_tools(server: MCPServer, settings: Settings, *, allow_writes
                           limit: int = 20) -> KnowledgeList:
         """This project's recorded decisions, error solutions and insights (current ones; superseded
         records are left out), newest first, or the best matches for `query`."""
-        return queries.project_knowledge(lake(), type, query, limit=limit)
+        return _queries().project_knowledge(lake(), type, query, limit=limit)
 
     if not allow_writes:
         return
 
     def save(kind: str, title: str, body: str, files: list[str] | None, tags: list[str] | None,
              source_tool: str | None, source_session: str | None) -> RememberResult:
-        return queries.remember(settings, kind, title, body, files=files or [], tags=tags or [],
+        return _queries().remember(settings, kind, title, body, files=files or [], tags=tags or [],
                                 source_tool=source_tool, source_session=source_session)
 
     @server.tool(annotations=WRITES_FILES, structured_output=True)
