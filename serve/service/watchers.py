@@ -18,6 +18,11 @@ if TYPE_CHECKING:
     from ctxlake.serve.service.engine import EngineCache
 
 STEP_MS = 50  # quiet time that closes a batch
+# Set while no other thread is importing the pipeline (the service clears it during its warm-up,
+# serve/service/daemon.py): a batch waits for it rather than import Prefect alongside that thread.
+imports_ready = threading.Event()
+imports_ready.set()
+IMPORTS_WAIT_S = 120.0
 NOISE = (".git/", ".ctx/")
 
 
@@ -76,6 +81,7 @@ class ProjectWatcher(threading.Thread):
                     self.changes += 1
 
     def _apply(self, settings: Any, paths: set[str]) -> None:
+        imports_ready.wait(IMPORTS_WAIT_S)
         from ctxlake.errors import LockBusyError
         from ctxlake.flows.index_code import OPTIMIZE_AFTER_ROWS, IndexReport, Writer
         from ctxlake.flows.watch_code import RULE_FILES, apply_batch

@@ -1,8 +1,11 @@
 """The service's project watcher, in process: the lake's own writes under .ctx/ and git's under
-.git/ are not changes to the project (readers redo their freshness check when the count moves)."""
+.git/ are not changes to the project (readers redo their freshness check when the count moves),
+and a batch waits while the service warms its imports."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -11,7 +14,7 @@ from typing import Any
 from mcp_helpers import PROJECT
 
 from ctxlake.serve.service.engine import EngineCache
-from ctxlake.serve.service.watchers import ProjectWatcher
+from ctxlake.serve.service.watchers import ProjectWatcher, imports_ready
 
 
 def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
@@ -51,3 +54,41 @@ def test_lake_and_git_writes_do_not_move_the_watchers_count(
     finally:
         watcher.stop_event.set()
         watcher.join(15)
+
+
+def test_a_batch_waits_while_the_service_warms_its_imports(
+        make_repo: Callable[..., Path], cli: Callable[..., Any], fake_embedder: Any) -> None:
+    repo = make_repo(PROJECT)
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    imports_ready.clear()  # what the service does while one thread imports the pipeline
+    watcher = ProjectWatcher(repo, EngineCache(), log=lambda line: None)
+    watcher.start()
+    try:
+        target = repo / "src" / "billing" / "refund.py"
+        wait_for(lambda: (target.write_text(f"def refund_{time.monotonic_ns()}():\n    pass\n"),
+                          time.sleep(0.3), bool(watcher.pending))[-1], 60, "the watcher to see an edit")
+        time.sleep(1.0)
+        assert watcher.batches == 0 and watcher.pending, "the batch ran during the warm-up"
+        imports_ready.set()
+        wait_for(lambda: watcher.batches >= 1 and not watcher.pending, 60, "the batch after the warm-up")
+    finally:
+        imports_ready.set()
+        watcher.stop_event.set()
+        watcher.join(15)
+
+
+def test_the_service_warm_up_imports_the_pipeline_the_cli_and_the_read_path() -> None:
+    """In a fresh interpreter: none of them before, all of them after (the first edit after
+    `ctx up` and the first forwarded command then find them loaded)."""
+    wanted = ["ctxlake.flows.watch_code", "ctxlake.flows.index_code", "ctxlake.serve.cli.app",
+              "ctxlake.serve.api.queries", "prefect"]
+    script = (
+        "import sys\n"
+        "from ctxlake.serve.service.daemon import _warm_imports\n"
+        f"wanted = {wanted!r}\n"
+        "before = [m for m in wanted if m in sys.modules]\n"
+        "_warm_imports()\n"
+        "print(before, [m for m in wanted if m not in sys.modules])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[] []", out.stdout + out.stderr
