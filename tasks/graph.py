@@ -173,6 +173,24 @@ class Known:
         return self._suffixes.get(suffix, [])
 
 
+# The suffix index of a big project takes a while to build (~50 ms for django's 5,300 paths), and a
+# watcher's batches resolve against the same paths again and again: the last few are kept.
+KNOWN_KEPT = 4
+_known_kept: dict[frozenset[str], Known] = {}
+_known_lock = threading.Lock()
+
+
+def known_paths(paths: Collection[str]) -> Known:
+    """The Known of `paths`, the same object while the same paths come again."""
+    key = frozenset(paths)
+    with _known_lock:
+        found = _known_kept.pop(key, None) or Known(key)
+        _known_kept[key] = found  # the newest last
+        while len(_known_kept) > KNOWN_KEPT:
+            del _known_kept[next(iter(_known_kept))]
+    return found
+
+
 def resolve_import(module: str, path: str, lang: str, known: Collection[str] | Known) -> str | None:
     """The indexed file an import names, when a plain path rule finds exactly one."""
     if not isinstance(known, Known):
@@ -438,7 +456,7 @@ def graph_files(
     `trees` are the chunker's parses of those same texts, reused instead of parsing again.
     """
     trees = trees or {}
-    index = Known(set(files) if known is None else known)
+    index = known if isinstance(known, Known) else known_paths(files if known is None else known)
     acc = _Columns()
     bad: list[str] = []
     for path, (body, lang) in files.items():

@@ -227,3 +227,19 @@ def test_an_ambiguous_import_resolves_the_same_under_every_hash_seed() -> None:
         for seed in range(6)
     }
     assert answers == {"alpha/tool/run.py"}
+
+
+def test_known_paths_are_kept_for_the_same_paths_and_resolve_the_same() -> None:
+    from ctxlake.tasks import graph
+
+    paths = {"src/pkg/__init__.py", "src/pkg/util.py", "app/main.py"}
+    first = graph.known_paths(paths)
+    assert graph.resolve_import("pkg.util", "app/main.py", "python", first) == "src/pkg/util.py"
+    again = graph.known_paths(list(paths))  # the same paths, another collection: the same index
+    assert again is first and again._suffixes is not None  # its suffix index is built already
+    other = graph.known_paths(paths | {"app/extra.py"})
+    assert other is not first
+    assert graph.resolve_import("pkg.util", "app/main.py", "python", other) == "src/pkg/util.py"
+    for i in range(graph.KNOWN_KEPT):
+        graph.known_paths({f"x{i}.py"})
+    assert len(graph._known_kept) == graph.KNOWN_KEPT and graph.known_paths(paths) is not first
