@@ -210,7 +210,7 @@ class Service:
         threading.Thread(target=self._warm_then_orchestrate, name="orchestrator", daemon=True).start()
         threading.Thread(target=self._housekeeping, name="housekeeping", daemon=True).start()
         threading.Thread(target=self._share_watch_state, name="freshness", daemon=True).start()
-        for folder in self.initial_watch:
+        for folder in self.initial_watch + self.remembered():
             self.register(folder)
         log(f"listening on {self.paths.socket}")
         self._listener.settimeout(0.5)
@@ -230,7 +230,8 @@ class Service:
         while not self.stopping.wait(HOUSEKEEPING_S):
             for root in self.engine.evict_idle():
                 log(f"evicted idle project {root}")
-            self.watchers.drop_missing()
+            if self.watchers.drop_missing():
+                self.remember()
 
     def shutdown(self) -> None:
         log("stopping")
@@ -301,6 +302,7 @@ class Service:
         root = str(folder.resolve())
         if not self.watchers.add(Path(root)):
             return None
+        self.remember()
         threading.Thread(target=self._first_check, args=(Path(root),), name="first check", daemon=True).start()
         if self.orchestrator is not None:
             try:
@@ -308,6 +310,36 @@ class Service:
             except Exception as exc:
                 log(f"could not register {root} with the orchestrator: {exc!r}")
         return root
+
+    def remember(self) -> None:
+        """Write the watched roots down (0600, atomically) for the next start."""
+        try:
+            tmp = self.paths.watched.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.watchers.roots()), encoding="utf-8")
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, self.paths.watched)
+        except OSError as exc:  # a full disk: watching goes on, the next start just does not know
+            log(f"could not record the watched projects: {exc}")
+
+    def remembered(self) -> list[Path]:
+        """The projects the last service watched whose folder and index still exist; the rest
+        are left out (and out of the record, once the next registration rewrites it)."""
+        try:
+            roots = json.loads(self.paths.watched.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return []
+        from ctxlake.schemas.config import load_settings
+
+        found = []
+        for root in roots if isinstance(roots, list) else []:
+            try:
+                if isinstance(root, str) and (load_settings(Path(root)).lake_dir / "state.json").is_file():
+                    found.append(Path(root))
+                else:
+                    log(f"not watching {root} again: no index there any more")
+            except Exception as exc:  # an unreadable config: that project's own commands will say so
+                log(f"not watching {root} again: {exc}")
+        return found
 
     def _first_check(self, root: Path) -> None:
         """One walk of a newly watched project while it is quiet: from an up-to-date answer on,

@@ -53,6 +53,11 @@ class ServicePaths:
     def log(self) -> Path:
         return self.dir / "service.log"
 
+    @property
+    def watched(self) -> Path:
+        """The watched projects' roots, so that the next `ctx up` watches them again."""
+        return self.dir / "watched.json"
+
     def ensure_dir(self) -> Path:
         """Create the folder 0700 (and tighten it if someone loosened it)."""
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -174,13 +174,15 @@ class Watchers:
         with self._lock:
             return sorted(self._by_root)
 
-    def drop_missing(self) -> None:
+    def drop_missing(self) -> list[str]:
+        """Stop watching folders that no longer exist; returns them."""
         with self._lock:
             gone = [k for k in self._by_root if not Path(k).is_dir()]
             for key in gone:
                 self._by_root.pop(key).stop_event.set()
         for key in gone:
             self.log(f"dropped {key} from the watched projects: the folder no longer exists")
+        return gone
 
     def stop_all(self) -> None:
         with self._lock:

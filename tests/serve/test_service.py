@@ -294,6 +294,30 @@ def test_deleted_project_is_dropped_and_the_service_stays_up(indexed: Path, ctx_
         ctx("down", cwd=indexed)
 
 
+def test_watched_projects_are_watched_again_after_a_restart(
+        indexed: Path, ctx_home: Path, make_repo: Callable[..., Path], cli: Callable[..., Any]) -> None:
+    import shutil
+
+    other = make_repo(PROJECT, name="other")
+    assert cli("run", "index", cwd=other).exit_code == 0
+    assert ctx("up", "--watch", str(indexed), "--watch", str(other), cwd=indexed).returncode == 0
+    record = service_dir(ctx_home) / "watched.json"
+    try:
+        assert "watching 2 project(s)" in ctx("status", cwd=indexed).stdout
+        assert sorted(json.loads(record.read_text())) == sorted([str(indexed.resolve()), str(other.resolve())])
+        assert stat.S_IMODE(record.stat().st_mode) == 0o600
+    finally:
+        ctx("down", cwd=indexed)
+    shutil.rmtree(other / ".ctx" / "lake")  # `ctx clean` there: nothing left to keep fresh
+    assert ctx("up", cwd=indexed).returncode == 0  # no --watch: the record says what to watch
+    try:
+        status = ctx("status", cwd=indexed).stdout
+        assert "watching 1 project(s)" in status and str(indexed) in status and str(other) not in status
+        assert f"not watching {other.resolve()} again" in (service_dir(ctx_home) / "service.log").read_text()
+    finally:
+        ctx("down", cwd=indexed)
+
+
 def test_watcher_outwaits_another_writer_and_down_does_not_wait_for_it(indexed: Path, service: Path) -> None:
     """A forced re-index may hold the lake for minutes: the watcher keeps the edit pending (stale to
     readers) and applies it once the lake is free; `ctx down` meanwhile stops it at once."""
