@@ -23,6 +23,9 @@ STEP_MS = 50  # quiet time that closes a batch
 imports_ready = threading.Event()
 imports_ready.set()
 IMPORTS_WAIT_S = 120.0
+# Files changed while a project was not watched that its watcher applies when it starts; more
+# than this is a job for `ctx run index` (a whole-tree run, in a child process of the service).
+CATCH_UP_MAX = 500
 NOISE = (".git/", ".ctx/")
 
 
@@ -54,6 +57,9 @@ class ProjectWatcher(threading.Thread):
 
         settings = load_settings(self.root)
         with RustNotify([str(self.root)], False, False, 300, True, False) as notify:
+            # Watching from here on: what changed before (while the service was down, or while
+            # this watch was being set up on a big tree) is found by one walk and applied.
+            self._catch_up(settings)
             while not self.stop_event.is_set():
                 raw = notify.watch(settings.watch.debounce_ms, STEP_MS, 1000, self.stop_event)
                 if raw in ("signal", "stop"):
@@ -79,6 +85,27 @@ class ProjectWatcher(threading.Thread):
                 finally:
                     self.pending = frozenset()
                     self.changes += 1
+
+    def _catch_up(self, settings: Any) -> None:
+        from ctxlake.schemas.tables import PROJECT_SOURCE
+        from ctxlake.tasks import freshness
+
+        fresh = freshness.check(settings.lake_dir, PROJECT_SOURCE, self.root, settings.index)
+        if fresh.up_to_date or fresh.tree is None:  # not indexed yet: the first `ctx run index` builds it
+            return
+        stale = set(fresh.stale_paths)
+        if len(stale) > CATCH_UP_MAX:
+            self.log(f"{len(stale)} files of {self.root} changed while not watched: left to `ctx run index` "
+                     "or the next scheduled run")
+            return
+        if stale:
+            self.pending = frozenset(stale)
+            self.changes += 1
+            try:
+                self._apply(settings, stale)
+            finally:
+                self.pending = frozenset()
+                self.changes += 1
 
     def _apply(self, settings: Any, paths: set[str]) -> None:
         imports_ready.wait(IMPORTS_WAIT_S)

@@ -92,3 +92,28 @@ def test_the_service_warm_up_imports_the_pipeline_the_cli_and_the_read_path() ->
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[] []", out.stdout + out.stderr
+
+
+def test_a_starting_watcher_applies_what_changed_while_nothing_watched(
+        make_repo: Callable[..., Path], cli: Callable[..., Any], fake_embedder: Any) -> None:
+    from ctxlake.schemas.config import load_settings
+    from ctxlake.schemas.tables import PROJECT_SOURCE
+    from ctxlake.tasks import freshness
+
+    repo = make_repo(PROJECT)
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    # Edits made before the watch begins (the service was down, or the watch was still being set up).
+    (repo / "src" / "billing" / "refund.py").write_text("def refund_while_down():\n    return 0\n")
+    (repo / "src" / "added_while_down.py").write_text("def brand_new_while_down():\n    return 1\n")
+    watcher = ProjectWatcher(repo, EngineCache(), log=lambda line: None)
+    watcher.start()
+    try:
+        wait_for(lambda: watcher.batches >= 1 and not watcher.pending, 60, "the catch-up batch")
+        settings = load_settings(repo)
+        assert freshness.check(settings.lake_dir, PROJECT_SOURCE, repo, settings.index).up_to_date
+        found = cli("search", "brand_new_while_down", "--mode", "keyword", "--json", cwd=repo)
+        assert "src/added_while_down.py" in found.stdout
+        assert watcher.error is None
+    finally:
+        watcher.stop_event.set()
+        watcher.join(15)
