@@ -64,24 +64,11 @@ class Unanswerable(Exception):
     """The matrix cannot answer for this version (vectors missing, too many rows, an ANN index)."""
 
 
-def _unit(vectors: pa.FixedSizeListArray | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
-    """(unit-length float32 matrix, mask of rows that had a vector)."""
-    import pyarrow as pa
-
-    array = vectors.combine_chunks() if isinstance(vectors, pa.ChunkedArray) else vectors
-    present = ~np.asarray(array.is_null().to_numpy(zero_copy_only=False), dtype=bool)
-    width = array.type.list_size
-    matrix = np.asarray(array.flatten().to_numpy(zero_copy_only=False), dtype=np.float32)
-    # Null rows contribute no values to flatten(): rebuild the full shape with zeros for them.
-    if not present.all():
-        full = np.zeros((len(array), width), dtype=np.float32)
-        full[present] = matrix.reshape(-1, width)
-        matrix = full
-    else:
-        matrix = matrix.reshape(len(array), width).copy()
+def _unit(matrix: np.ndarray) -> np.ndarray:
+    """`matrix` with each row scaled to unit length, in place (zero rows stay zero)."""
     norms = np.linalg.norm(matrix, axis=1, keepdims=True)
     np.divide(matrix, norms, out=matrix, where=norms > 0)
-    return matrix, present
+    return matrix
 
 
 class FlatVectors:
@@ -161,9 +148,11 @@ class FlatVectors:
             return self._load()  # mostly new rows (a forced re-index): one read beats the takes
         if len(added):
             rows = self.table.take_row_ids([int(r) for r in added]).select(["id", "vector"]).with_row_id().to_arrow()
-            matrix, present = _unit(rows.column("vector"))
-            if not present.all():
+            vectors = rows.column("vector").combine_chunks()
+            if vectors.null_count:
                 raise Unanswerable("rows without vectors")
+            dims = vectors.type.list_size
+            matrix = _unit(vectors.flatten().to_numpy().reshape(len(vectors), dims).astype(np.float32))
             segments.append(_Segment(np.asarray(rows.column("_rowid").to_numpy(), dtype=np.uint64),
                                      _ids(rows.column("id")), matrix, np.ones(len(matrix), dtype=bool)))
         alive = sum(int(s.alive.sum()) for s in segments)
@@ -207,8 +196,7 @@ class FlatVectors:
             filled += k
         if filled != count:
             raise Unanswerable("the table changed during the read")
-        norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-        np.divide(matrix, norms, out=matrix, where=norms > 0)
+        _unit(matrix)
         _give_back_freed_memory()
         log.debug("loaded %d vectors of %s (version %d)", count, self.table.name, before)
         return _Snapshot(before, (_Segment(row_ids, chunk_ids, matrix, np.ones(count, dtype=bool)),))

@@ -75,16 +75,20 @@ class ProjectWatcher(threading.Thread):
                     # project. Counted, they made every reader walk the tree again per commit of
                     # a forced re-index (half the service's CPU under query load).
                     continue
-                # Before the lake moves: readers see the paths as stale until the batch is in.
                 keep = PathFilter(self.root, settings.index)
-                self.pending = frozenset(p for p in paths if keep.keeps(p))
-                self.changes += 1
-                try:
-                    if self.root.is_dir():
-                        self._apply(settings, paths)
-                finally:
-                    self.pending = frozenset()
-                    self.changes += 1
+                self._batch(settings, paths, frozenset(p for p in paths if keep.keeps(p)))
+
+    def _batch(self, settings: Any, paths: set[str], indexable: frozenset[str]) -> None:
+        """Apply one batch; before the lake moves, readers see its indexable paths as stale until
+        the batch is in (and the count moves on both edges)."""
+        self.pending = indexable
+        self.changes += 1
+        try:
+            if self.root.is_dir():
+                self._apply(settings, paths)
+        finally:
+            self.pending = frozenset()
+            self.changes += 1
 
     def _catch_up(self, settings: Any) -> None:
         from ctxlake.schemas.tables import PROJECT_SOURCE
@@ -98,14 +102,8 @@ class ProjectWatcher(threading.Thread):
             self.log(f"{len(stale)} files of {self.root} changed while not watched: left to `ctx run index` "
                      "or the next scheduled run")
             return
-        if stale:
-            self.pending = frozenset(stale)
-            self.changes += 1
-            try:
-                self._apply(settings, stale)
-            finally:
-                self.pending = frozenset()
-                self.changes += 1
+        if stale:  # the walk applied the index rules already
+            self._batch(settings, stale, frozenset(stale))
 
     def _apply(self, settings: Any, paths: set[str]) -> None:
         imports_ready.wait(IMPORTS_WAIT_S)
