@@ -55,6 +55,8 @@ CACHE_INDEX_ROWS = 10_000
 CACHE_REINDEX_ROWS = 50_000
 CACHE_OPTIMIZE_FRAGMENTS = 256
 CACHE_CHECK_APPENDS = 16
+# A vector encoded again that differs from the stored one by more than this replaces it.
+REPLACE_ATOL = 1e-5
 # Small appends (a watcher's batch, a scheduled ingest's few messages) go to a side table instead,
 # which is cheap to compact (at RECENT_OPTIMIZE_FRAGMENTS) and is moved into the main table in one
 # append once it holds FOLD_ROWS rows. Without it each small run left one fragment in the main
@@ -125,6 +127,60 @@ class EmbeddingCache:
         if self._appends % CACHE_CHECK_APPENDS == 0:
             self.maintain()
 
+    def replace_many(self, hashes: Sequence[str], vectors: np.ndarray) -> int:
+        """Vectors encoded again (`ctx run index --force`) -> the cache: hashes it lacks are added,
+        hashes whose stored vector differs are replaced, equal ones are left; rows written.
+
+        Appending them all, as put_many does, stored every chunk once more per forced run: a bench
+        home had 559k rows for 48k hashes and each watcher lookup took 100-230 ms instead of 15.
+        """
+        if not hashes:
+            return 0
+        stored = self.get_many(hashes)
+        changed = {h for h, v in zip(hashes, vectors, strict=True)
+                   if h in stored and not np.allclose(stored[h], v, rtol=0.0, atol=REPLACE_ATOL)}
+        if changed:
+            where = f"content_hash IN ({', '.join(sql_str(h) for h in changed)})"
+            with writing("the embedding cache"):
+                for table in (self.table, self.recent):
+                    table.delete(where)
+        keep = [i for i, h in enumerate(hashes) if h not in stored or h in changed]
+        self.put_many([hashes[i] for i in keep], vectors[keep])
+        return len(keep)
+
+    def dedupe(self) -> int:
+        """Rows of the main table whose hash another row already has -> removed; how many.
+
+        Caches written before replace_many hold such rows (one more copy per forced run). Reads
+        the hash column, then only the repeated hashes' rows: each keeps its first vector.
+        """
+        import pyarrow.compute as pc
+
+        hashes = self.table.search().select(["content_hash"]).to_arrow().column("content_hash")
+        counts = pc.value_counts(hashes)
+        repeated = counts.field("values").filter(pc.greater(counts.field("counts"), 1)).to_pylist()
+        removed = 0
+        for start in range(0, len(repeated), LOOKUP_BATCH):
+            part = repeated[start : start + LOOKUP_BATCH]
+            where = f"content_hash IN ({', '.join(sql_str(h) for h in part)})"
+            rows = self.table.search().where(where).select(["content_hash", "vector"]).to_arrow()
+            _, first = np.unique(np.asarray(rows.column("content_hash").to_pylist(), dtype=object), return_index=True)
+            kept = rows.take(pa.array(np.sort(first)))
+            with writing("the embedding cache"):
+                # A lookup between these two writes misses these hashes and encodes them again.
+                self.table.delete(where)
+                self.table.add(pa.Table.from_arrays(
+                    [pa.array([self.model_id] * kept.num_rows), kept.column("content_hash"),
+                     kept.column("vector").cast(embeddings_schema(self.dims).field("vector").type)],
+                    schema=embeddings_schema(self.dims)))
+            removed += rows.num_rows - kept.num_rows
+        return removed
+
+    def compact(self) -> None:
+        """Rewrite the main table's fragments and fold its new rows into the content_hash index."""
+        with writing("the embedding cache"):
+            self.table.optimize(cleanup_older_than=KEEP_VERSIONS)
+
     def maintain_if_appended(self) -> None:
         """The check, when this object appended since its last one: a writer that lives for one
         small batch (the service's watcher makes one per batch) never reaches CACHE_CHECK_APPENDS."""
@@ -145,6 +201,7 @@ class EmbeddingCache:
         try:
             did = self._fold()
             if fragment_count(self.table) >= CACHE_OPTIMIZE_FRAGMENTS:
+                self.dedupe()  # the rewrite is smaller without repeated rows
                 self.table.optimize(cleanup_older_than=KEEP_VERSIONS)  # also folds new rows into the index
                 return True
             index = next((idx for idx in self.table.list_indices() if idx.columns == ["content_hash"]), None)
@@ -248,8 +305,9 @@ class _Writer:
     """Writes vectors to the cache, then to CHUNKS, on a thread of its own so encoding never
     waits for Lance commits. Cache first: a crash after it costs a lookup, not a re-embed."""
 
-    def __init__(self, tables: LakeTables, cache: EmbeddingCache, dims: int) -> None:
+    def __init__(self, tables: LakeTables, cache: EmbeddingCache, dims: int, replace: bool = False) -> None:
         self.tables, self.cache, self.dims = tables, cache, dims
+        self.put = cache.replace_many if replace else cache.put_many  # replace: a forced re-embed
         self.jobs: queue.Queue[tuple[list[str], np.ndarray, list[str], np.ndarray] | None] = queue.Queue(maxsize=4)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="ctx-vector-writer", daemon=True)
@@ -266,7 +324,7 @@ class _Writer:
                 continue
             hashes, vectors, ids, id_vectors = job
             try:
-                self.cache.put_many(hashes, vectors)
+                self.put(hashes, vectors)
                 write_vectors(self.tables.chunks, ids, id_vectors, self.dims)
             except BaseException as exc:  # surfaced to the encoding thread on its next submit
                 self.error = exc
@@ -314,7 +372,7 @@ def embed_pending(
     # The pending rows are read as a stream of windows from the version the stage started on
     # (writes of vectors meanwhile make new versions; Lance keeps the old files readable).
     reader = tables.chunks.search().where(where).select(["id", "content_hash", "text"]).to_batches(WINDOW_ROWS)
-    writer = _Writer(tables, cache, cache.dims)
+    writer = _Writer(tables, cache, cache.dims, replace=reembed_source is not None)
     totals = [0, 0, 0.0]  # from cache, embedded, encode seconds
     try:
         # A GPU embedder asks for bigger groups; ENCODE_GROUP is read at call time, like FLUSH_ROWS.
@@ -324,6 +382,8 @@ def embed_pending(
     finally:
         writer.close()
         progress.finish("embed")
+    if reembed_source is not None and cache.dedupe():  # what forced runs of older versions left
+        cache.compact()  # the rows written again stay outside the index until then
     if totals[1]:
         cache.maintain()
     return EmbedResult(pending=total, from_cache=int(totals[0]), embedded=int(totals[1]),

@@ -179,3 +179,55 @@ def test_a_cheap_embedder_embeds_big_writes_before_they_are_stored(tmp_path: Pat
         else:
             assert vec is None, i
     assert out.schema == rows.schema
+
+
+def _cache_rows(cache: EmbeddingCache) -> list[str]:
+    return sorted(cache.table.to_arrow().column("content_hash").to_pylist()
+                  + cache.recent.to_arrow().column("content_hash").to_pylist())
+
+
+def test_forced_re_embeds_leave_one_cached_vector_per_content(tmp_path: Path) -> None:
+    embedder = FakeEmbedder()
+    tables = _lake_with_pending(tmp_path, 30, embedder.dims)
+    cache = EmbeddingCache(tmp_path / "cache", embedder.model_id, embedder.dims)
+    embed_pending.fn(tables, cache, embedder)
+    before = _cache_rows(cache)
+    assert before == sorted(f"h{i}" for i in range(30))
+    for _ in range(2):  # `ctx run index --force` twice
+        result = embed_pending.fn(tables, cache, embedder, use_cache=False, reembed_source="project")
+        assert result.embedded == 30
+    assert _cache_rows(cache) == before
+
+
+def test_a_forced_re_embed_replaces_a_vector_that_changed(tmp_path: Path) -> None:
+    embedder = FakeEmbedder()
+    tables = _lake_with_pending(tmp_path, 5, embedder.dims)
+    cache = EmbeddingCache(tmp_path / "cache", embedder.model_id, embedder.dims)
+    stale = np.ones((1, embedder.dims), dtype=np.float32)
+    cache.put_many(["h2"], stale)  # as if stored by other weights under the same model id
+    embed_pending.fn(tables, cache, embedder, use_cache=False, reembed_source="project")
+    expected = embedder.embed_documents(["def f2(x):\n    return x + 2\n"])[0]
+    assert _cache_rows(cache) == sorted(f"h{i}" for i in range(5))
+    np.testing.assert_allclose(cache.get_many(["h2"])["h2"], expected, atol=1e-6)
+
+
+def test_dedupe_keeps_one_row_per_hash_and_every_lookup(tmp_path: Path) -> None:
+    dims = 8
+    cache = EmbeddingCache(tmp_path / "cache", "m", dims)
+    rng = np.random.default_rng(1)
+    first = rng.standard_normal((50, dims)).astype(np.float32)
+    hashes = [f"h{i}" for i in range(50)]
+    cache.table.add(pa.Table.from_arrays([pa.array(["m"] * 50), pa.array(hashes),
+                                          pa.FixedSizeListArray.from_arrays(pa.array(first.reshape(-1)), dims)],
+                                         schema=cache.table.schema))
+    for _ in range(2):  # what forced runs of older versions appended: the same hashes again
+        again = first[:20] + 0.0
+        cache.table.add(pa.Table.from_arrays([pa.array(["m"] * 20), pa.array(hashes[:20]),
+                                              pa.FixedSizeListArray.from_arrays(pa.array(again.reshape(-1)), dims)],
+                                             schema=cache.table.schema))
+    assert cache.table.count_rows() == 90
+    assert cache.dedupe() == 40
+    assert sorted(cache.table.to_arrow().column("content_hash").to_pylist()) == sorted(hashes)
+    found = cache.get_many(hashes)
+    np.testing.assert_allclose(np.stack([found[h] for h in hashes]), first)
+    assert cache.dedupe() == 0
