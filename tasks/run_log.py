@@ -11,6 +11,9 @@ import pyarrow as pa
 
 from ctxlake.schemas.tables import INDEX_RUNS, INDEX_RUNS_TABLE
 from ctxlake.tasks.lake import connect, open_table
+from ctxlake.tasks.store import KEEP_VERSIONS, fragment_count
+
+RUNS_COMPACT_FRAGMENTS = 64
 
 
 def folder_bytes(folder: Path) -> int:
@@ -36,14 +39,18 @@ def folder_stamp(folder: Path) -> tuple[int, int]:
     return total, hash(tuple(seen))
 
 
-def record_run(lake_dir: Path, tables: Any, source: str, report: Any) -> pa.Table:
-    """(lake, the run's IndexReport) -> the INDEX_RUNS row appended for it."""
+def record_run(lake_dir: Path, tables: Any, source: str, report: Any, pending_vectors: int | None = None) -> pa.Table:
+    """(lake, the run's IndexReport) -> the INDEX_RUNS row appended for it. `pending_vectors`, the
+    CHUNKS rows without a vector when the writer knows it, spares counting them (a scan of the vector
+    column: 40 ms of a 0.4 s watcher batch on django)."""
+    chunks = tables.chunks.count_rows()
     row = {
         "finished_at": datetime.now(UTC),
         "source": source,
         "files": tables.files.count_rows(),
-        "chunks": tables.chunks.count_rows(),
-        "embedded": tables.chunks.count_rows("vector IS NOT NULL"),
+        "chunks": chunks,
+        "embedded": (chunks - pending_vectors if pending_vectors is not None
+                     else tables.chunks.count_rows("vector IS NOT NULL")),
         "lake_bytes": folder_bytes(lake_dir),
         "added": int(report.added),
         "modified": int(report.modified),
@@ -57,4 +64,7 @@ def record_run(lake_dir: Path, tables: Any, source: str, report: Any) -> pa.Tabl
         db.create_table(INDEX_RUNS_TABLE, data=batch, schema=INDEX_RUNS)
     else:
         table.add(batch)
+        # One row, one fragment: a watched project's edits left hundreds (a few KB each).
+        if fragment_count(table) >= RUNS_COMPACT_FRAGMENTS:
+            table.optimize(cleanup_older_than=KEEP_VERSIONS)
     return batch
