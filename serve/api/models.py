@@ -31,7 +31,8 @@ class SearchResult(BaseModel):
     hits: list[Hit]
     stale: bool = Field(description="true when files changed since the last index run")
     stale_paths: list[str] = Field(default_factory=list, description="changed files (first 50)")
-    embedded_fraction: float = Field(description="share of chunks with vectors (semantic coverage)")
+    embedded_fraction: float | None = Field(
+        None, description="share of chunks with vectors (semantic coverage); counted by hybrid and semantic searches")
     warnings: list[str] = Field(default_factory=list)
     tokens_used: int = Field(0, description="estimated tokens of the hits returned (about 4 characters a token)")
     omitted: int = Field(0, description="hits left out to stay within the token budget")

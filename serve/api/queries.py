@@ -27,7 +27,7 @@ from ctxlake.serve.api.ranking import (
 )
 from ctxlake.serve.api.symbols import normalise, symbol_index
 from ctxlake.serve.api.tool_models import FileRanking
-from ctxlake.serve.api.watched import project_freshness
+from ctxlake.serve.api.watched import project_freshness, settle
 from ctxlake.tasks import freshness
 from ctxlake.tasks.lake import (
     CHUNKS_TABLE,
@@ -561,9 +561,13 @@ def search(
         raise InputError(f"fuzziness must be 0, 1 or 2 (edits per word), got {fuzziness}")
     edits = fuzziness or 0
     where = build_filter(path_glob, lang, sources, exclude_tests)
+    if check_stale:
+        settle(lake.settings.root)  # an edit the service's watcher is applying: wait for it (bounded)
     pool = max(limit * CANDIDATES_PER_HIT, 20)
     warnings: list[str] = [cut] if cut else []
-    fraction = embedded_fraction(lake)
+    # Only the modes that use vectors ask: the count follows every commit (a held-vector refresh or
+    # a scan of the vector column), which keyword searches polling during a watcher batch paid.
+    fraction = embedded_fraction(lake) if mode in ("semantic", "hybrid") else 1.0
 
     if mode == "keyword":
         rows, notes = lexical_rows(lake, query, pool, where, cfg.rrf_k, edits)
@@ -612,8 +616,8 @@ def search(
         warnings.append(f"{omitted} more hit(s) left out to stay within {budget_tokens} tokens "
                         "(raise the budget, or narrow the query or filters)")
     result = SearchResult(
-        query=query, mode=mode, hits=hits, stale=False, embedded_fraction=round(fraction, 4),
-        warnings=warnings, tokens_used=used, omitted=omitted, took_ms=round((time.perf_counter() - started) * 1000, 1),
+        query=query, mode=mode, hits=hits, stale=False,
+        embedded_fraction=round(fraction, 4) if mode in ("semantic", "hybrid") else None, warnings=warnings, tokens_used=used, omitted=omitted, took_ms=round((time.perf_counter() - started) * 1000, 1),
     )
     if check_stale:
         mark_stale(result, project_freshness(lake.settings))

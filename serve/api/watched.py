@@ -22,13 +22,25 @@ from ctxlake.tasks.lake import IndexState
 WatchState = Callable[[Path], "tuple[int, frozenset[str]] | None"]
 _watch_state: WatchState = lambda root: None  # noqa: E731 - the default: nothing is watched
 _checked: dict[str, tuple[int, freshness.Freshness]] = {}
+# A search that arrives while the watcher applies an edit waits for it this long at most, so an
+# agent that saves a file and searches at once finds what it wrote. A batch that waits for another
+# writer (a forced re-index) is not waited for: the answer then says which files are stale.
+SETTLE_S = 1.0
+Settle = Callable[[Path, float], None]
+_settle: Settle = lambda root, timeout_s: None  # noqa: E731
 
 
-def use_watch_state(state: WatchState) -> None:
+def use_watch_state(state: WatchState, settle: Settle | None = None) -> None:
     """Let freshness checks of watched projects follow their watcher (the service calls this)."""
-    global _watch_state
+    global _watch_state, _settle
     _watch_state = state
+    _settle = settle or (lambda root, timeout_s: None)
     _checked.clear()
+
+
+def settle(root: Path, timeout_s: float = SETTLE_S) -> None:
+    """Wait (up to timeout_s) for the edit the service's watcher of root is applying, if any."""
+    _settle(root, timeout_s)
 
 
 def watch_state(root: Path) -> tuple[int, frozenset[str]] | None:

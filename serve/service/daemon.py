@@ -179,7 +179,7 @@ class Service:
         # On a thread: the read layer's import (pyarrow, lancedb) must not delay listening.
         from ctxlake.serve.api.watched import use_watch_state
 
-        use_watch_state(self.watchers.state)
+        use_watch_state(self.watchers.state, self.watchers.settle)
         self.watch_state_shared.set()
 
     def start_ui(self) -> None:
@@ -568,6 +568,9 @@ def rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+SWITCH_INTERVAL_S = 0.001
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ctx-service")
     parser.add_argument("--watch", action="append", default=[], type=Path)
@@ -587,6 +590,9 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_DISK
         raise
     os.chdir(paths.home)
+    # Requests wait on LanceDB's event-loop thread, which needs the GIL for every step of a query;
+    # with a watcher batch chunking on another thread each hand-off waited up to the default 5 ms.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     signal.signal(signal.SIGTERM, lambda *_: service.stopping.set())
     signal.signal(signal.SIGINT, lambda *_: service.stopping.set())
     service.serve_forever()

@@ -27,6 +27,13 @@ IMPORTS_WAIT_S = 120.0
 # than this is a job for `ctx run index` (a whole-tree run, in a child process of the service).
 CATCH_UP_MAX = 500
 NOISE = (".git/", ".ctx/")
+# A batch appends a fragment to each table it writes; merges and keyword queries slow with their
+# number (django, 120 small fragments: a one-file merge 95 ms and a keyword query 25 ms; optimized,
+# 63 and 13). Optimizing takes seconds on a big lake (3.8 s on django), so the watcher does it once
+# this many batches or OPTIMIZE_AFTER_ROWS rows are pending and the project has been quiet for
+# OPTIMIZE_QUIET_S, not in the way of the edit that made it due.
+OPTIMIZE_AFTER_BATCHES = 24
+OPTIMIZE_QUIET_S = 3.0
 
 
 class ProjectWatcher(threading.Thread):
@@ -39,7 +46,12 @@ class ProjectWatcher(threading.Thread):
         self.batches = 0
         self.changes = 0  # event batches seen plus batches applied: any change under root moves it
         self.pending: frozenset[str] = frozenset()  # indexable paths of the batch being applied
+        self.blocked = False  # the batch waits for another writer's lock (a forced re-index)
+        self.applied = threading.Condition()  # notified when a batch ends
         self._tree: tuple[str, Any] | None = None  # (Merkle root hash, Tree) the lake matched last
+        self.unoptimized_batches = 0
+        self.optimize_due = False
+        self.last_batch = 0.0  # time.monotonic() when the last batch ended
         self.error: str | None = None
 
     def run(self) -> None:
@@ -65,6 +77,8 @@ class ProjectWatcher(threading.Thread):
                 if raw in ("signal", "stop"):
                     break
                 if raw == "timeout":
+                    if self.optimize_due and time.monotonic() - self.last_batch >= OPTIMIZE_QUIET_S:
+                        self._optimize(settings)
                     continue
                 events = cast("set[tuple[int, str]]", raw)
                 paths = {Path(p).relative_to(self.root).as_posix() for _, p in events
@@ -83,12 +97,31 @@ class ProjectWatcher(threading.Thread):
         the batch is in (and the count moves on both edges)."""
         self.pending = indexable
         self.changes += 1
+        record: Callable[[], None] | None = None
         try:
             if self.root.is_dir():
-                self._apply(settings, paths)
+                record = self._apply(settings, paths)
         finally:
-            self.pending = frozenset()
-            self.changes += 1
+            with self.applied:
+                self.pending = frozenset()
+                self.blocked = False
+                self.changes += 1
+                self.applied.notify_all()
+        self.last_batch = time.monotonic()
+        if record is not None:  # the run-log row, once readers no longer wait for the batch
+            record()
+
+    def settle(self, timeout_s: float) -> bool:
+        """Wait up to timeout_s for the batch under way, unless it waits for another writer;
+        whether none is under way now."""
+        deadline = time.monotonic() + timeout_s
+        with self.applied:
+            while self.pending and not self.blocked:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self.is_alive():
+                    break
+                self.applied.wait(left)
+            return not self.pending
 
     def _catch_up(self, settings: Any) -> None:
         from ctxlake.schemas.tables import PROJECT_SOURCE
@@ -105,7 +138,8 @@ class ProjectWatcher(threading.Thread):
         if stale:  # the walk applied the index rules already
             self._batch(settings, stale, frozenset(stale))
 
-    def _apply(self, settings: Any, paths: set[str]) -> None:
+    def _apply(self, settings: Any, paths: set[str]) -> Callable[[], None] | None:
+        """Apply a batch under the writer lock; what is left to call once readers may go on."""
         imports_ready.wait(IMPORTS_WAIT_S)
         from ctxlake.errors import LockBusyError
         from ctxlake.flows.index_code import OPTIMIZE_AFTER_ROWS, IndexReport, Writer
@@ -120,22 +154,25 @@ class ProjectWatcher(threading.Thread):
             rehash_paths,
             scan,
         )
-        from ctxlake.tasks.store import optimize
 
         # However long another writer (a forced re-index) holds the lake: giving up would end the
         # watcher, and the paths stay pending (stale to readers) meanwhile. `ctx down` cancels it.
         try:
-            lock = WriterLock(settings.lake_dir, purpose="ctx service watcher").acquire(
-                wait_s=math.inf, cancel=self.stop_event)
+            lock = WriterLock(settings.lake_dir, purpose="ctx service watcher").acquire()
         except LockBusyError:
-            if self.stop_event.is_set():
-                return
-            raise
+            self.blocked = True  # readers do not wait for this batch (see settle)
+            try:
+                lock = WriterLock(settings.lake_dir, purpose="ctx service watcher").acquire(
+                    wait_s=math.inf, cancel=self.stop_event)
+            except LockBusyError:
+                if self.stop_event.is_set():
+                    return None
+                raise
         try:
             # Re-read each time: a `ctx run index` may have moved the lake on since the last batch.
             state = IndexState.read(settings.lake_dir)
             if state is None:
-                return  # not indexed yet: the first `ctx run index` builds it
+                return None  # not indexed yet: the first `ctx run index` builds it
             # The snapshot of a big tree takes a while to load (0.3 s on django): keep the one the
             # last batch left while the lake still matches it (no `ctx run index` moved it since).
             current = (state.roots or {}).get(PROJECT_SOURCE)
@@ -150,17 +187,46 @@ class ProjectWatcher(threading.Thread):
                 new_tree = tree.update(rehash_paths(self.root, paths, tree, keep, settings.index.max_file_bytes))
                 diff = diff_trees(tree, new_tree)
             if not diff:
-                return
+                return None
             writer = Writer(settings, PROJECT_SOURCE, self.root, self.engine.embedder(settings), state)
+            writer.known = set(new_tree.entries)  # the paths imports resolve against, as a run's scan has them
+            writer.defer_record = True
             started = time.perf_counter()
             matched = apply_batch(writer, tree, new_tree, diff, IndexReport(source=PROJECT_SOURCE, root=str(self.root)))
             self._tree = (matched.root_hash, matched)
             self.batches += 1
-            if writer.state.unoptimized_rows >= OPTIMIZE_AFTER_ROWS:  # nobody else may run index
-                optimize(writer.tables)
-                writer.state.unoptimized_rows = 0
-                writer.state.write(settings.lake_dir)
+            self.unoptimized_batches += 1
+            self.optimize_due = (writer.state.unoptimized_rows >= OPTIMIZE_AFTER_ROWS
+                                 or self.unoptimized_batches >= OPTIMIZE_AFTER_BATCHES)
             self.log(f"updated {len(paths)} path(s) in {self.root} in {time.perf_counter() - started:.2f} s")
+            return writer.record
+        finally:
+            lock.release()
+
+
+    def _optimize(self, settings: Any) -> None:
+        """Optimize the project's lake while nothing else writes it (see OPTIMIZE_AFTER_BATCHES);
+        a writer holding the lake just now makes this wait for the next quiet second."""
+        from ctxlake.errors import LockBusyError
+        from ctxlake.tasks.graph_store import open_graph, optimize_graph
+        from ctxlake.tasks.lake import IndexState, WriterLock
+        from ctxlake.tasks.store import open_for_write, optimize
+
+        try:
+            lock = WriterLock(settings.lake_dir, purpose="ctx service watcher (optimize)").acquire()
+        except LockBusyError:
+            return
+        try:
+            state = IndexState.read(settings.lake_dir)
+            if state is None or not state.clean:  # a run is half done: it optimizes as it ends
+                return
+            started = time.perf_counter()
+            optimize(open_for_write(settings.lake_dir, self.engine.embedder(settings).dims))
+            optimize_graph(open_graph(settings.lake_dir))
+            state.unoptimized_rows = 0
+            state.write(settings.lake_dir)
+            self.unoptimized_batches, self.optimize_due = 0, False
+            self.log(f"optimized the lake of {self.root} in {time.perf_counter() - started:.1f} s")
         finally:
             lock.release()
 
@@ -194,6 +260,13 @@ class Watchers:
             count, pending = watcher.changes, watcher.pending
             if watcher.changes == count:
                 return count, pending
+
+    def settle(self, root: Path, timeout_s: float) -> None:
+        """Wait up to timeout_s for the batch root's watcher is applying (see ProjectWatcher.settle)."""
+        with self._lock:
+            watcher = self._by_root.get(str(root))
+        if watcher is not None:
+            watcher.settle(timeout_s)
 
     def roots(self) -> list[str]:
         with self._lock:
