@@ -568,9 +568,6 @@ def rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-SWITCH_INTERVAL_S = 0.001
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ctx-service")
     parser.add_argument("--watch", action="append", default=[], type=Path)
@@ -590,9 +587,6 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_DISK
         raise
     os.chdir(paths.home)
-    # Requests wait on LanceDB's event-loop thread, which needs the GIL for every step of a query;
-    # with a watcher batch chunking on another thread each hand-off waited up to the default 5 ms.
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
     signal.signal(signal.SIGTERM, lambda *_: service.stopping.set())
     signal.signal(signal.SIGINT, lambda *_: service.stopping.set())
     service.serve_forever()
