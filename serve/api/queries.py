@@ -115,9 +115,14 @@ class Lake:
 
         if self.flat is None:
             old = like.flat if like is not None else None
-            self.flat = (old.rebind(self.chunks, self.chunks_version) if old is not None
-                         else FlatVectors(self.chunks, self.chunks_version))
+            self.flat = (old.rebind(self.chunks, self.chunks_version, self._pending_vectors) if old is not None
+                         else FlatVectors(self.chunks, self.chunks_version, self._pending_vectors))
         return self.flat
+
+    def _pending_vectors(self) -> int:
+        """Chunks waiting for a vector as the last run left them (an unreadable state: assume some)."""
+        state = IndexState.read(self.settings.lake_dir)
+        return 1 if state is None else int(state.pending_vectors)
 
     # -- helpers ---------------------------------------------------------------------------------
 

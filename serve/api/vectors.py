@@ -75,10 +75,15 @@ class FlatVectors:
     """A lake's chunk vectors in memory, kept at the table's latest version; `nearest` answers a
     flat cosine search (what LanceDB's scan without an index answers) or raises Unanswerable."""
 
-    def __init__(self, table: Table, version: Callable[[], int] | None = None) -> None:
+    def __init__(self, table: Table, version: Callable[[], int] | None = None,
+                 pending: Callable[[], int] | None = None) -> None:
         self.table = table
         # The table's latest version (the Lake passes its memo of it: serve/api/queries.py).
         self._version = version or (lambda: int(table.version))
+        # Rows still waiting for a vector, as the last index run recorded them (state.json): a full
+        # read is not attempted meanwhile. Without it the rows are counted, a scan of the whole
+        # vector column that left ~55 MB more in the service's heap on django than the read itself.
+        self._pending = pending or (lambda: int(table.count_rows("vector IS NULL")))
         self._snapshot: _Snapshot | None = None
         self._lock = threading.Lock()
         self._refused: int | None = None  # a version found unanswerable: don't reread it per query
@@ -175,7 +180,7 @@ class FlatVectors:
         count = self.table.count_rows()
         if count > MAX_ROWS:
             raise Unanswerable("too many rows")
-        if self.table.count_rows("vector IS NULL"):  # still being embedded: not worth a read
+        if self._pending():  # still being embedded: not worth a read (one that finds a null stops)
             raise Unanswerable("rows without vectors")
         # Streamed into the matrix batch by batch: reading the whole column first left ~300 MB of
         # freed buffers in the service's heap for django's 46 MB of vectors.
@@ -201,9 +206,10 @@ class FlatVectors:
         log.debug("loaded %d vectors of %s (version %d)", count, self.table.name, before)
         return _Snapshot(before, (_Segment(row_ids, chunk_ids, matrix, np.ones(count, dtype=bool)),))
 
-    def rebind(self, table: Table, version: Callable[[], int] | None = None) -> FlatVectors:
+    def rebind(self, table: Table, version: Callable[[], int] | None = None,
+               pending: Callable[[], int] | None = None) -> FlatVectors:
         """The same vectors for another handle on the same table (a reopened Lake)."""
-        other = FlatVectors(table, version)
+        other = FlatVectors(table, version, pending)
         other._snapshot = self._snapshot
         return other
 

@@ -113,7 +113,13 @@ def test_rows_without_vectors_are_answered_by_lancedb_until_embedded(
     result = queries.search(held, "pipeline step", mode="semantic", limit=50, check_stale=False)
     assert {h.path for h in result.hits} <= {f"pkg/mod{i}.py" for i in range(6)}
     assert any("embedded" in w for w in result.warnings)
+    # A reader opened now does not load: the run recorded rows waiting for vectors.
+    fresh = queries.Lake(settings)
+    fresh.keep_vectors()
+    assert fresh.flat is not None and not fresh.flat.complete()
 
     assert cli("run", "index", cwd=repo).exit_code == 0  # embeds the rest
     assert_same_as_lancedb(held, settings)
+    assert fresh.flat.complete()
+    assert_same_as_lancedb(fresh, settings)
     assert any(p.startswith("pkg/more") for q in QUERIES for p, _ in semantic(held, q))
