@@ -286,7 +286,7 @@ def _fts(table: Table, query: str, where: str | None, columns: list[str], limit:
     search = table.search(MatchQuery(text, column), query_type="fts")  # type: ignore[call-arg]
     if where:
         search = search.where(where, prefilter=True)
-    rows: list[dict[str, Any]] = search.select(columns).limit(limit).to_list()
+    rows: list[dict[str, Any]] = search.select(columns).with_row_id(True).limit(limit).to_list()
     return rows
 
 
@@ -319,7 +319,7 @@ def _vector(table: Table, vector: list[float], where: str | None, columns: list[
         builder = builder.distance_type("cosine").minimum_nprobes(ANN_PROBES[0]).maximum_nprobes(max_probes)
         if where:
             builder = builder.where(where, prefilter=True)
-        found: list[dict[str, Any]] = builder.select(columns).limit(limit).to_list()
+        found: list[dict[str, Any]] = builder.select(columns).with_row_id(True).limit(limit).to_list()
         return found
 
     rows = nearest(ANN_PROBES[1])
@@ -373,16 +373,22 @@ def search_context(
     # The table queries (BM25 and vectors over up to three tables) run at once on the read pool:
     # LanceDB releases the GIL, and one after another they cost their sum (~200 ms at 2,000
     # sessions where the slowest alone is ~70).
+    # Each returns ids and row ids only (knowledge: its type too); the columns a hit shows are read
+    # after fusion, for the rows shown (fill_hits): the candidates' texts were most of the reads.
     jobs: list[tuple[list[Future[list[dict[str, Any]]]], str, float]] = []
+    tables: dict[str, tuple[Table, list[str]]] = {}  # kind -> (table, columns a hit shows)
     pool = read_pool()
 
     def add(fn: Callable[..., list[dict[str, Any]]], table: Table, what: Any, where: str | None,
             columns: list[str], kind: str, w: float) -> None:
-        jobs.append(([pool.submit(fn, table, what, where, columns, pool_size)], kind, w))
+        tables[kind] = (table, columns)
+        jobs.append(([pool.submit(fn, table, what, where, _narrow(kind), pool_size)], kind, w))
 
     def add_keyword(table: Table, where: str | None, columns: list[str], kind: str) -> None:
+        tables[kind] = (table, columns)
         indexed = _fts_columns(table)
-        parts = [pool.submit(_fts, table, query, where, columns, pool_size, c) for c in ("text", "terms") if c in indexed]
+        parts = [pool.submit(_fts, table, query, where, _narrow(kind), pool_size, c)
+                 for c in ("text", "terms") if c in indexed]
         if parts:
             jobs.append((parts, kind, weight))
 
@@ -420,12 +426,51 @@ def search_context(
         rows = parts[0].result() if len(parts) == 1 else sum_scores([p.result() for p in parts], pool_size)
         for r in rows:
             r["_type"] = kind if kind != "knowledge" else r["type"]
+            r["_table"] = kind
             r["id"] = f"{r['_type']}:{r['id']}"
         lists.append((rows, w))
     fused = fuse(lists, lake.settings.search.rrf_k)[:limit]
+    fill_hits(fused, tables)
     hits = [_hit(r, depth) for r in fused]
     return ContextResult(query=query, mode=mode, depth=depth, hits=hits, warnings=warnings,
                          took_ms=round((time.perf_counter() - started) * 1000, 1))
+
+
+def _narrow(kind: str) -> list[str]:
+    return ["id", "type"] if kind == "knowledge" else ["id"]
+
+
+def fill_hits(rows: list[dict[str, Any]], tables: dict[str, tuple[Table, list[str]]]) -> None:
+    """Complete, in place, fused rows that carry only ids with the columns their hit shows: one
+    take by row id per table. A row whose id is no longer at its row id (a compaction moved it
+    meanwhile) is read by its id instead. The tables' takes run side by side on the read pool."""
+    def take(table: Table, columns: list[str], wanted: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = table.take_row_ids([r["_rowid"] for r in wanted]).select(columns).with_row_id().to_list()
+        return found
+
+    jobs = []
+    for kind, (table, columns) in tables.items():
+        wanted = [r for r in rows if r["_table"] == kind]
+        if wanted:
+            jobs.append((table, columns, wanted, read_pool().submit(take, table, columns, wanted)))
+    for table, columns, wanted, job in jobs:
+        by_row = {found.pop("_rowid"): found for found in job.result()}
+        missing: dict[str, dict[str, Any]] = {}
+        for r in wanted:
+            bare = r["id"].split(":", 1)[1]
+            found = by_row.get(r["_rowid"])
+            if found is None or found["id"] != bare:
+                missing[bare] = r
+            else:
+                r.update({**found, "id": r["id"]})
+        if missing:
+            where = f"id IN ({', '.join(sql_str(i) for i in missing)})"
+            for found in table.search().where(where).select(columns).to_list():
+                if found["id"] in missing:
+                    moved = missing.pop(found["id"])
+                    moved.update({**found, "id": moved["id"]})
+        for r in missing.values():  # deleted meanwhile: left out
+            rows.remove(r)
 
 
 def _hit(row: dict[str, Any], depth: Depth) -> ContextHit:
