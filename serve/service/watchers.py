@@ -189,7 +189,8 @@ class ProjectWatcher(threading.Thread):
             if not diff:
                 return None
             writer = Writer(settings, PROJECT_SOURCE, self.root, self.engine.embedder(settings), state)
-            writer.known = set(new_tree.entries)  # the paths imports resolve against, as a run's scan has them
+            if tree.entries:  # the paths imports resolve against, as a run's scan has them (no snapshot: FILES)
+                writer.known = set(new_tree.entries)
             writer.defer_record = True
             started = time.perf_counter()
             matched = apply_batch(writer, tree, new_tree, diff, IndexReport(source=PROJECT_SOURCE, root=str(self.root)))

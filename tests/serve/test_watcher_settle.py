@@ -111,3 +111,16 @@ def test_the_watcher_optimizes_the_fragmented_lake_once_quiet(
     assert _unindexed(settings.lake_dir) == 0
     hits = queries.search(queries.Lake(settings), "refund_2", mode="keyword").hits
     assert hits and hits[0].path == "src/billing/refund.py"
+
+
+def test_a_watcher_batch_resolves_imports_against_the_whole_project(watching: tuple[Path, ProjectWatcher]) -> None:
+    from ctxlake.tasks.graph_store import IMPORTS_TABLE
+    from ctxlake.tasks.lake import connect
+
+    repo, watcher = watching
+    (repo / "src" / "report.py").write_text("from src.users.service import UserRepository\n\n\n"
+                                            "def report():\n    return UserRepository()\n")
+    wait_for(lambda: watcher.batches >= 1 and not watcher.pending, 60, "the batch")
+    imports = connect(repo / ".ctx" / "lake").open_table(IMPORTS_TABLE).to_arrow().to_pylist()
+    resolved = {r["module"]: r["resolved"] for r in imports if r["path"] == "src/report.py"}
+    assert resolved == {"src.users.service": "src/users/service.py"}
