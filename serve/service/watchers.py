@@ -204,7 +204,6 @@ class ProjectWatcher(threading.Thread):
         finally:
             lock.release()
 
-
     def _optimize(self, settings: Any) -> None:
         """Optimize the project's lake while nothing else writes it (see OPTIMIZE_AFTER_BATCHES);
         a writer holding the lake just now makes this wait for the next quiet second."""
