@@ -5,7 +5,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -101,7 +101,7 @@ class EmbeddingCache:
                 todo = [h for h in part if h not in found]
                 if not todo:
                     break
-                where = f"content_hash IN ({', '.join(sql_str(h) for h in todo)})"
+                where = _hashes_in(todo)
                 rows = table.search().where(where).select(["content_hash", "vector"]).to_arrow()
                 if rows.num_rows == 0:
                     continue
@@ -140,7 +140,7 @@ class EmbeddingCache:
         changed = {h for h, v in zip(hashes, vectors, strict=True)
                    if h in stored and not np.allclose(stored[h], v, rtol=0.0, atol=REPLACE_ATOL)}
         if changed:
-            where = f"content_hash IN ({', '.join(sql_str(h) for h in changed)})"
+            where = _hashes_in(changed)
             with writing("the embedding cache"):
                 for table in (self.table, self.recent):
                     table.delete(where)
@@ -162,7 +162,7 @@ class EmbeddingCache:
         removed = 0
         for start in range(0, len(repeated), LOOKUP_BATCH):
             part = repeated[start : start + LOOKUP_BATCH]
-            where = f"content_hash IN ({', '.join(sql_str(h) for h in part)})"
+            where = _hashes_in(part)
             rows = self.table.search().where(where).select(["content_hash", "vector"]).to_arrow()
             _, first = np.unique(np.asarray(rows.column("content_hash").to_pylist(), dtype=object), return_index=True)
             kept = rows.take(pa.array(np.sort(first)))
@@ -221,13 +221,17 @@ class EmbeddingCache:
             with writing("the embedding cache"):
                 self.table.add(rows)
                 # Exactly the rows moved: an append another process made meanwhile stays.
-                self.recent.delete(f"content_hash IN ({', '.join(sql_str(h) for h in set(rows.column('content_hash').to_pylist()))})")
+                self.recent.delete(_hashes_in(set(rows.column("content_hash").to_pylist())))
             self.recent.optimize(cleanup_older_than=KEEP_VERSIONS)
             return True
         if fragment_count(self.recent) >= RECENT_OPTIMIZE_FRAGMENTS:
             self.recent.optimize(cleanup_older_than=KEEP_VERSIONS)
             return True
         return False
+
+
+def _hashes_in(hashes: Iterable[str]) -> str:
+    return f"content_hash IN ({', '.join(sql_str(h) for h in hashes)})"
 
 
 def cached_vectors(hashes: Sequence[str], cache: EmbeddingCache) -> tuple[np.ndarray, np.ndarray]:
