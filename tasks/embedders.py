@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 import os
 import random
+import re
 import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -64,6 +65,12 @@ GPU_BATCH_MIN = 32
 GPU_BATCH_MAX = 256
 # Texts per encode call on a GPU, in batches: fewer calls keep the device busy between them.
 GPU_GROUP_BATCHES = 4
+# The model reads a text's first max_tokens tokens, but a tokenizer reads the whole text before it
+# truncates: a 60-line chunk of ~2,800 characters is ~900 tokens to make 256. Texts are cut to
+# this many characters a token first (at a word's end; code averages ~3 a token), and a text whose
+# head came out shorter than max_tokens is tokenized whole after all, so the tokens are the same.
+HEAD_CHARS_PER_TOKEN = 5
+_WORD_END = re.compile(r"(?<=\S)\s")
 
 HTTP_TIMEOUT_S = 60.0
 RETRY_TRIES = 4
@@ -188,6 +195,9 @@ class SentenceTransformerEmbedder(_LocalEmbedder):
         self._bundled = bundled
         self._device: str | None = None
         self._batch: int | None = None if embed.batch_size == "auto" else embed.batch_size
+        # The direct encode loop: None until the first call shows whether the model takes it.
+        self._direct: bool | None = None
+        self._cut, self._cut_checked = True, False
         if bundled:
             self.dims = BUNDLED_DIMS
             self.max_tokens = min(embed.max_tokens, BUNDLED_MAX_TOKENS)
@@ -237,6 +247,10 @@ class SentenceTransformerEmbedder(_LocalEmbedder):
     def _encode(self, model: Any, texts: list[str]) -> np.ndarray:
         while True:
             try:
+                if self._direct is not False:
+                    vectors = self._encode_direct(model, texts)
+                    if vectors is not None:
+                        return vectors
                 return np.asarray(model.encode(
                     texts,
                     batch_size=self.batch_size,
@@ -251,6 +265,71 @@ class SentenceTransformerEmbedder(_LocalEmbedder):
                 _free_device_memory(self.device)
                 print(f"ctx: the embedding model ran out of {self.device} memory; batch size now "
                       f"{self._batch} (set embed.batch_size to fix it)", file=sys.stderr)
+
+    def _encode_direct(self, model: Any, texts: list[str]) -> np.ndarray | None:
+        """What encode() does (length-sorted batches, tokens, the model, unit vectors), with two
+        changes: texts are tokenized from their heads (`text_head`), and on a GPU the next batch is
+        tokenized while the device runs the current one. None when the model is not a
+        sentence-transformers model of tokenizer + modules; encode() serves it from then on."""
+        prepare = getattr(model, "preprocess", None) or getattr(model, "tokenize", None)
+        if prepare is None or not callable(model) or not hasattr(model, "device"):
+            self._direct = False
+            return None
+        import torch
+
+        limit = int(getattr(model, "max_seq_length", None) or self.max_tokens)
+        chars = limit * HEAD_CHARS_PER_TOKEN
+        heads = [text_head(t, chars) for t in texts] if self._cut else texts
+        order = sorted(range(len(texts)), key=lambda i: -len(heads[i]))
+        batches = [order[k : k + self.batch_size] for k in range(0, len(order), self.batch_size)]
+
+        def features(idx: list[int]) -> Any:
+            made = prepare([heads[i] for i in idx])
+            mask = made.get("attention_mask") if isinstance(made, Mapping) else None
+            if mask is None or mask.dim() != 2:
+                return made
+            # A head that kept fewer than `limit` tokens may have cut off tokens the model reads.
+            short = [j for j, i in enumerate(idx) if heads[i] is not texts[i] and int(mask[j].sum()) < limit]
+            if short:
+                redo = set(short)
+                made = prepare([texts[i] if j in redo else heads[i] for j, i in enumerate(idx)])
+            return made
+
+        if self._cut and not self._cut_checked and any(heads[i] is not texts[i] for i in batches[0]):
+            self._check_heads(features(batches[0]), prepare([texts[i] for i in batches[0]]))
+            if not self._cut:
+                heads = texts
+        device = model.device
+        rows: list[np.ndarray] = []
+        with torch.inference_mode():
+            ready = features(batches[0])
+            for k in range(len(batches)):
+                moved = {name: value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+                         for name, value in ready.items()}
+                out = model(moved)
+                if not isinstance(out, dict) or "sentence_embedding" not in out:
+                    self._direct = False
+                    return None
+                unit = torch.nn.functional.normalize(out["sentence_embedding"].float(), p=2, dim=1)
+                # On a GPU the model runs asynchronously: tokenize the next batch meanwhile.
+                ready = features(batches[k + 1]) if k + 1 < len(batches) else None
+                rows.append(unit.cpu().numpy())
+        self._direct = True
+        vectors = np.empty((len(texts), rows[0].shape[1]), dtype=np.float32)
+        vectors[order] = np.concatenate(rows)
+        return vectors
+
+    def _check_heads(self, from_heads: Any, whole: Any) -> None:
+        """Once per model: a batch's tokens made from heads must equal those from the whole texts
+        (they do for tokenizers that split words first); else this model gets whole texts."""
+        self._cut_checked = True
+        ids = "input_ids"
+        same = (isinstance(from_heads, Mapping) and isinstance(whole, Mapping) and ids in from_heads and ids in whole
+                and from_heads[ids].shape == whole[ids].shape and bool((from_heads[ids] == whole[ids]).all()))
+        if not same:
+            self._cut = False
+            print(f"ctx: {self.model}'s tokenizer gives other tokens for a text's head than for the whole "
+                  "text; whole texts are tokenized (slower)", file=sys.stderr)
 
     def _load(self) -> Any:
         source = str(bundled_model_path()) if self._bundled else self.model
@@ -296,6 +375,15 @@ class SentenceTransformerEmbedder(_LocalEmbedder):
             raise EmbedderError(f"the bundled model at {source} gives {width} dims, not 384")
         self.dims = int(width)
         return st
+
+
+def text_head(text: str, chars: int) -> str:
+    """`text` up to the first end of a word at or past `chars` characters; the text itself when it
+    is shorter or has no such place. Cut only there, a head's tokens are the whole text's first."""
+    if len(text) <= chars:
+        return text
+    end = _WORD_END.search(text, chars)
+    return text if end is None else text[: end.start()]
 
 
 def _pick_gpu_batch(st: Any, max_tokens: int, device: str) -> int:

