@@ -213,12 +213,15 @@ def test_small_ingests_do_not_rewrite_the_tables_until_fragments_pile_up(
     log = next(env["stores"]["claude"].rglob("sess-a.jsonl"))
     seen, reports = [fragments()], []
     for n in range(8):
-        write_jsonl(log, [claude("user", f"late{n}", 40 + n, f"zebra{n} rollout note", cwd=str(env["repo"]))], mode="a")
+        # No digit in the word: a query's "zebra4" also asks for "4", which the tmp path in another
+        # message's file paths (pytest-4) can hold.
+        word = "zebra" + "abcdefgh"[n]
+        write_jsonl(log, [claude("user", f"late{n}", 40 + n, f"{word} rollout note", cwd=str(env["repo"]))], mode="a")
         reports.append(ingest(cli, env))
         seen.append(fragments())
         # A new message is found by keyword at once, whether or not its fragment is indexed yet.
-        found = cli_json(cli, env["repo"], "context", "search", f"zebra{n}", "--mode", "keyword", "--type", "message")
-        assert [h["text"] for h in found["hits"]] == [f"zebra{n} rollout note"]
+        found = cli_json(cli, env["repo"], "context", "search", word, "--mode", "keyword", "--type", "message")
+        assert [h["text"] for h in found["hits"]] == [f"{word} rollout note"]
     compacted = [i for i, r in enumerate(reports) if "messages" in r["optimized"]]
     assert compacted, f"never compacted; fragments per run {seen}"
     first = compacted[0]
