@@ -272,9 +272,25 @@ class SentenceTransformerEmbedder(_LocalEmbedder):
         tokenized while the device runs the current one. None when the model is not a
         sentence-transformers model of tokenizer + modules; encode() serves it from then on."""
         prepare = getattr(model, "preprocess", None) or getattr(model, "tokenize", None)
-        if prepare is None or not callable(model) or not hasattr(model, "device"):
+        # A prompt the model adds by default, or vectors it truncates: encode() knows those.
+        if (prepare is None or not callable(model) or not hasattr(model, "device")
+                or getattr(model, "default_prompt_name", None) or getattr(model, "truncate_dim", None)):
             self._direct = False
             return None
+        if self._direct is None:  # the first call: a model this loop cannot drive goes to encode()
+            try:
+                return self._run_direct(model, prepare, texts)
+            except RuntimeError as exc:
+                if "out of memory" in str(exc).lower():
+                    raise
+                self._direct = False
+                return None
+            except (TypeError, KeyError, AttributeError, ValueError):
+                self._direct = False
+                return None
+        return self._run_direct(model, prepare, texts)
+
+    def _run_direct(self, model: Any, prepare: Callable[[list[str]], Any], texts: list[str]) -> np.ndarray | None:
         import torch
 
         limit = int(getattr(model, "max_seq_length", None) or self.max_tokens)

@@ -596,6 +596,18 @@ def test_direct_loop_stops_cutting_when_heads_give_other_tokens(
     np.testing.assert_allclose(got, ends / np.linalg.norm(ends, axis=1, keepdims=True), rtol=1e-6)
 
 
+def test_a_model_with_a_default_prompt_goes_through_encode(tmp_path: Path) -> None:
+    class Prompted(_TailModel):
+        default_prompt_name = "document"  # encode() would add the model's prompt; the loop does not
+
+        def encode(self, texts: list[str], **_: Any) -> np.ndarray:
+            return np.ones((len(texts), 3), dtype=np.float32)
+
+    embedder = make_embedder(EmbedSettings(model="minilm", device="cpu", batch_size=8), tmp_path)
+    assert embedder._encode(Prompted(), ["a", "b"]).shape == (2, 3)  # type: ignore[attr-defined]
+    assert embedder._direct is False  # type: ignore[attr-defined]
+
+
 def test_direct_loop_halves_the_batch_when_out_of_memory(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     embedder = make_embedder(EmbedSettings(model="minilm", device="cpu", batch_size=8), tmp_path)
