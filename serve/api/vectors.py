@@ -202,7 +202,7 @@ class FlatVectors:
         if filled != count:
             raise Unanswerable("the table changed during the read")
         _unit(matrix)
-        _give_back_freed_memory()
+        give_back_freed_memory()
         log.debug("loaded %d vectors of %s (version %d)", count, self.table.name, before)
         return _Snapshot(before, (_Segment(row_ids, chunk_ids, matrix, np.ones(count, dtype=bool)),))
 
@@ -237,7 +237,7 @@ def _compact(segments: list[_Segment]) -> _Segment:
     return _Segment(row_ids, chunk_ids, matrix, np.ones(len(row_ids), dtype=bool))
 
 
-def _give_back_freed_memory() -> None:
+def give_back_freed_memory() -> None:
     """Return the heap's free pages to the system after a big read (glibc only; elsewhere a no-op):
     a read's buffers are freed, but glibc keeps the pages for reuse, and a long-lived service's
     resident size would keep them."""

@@ -33,6 +33,14 @@ from ctxlake.serve.service.watchers import imports_ready
 
 EXIT_DISK = 8
 HOUSEKEEPING_S = 2.0  # how often deleted project folders are dropped and idle lakes evicted
+# Queries, watcher batches and ingests free their buffers, but glibc keeps the freed pages for
+# reuse, and an idle service would hold them. Once the process has done this many CPU seconds of
+# work since it last gave them back, and then used under IDLE_CPU_SHARE of a core for one
+# housekeeping interval, it gives them back (malloc_trim, while idle). An idle service still
+# uses ~2% of a core (Prefect's runner polls its server), which stays under the share and takes
+# ~100 s to add up to a trim.
+TRIM_AFTER_CPU_S = 2.0
+IDLE_CPU_SHARE = 0.10
 INDEX_WAIT_S = 60
 BUSY_WAIT_S = 1.0  # a CLI request waits this long for the one before it, then runs in its client
 SETTLE_S = 0.08  # > the watcher's 50 ms quiet step; a miss only costs a full (correct) run
@@ -227,11 +235,21 @@ class Service:
         self.shutdown()
 
     def _housekeeping(self) -> None:
+        cpu_seen = cpu_trimmed = time.process_time()
         while not self.stopping.wait(HOUSEKEEPING_S):
             for root in self.engine.evict_idle():
                 log(f"evicted idle project {root}")
             if self.watchers.drop_missing():
                 self.remember()
+            cpu = time.process_time()  # all threads of the service
+            if cpu - cpu_seen < IDLE_CPU_SHARE * HOUSEKEEPING_S and cpu - cpu_trimmed >= TRIM_AFTER_CPU_S:
+                from ctxlake.serve.api.vectors import give_back_freed_memory
+
+                before = rss_bytes()
+                give_back_freed_memory()
+                log(f"idle: gave freed memory back, RSS {before >> 20} -> {rss_bytes() >> 20} MB")
+                cpu_trimmed = cpu = time.process_time()
+            cpu_seen = cpu
 
     def shutdown(self) -> None:
         log("stopping")

@@ -99,6 +99,19 @@ class Proxy:
         self.proc.wait(10)
 
 
+def idle_rss(proc: psutil.Process, quiet_s: float = 4.0, limit_s: float = 60.0) -> tuple[int, float]:
+    """The process's RSS once it has used under 10% of a core for `quiet_s` on end (at most
+    `limit_s` of waiting), and the seconds waited: what an idle service holds (idle, it still
+    uses ~2%: Prefect's runner polls its server)."""
+    started = time.perf_counter()
+    proc.cpu_percent(None)
+    quiet = 0.0
+    while quiet < quiet_s and time.perf_counter() - started < limit_s:
+        time.sleep(0.5)
+        quiet = quiet + 0.5 if proc.cpu_percent(None) < 10.0 else 0.0
+    return int(proc.memory_info().rss), time.perf_counter() - started
+
+
 def small_project(workdir: Path, tree: Path, i: int, env: dict[str, str]) -> Path:
     """A small extra project (a slice of the repo) indexed through the service, hence watched."""
     dest = workdir / f"extra{i}"
@@ -132,10 +145,15 @@ def bench_repo(name: str, tree: Path, workdir: Path, env: dict[str, str], load_q
     log("service up ...")
     wall([CTX, "up"], tree, env)
     pid = service_pid(home)
+    trace: dict[str, int] = {}  # the service's RSS (MB) after each step, to see what it holds when
+    mark = lambda step: trace.__setitem__(step, psutil.Process(pid).memory_info().rss >> 20)  # noqa: E731
+    mark("up")
     # The first index run in the service registers the project and pays Prefect's start once.
     edit(target, "first")
     r["svc_first_edit_index_s"] = round(wall([CTX, "run", "index"], tree, env)[0], 2)
+    mark("first index")
     wall([CTX, "search", "warm", "--mode", "hybrid"], tree, env)
+    mark("first search")
     r["svc_search_keyword_p50_s"] = round(searches(tree, env, "keyword"), 3)
     r["svc_search_hybrid_p50_s"] = round(searches(tree, env, "hybrid"), 3)
     edits = []
@@ -144,9 +162,11 @@ def bench_repo(name: str, tree: Path, workdir: Path, env: dict[str, str], load_q
         edits.append(wall([CTX, "run", "index"], tree, env)[0])
     r["svc_edit_index_p50_s"] = round(statistics.median(edits), 3)
     r["svc_noop_index_p50_s"] = round(statistics.median(wall([CTX, "run", "index"], tree, env)[0] for _ in range(5)), 3)
+    mark("searches, edits, index runs")
 
     log("4 more projects registered; edit -> searchable ...")
     extras = [small_project(workdir, tree, i, env) for i in range(4)]
+    mark("4 more projects")
     lags = []
     for i in range(10):
         fn = edit(target, f"lag{i}")
@@ -159,7 +179,15 @@ def bench_repo(name: str, tree: Path, workdir: Path, env: dict[str, str], load_q
     r["svc_edit_to_searchable_p50_s"] = round(p(lags, 0.5), 3)
     r["svc_edit_to_searchable_p95_s"] = round(p(lags, 0.95), 3)
     svc = psutil.Process(pid)
+    mark("edit -> searchable")
     r["svc_rss_mb_5_watched_1_searched"] = round(svc.memory_info().rss / 2**20)
+    for extra in extras[:2]:  # three projects loaded (the issue's idle figure): this one and two more
+        wall([CTX, "search", "def", "--mode", "hybrid", "-n", "1"], extra, env)
+    rss, waited = idle_rss(svc)
+    r["svc_idle_rss_mb_5_watched_3_loaded"] = round(rss / 2**20)
+    r["svc_idle_after_s"] = round(waited, 1)
+    mark("idle")
+    r["svc_rss_mb_trace"] = trace
 
     log("transcript -> search_context ...")
     lags = transcript_lag(tree, env, 5)

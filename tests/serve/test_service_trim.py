@@ -1,0 +1,45 @@
+"""The service gives freed heap pages back to the system once it goes idle after work."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ctxlake.serve.api import vectors
+from ctxlake.serve.service import daemon
+from ctxlake.serve.service.paths import ServicePaths
+
+
+def _burn(seconds: float) -> None:
+    """Use `seconds` of CPU in this process."""
+    start = time.process_time()
+    while time.process_time() - start < seconds:
+        sum(i * i for i in range(10_000))
+
+
+def test_idle_after_work_gives_freed_memory_back_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[float] = []
+    monkeypatch.setattr(vectors, "give_back_freed_memory", lambda: calls.append(time.monotonic()))
+    monkeypatch.setattr(daemon, "HOUSEKEEPING_S", 0.2)
+    # Idle here is under 30% of a core: other tests' threads in this process may still tick.
+    monkeypatch.setattr(daemon, "IDLE_CPU_SHARE", 0.3)
+    service = daemon.Service(ServicePaths(tmp_path / "home"), watch=[])
+    keeper = threading.Thread(target=service._housekeeping, daemon=True)
+    keeper.start()
+    try:
+        time.sleep(0.6)
+        assert calls == []  # nothing done yet: nothing to give back
+        _burn(daemon.TRIM_AFTER_CPU_S + 0.2)  # busy: no trim while the work goes on
+        busy_until = time.monotonic()
+        deadline = busy_until + 5
+        while not calls and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(calls) == 1 and calls[0] >= busy_until  # after the work, once idle
+        time.sleep(1.0)
+        assert len(calls) == 1  # idle on: no second trim without new work
+    finally:
+        service.stopping.set()
+        keeper.join(5)
