@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from ctxlake.serve.api import vectors
 from ctxlake.serve.service import daemon
-from ctxlake.serve.service.paths import ServicePaths
 
 
 def _burn(seconds: float) -> None:
@@ -20,14 +19,17 @@ def _burn(seconds: float) -> None:
         sum(i * i for i in range(10_000))
 
 
-def test_idle_after_work_gives_freed_memory_back_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_idle_after_work_gives_freed_memory_back_once(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[float] = []
     monkeypatch.setattr(vectors, "give_back_freed_memory", lambda: calls.append(time.monotonic()))
     monkeypatch.setattr(daemon, "HOUSEKEEPING_S", 0.2)
     # Idle here is under 30% of a core: other tests' threads in this process may still tick.
     monkeypatch.setattr(daemon, "IDLE_CPU_SHARE", 0.3)
-    service = daemon.Service(ServicePaths(tmp_path / "home"), watch=[])
-    keeper = threading.Thread(target=service._housekeeping, daemon=True)
+    # Only what housekeeping touches: a whole Service would install its engine in this process
+    # (the embedders of every later test would then be the service's shared ones).
+    service = SimpleNamespace(stopping=threading.Event(), engine=SimpleNamespace(evict_idle=lambda: []),
+                              watchers=SimpleNamespace(drop_missing=lambda: []), remember=lambda: None)
+    keeper = threading.Thread(target=daemon.Service._housekeeping, args=(service,), daemon=True)
     keeper.start()
     try:
         time.sleep(0.6)
