@@ -584,8 +584,11 @@ def search(
             rows = []
         else:
             rows = semantic_rows(lake, query, limit, where)
-            if not rows and embedded_fraction(lake) == 0.0:  # a re-index began meanwhile
-                warnings.append("no chunk has a vector yet: wait for `ctx run index` to embed, or use --mode keyword")
+            if not rows:
+                if embedded_fraction(lake) == 0.0:  # a re-index began meanwhile
+                    warnings.append("no chunk has a vector yet: wait for `ctx run index` to embed, or use --mode keyword")
+                else:  # the query read a version between the chunks' write and their vectors': ask again
+                    rows = semantic_rows(lake, query, limit, where)
     elif mode == "fuzzy":
         if len(query.split()) >= SENTENCE_WORDS:
             warnings.append("fuzzy mode matches symbol names and single words with typos; for a sentence "

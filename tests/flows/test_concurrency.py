@@ -98,3 +98,21 @@ def test_a_failed_write_is_one_clear_error_and_the_old_index_stays_readable(
     assert cli("run", "index", cwd=repo).exit_code == 0
     assert "(v2)" in json.loads(cli("search", "handler_3_2", "--mode", "keyword", "--json", cwd=repo).stdout)[
         "hits"][0]["snippet"]
+
+
+def test_a_semantic_query_that_read_a_version_without_vectors_asks_again(
+    make_repo: Callable[..., Path], cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = make_repo(many_files(3, 1))
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    lake = queries.Lake(load_settings(repo))
+    real = queries.semantic_rows
+    calls: list[int] = []
+
+    def first_read_between_write_and_vectors(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return [] if len(calls) == 1 else real(*args, **kwargs)  # the chunks' version, vectors not yet in
+
+    monkeypatch.setattr(queries, "semantic_rows", first_read_between_write_and_vectors)
+    result = queries.search(lake, "handle request value", mode="semantic", check_stale=False)
+    assert result.hits and len(calls) == 2 and result.warnings == []
