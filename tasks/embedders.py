@@ -311,14 +311,17 @@ class SentenceTransformerEmbedder(_LocalEmbedder):
                 made = prepare([texts[i] if j in redo else heads[i] for j, i in enumerate(idx)])
             return made
 
+        ready: Any = None  # the first batch's tokens, when the check below made them already
         if self._cut and not self._cut_checked and any(heads[i] is not texts[i] for i in batches[0]):
-            self._check_heads(features(batches[0]), prepare([texts[i] for i in batches[0]]))
+            ready = features(batches[0])
+            self._check_heads(ready, prepare([texts[i] for i in batches[0]]))
             if not self._cut:
-                heads = texts
+                heads, ready = texts, None
         device = model.device
         rows: list[np.ndarray] = []
         with torch.inference_mode():
-            ready = features(batches[0])
+            if ready is None:
+                ready = features(batches[0])
             for k in range(len(batches)):
                 moved = {name: value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
                          for name, value in ready.items()}
