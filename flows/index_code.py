@@ -55,6 +55,7 @@ class IndexReport:
     graph_rows: int = 0  # definitions, references and imports written
     vectors_from_cache: int = 0
     embedded: int = 0
+    vectors_unchanged: int = 0  # --force: rows whose new vector equalled the stored one (not rewritten)
     cochange_commits: int = 0  # git commits read into the co-change table this run
     warnings: list[str] = field(default_factory=list)
     keyword_ready_s: float = 0.0
@@ -139,6 +140,7 @@ class Writer:
                                reembed_source=self.source if force else None, group=self.encode_group)
         report.vectors_from_cache += result.from_cache
         report.embedded += result.embedded
+        report.vectors_unchanged += result.unchanged
         report.encode_seconds += result.encode_seconds
         batch = getattr(self.embedder, "batch_size", None)
         if result.embedded and isinstance(batch, int):

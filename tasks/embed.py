@@ -270,6 +270,7 @@ class EmbedResult(NamedTuple):
     embedded: int  # texts encoded by the model (after de-duplicating equal content)
     seconds: float
     encode_seconds: float  # time inside the model's encode calls
+    unchanged: int = 0  # rows re-embedded (--force) whose vector equalled the stored one: not rewritten
 
 
 def embed_missing(chunks: pa.Table, cache: EmbeddingCache, embedder: Embedder, limit: int) -> tuple[pa.Table, int]:
@@ -375,9 +376,15 @@ def embed_pending(
     progress.start("embed", total, "embedding")
     # The pending rows are read as a stream of windows from the version the stage started on
     # (writes of vectors meanwhile make new versions; Lance keeps the old files readable).
-    reader = tables.chunks.search().where(where).select(["id", "content_hash", "text"]).to_batches(WINDOW_ROWS)
+    # A forced re-embed reads the stored vectors too: a row whose new vector equals its stored one
+    # (REPLACE_ATOL, as the cache) is not written again. Each vector written rewrites its row, and
+    # a rewritten row is outside the BM25 index until the run's optimize: every keyword query scans
+    # those rows meanwhile (django's 46k rewritten by `--force`: 0.2-0.3 s per query alone, and ten
+    # MCP sessions' queries queued for up to 10 s under load).
+    columns = ["id", "content_hash", "text"] + (["vector"] if reembed_source is not None else [])
+    reader = tables.chunks.search().where(where).select(columns).to_batches(WINDOW_ROWS)
     writer = _Writer(tables, cache, cache.dims, replace=reembed_source is not None)
-    totals = [0, 0, 0.0]  # from cache, embedded, encode seconds
+    totals = [0, 0, 0.0, 0]  # from cache, embedded, encode seconds, rows whose vector was unchanged
     try:
         # A GPU embedder asks for bigger groups; ENCODE_GROUP is read at call time, like FLUSH_ROWS.
         group = group or getattr(embedder, "encode_group", None) or ENCODE_GROUP
@@ -391,7 +398,30 @@ def embed_pending(
     if totals[1]:
         cache.maintain()
     return EmbedResult(pending=total, from_cache=int(totals[0]), embedded=int(totals[1]),
-                       seconds=time.perf_counter() - started, encode_seconds=totals[2])
+                       seconds=time.perf_counter() - started, encode_seconds=totals[2], unchanged=int(totals[3]))
+
+
+class _Stored:
+    """The vectors a window's rows hold now, by chunk id (a forced re-embed compares against them)."""
+
+    def __init__(self, window: pa.Table) -> None:
+        column = window.column("vector").combine_chunks()
+        self.row = {cid: i for i, cid in enumerate(window.column("id").to_pylist())}
+        self.present = np.asarray(column.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+        dims = column.type.list_size
+        flat = column.flatten().to_numpy(zero_copy_only=False)  # null rows are left out of the values
+        self.matrix = np.zeros((len(self.present), dims), dtype=np.float32)
+        self.matrix[self.present] = flat.reshape(-1, dims)
+
+    def changed(self, ids: list[str], vectors: np.ndarray) -> np.ndarray:
+        """Per id: whether `vectors` (one row per id) differ from what the row holds, or it holds none."""
+        at = np.fromiter((self.row.get(cid, -1) for cid in ids), dtype=np.int64, count=len(ids))
+        out = np.ones(len(ids), dtype=bool)
+        known = np.flatnonzero((at >= 0) & self.present[np.maximum(at, 0)])
+        if len(known):
+            diff = np.abs(self.matrix[at[known]] - vectors[known]).max(axis=1)
+            out[known] = diff > REPLACE_ATOL
+        return out
 
 
 def _windows(reader: pa.RecordBatchReader, rows: int) -> Iterator[pa.Table]:
@@ -421,6 +451,7 @@ def _embed_window(window: pa.Table, writer: _Writer, cache: EmbeddingCache, embe
                             window.column("text").to_pylist(), strict=True):
         ids_by_hash.setdefault(h, []).append(cid)
         text_by_hash[h] = text
+    stored = _Stored(window) if "vector" in window.column_names else None
     del window
     cached = cache.get_many(list(ids_by_hash)) if use_cache else {}
     if cached:
@@ -446,6 +477,10 @@ def _embed_window(window: pa.Table, writer: _Writer, cache: EmbeddingCache, embe
             for cid in ids_by_hash[h]:
                 ids.append(cid)
                 rows.append(i)
+        if stored is not None:
+            changed = stored.changed(ids, vectors[rows])
+            totals[3] += len(ids) - int(changed.sum())
+            ids, rows = [cid for cid, c in zip(ids, changed, strict=True) if c], [r for r, c in zip(rows, changed, strict=True) if c]
         writer.submit(buffer_h, vectors, ids, vectors[rows])
         buffer_h, buffer_v, last_flush = [], [], time.monotonic()
 

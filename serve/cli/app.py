@@ -185,7 +185,9 @@ def _print_report(report: Any, wall: float) -> None:
     )
     typer.echo(
         f"Chunks: {report.chunks_inserted:,} written, {report.chunks_deleted:,} removed; vectors: "
-        f"{report.embedded:,} embedded{_on_device(report)}, {report.vectors_from_cache:,} from cache."
+        f"{report.embedded:,} embedded{_on_device(report)}, {report.vectors_from_cache:,} from cache"
+        + (f", {report.vectors_unchanged:,} rows' vectors unchanged (not rewritten)." if report.vectors_unchanged
+           else ".")
     )
     setup = f", {report.model_setup_s:.1f} s distilling the static model once" if report.model_setup_s >= 0.05 else ""
     typer.echo(f"Done in {wall:.1f} s: {report.seconds:.1f} s indexing (keyword search ready after "

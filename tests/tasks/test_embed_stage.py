@@ -211,6 +211,32 @@ def test_a_forced_re_embed_replaces_a_vector_that_changed(tmp_path: Path) -> Non
     np.testing.assert_allclose(cache.get_many(["h2"])["h2"], expected, atol=1e-6)
 
 
+def _row_ids(tables) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    rows = tables.chunks.search().select(["id"]).with_row_id(True).limit(None).to_arrow()
+    return dict(zip(rows.column("id").to_pylist(), rows.column("_rowid").to_pylist(), strict=True))
+
+
+def test_a_forced_re_embed_rewrites_only_the_rows_whose_vector_changed(tmp_path: Path) -> None:
+    """A rewritten row leaves the BM25 index until the next optimize (keyword queries scan it):
+    a forced run must not rewrite the rows its model gives the same vector again."""
+    from ctxlake.tasks.embed import write_vectors
+
+    embedder = FakeEmbedder()
+    tables = _lake_with_pending(tmp_path, 40, embedder.dims)
+    cache = EmbeddingCache(tmp_path / "cache", embedder.model_id, embedder.dims)
+    embed_pending.fn(tables, cache, embedder)
+    write_vectors(tables.chunks, ["c7"], np.ones((1, embedder.dims), dtype=np.float32), embedder.dims)  # as if other weights
+    tables.chunks.update(where="id = 'c9'", values={"vector": None})  # a row that lost its vector
+    before = _row_ids(tables)
+    result = embed_pending.fn(tables, cache, embedder, use_cache=False, reembed_source="project")
+    after = _row_ids(tables)
+    assert result.embedded == 40 and result.unchanged == 38
+    assert {cid for cid in before if before[cid] != after[cid]} == {"c7", "c9"}
+    stored = tables.chunks.search().where("id IN ('c7', 'c9')").select(["id", "text", "vector"]).to_list()
+    for row in stored:
+        np.testing.assert_allclose(row["vector"], embedder.embed_documents([row["text"]])[0], atol=1e-6)
+
+
 def test_dedupe_keeps_one_row_per_hash_and_every_lookup(tmp_path: Path) -> None:
     dims = 8
     cache = EmbeddingCache(tmp_path / "cache", "m", dims)
