@@ -112,6 +112,39 @@ def test_forced_index_runs_in_a_child_and_reports_through_the_service(indexed: P
     assert json.loads(ctx("search", "invoice total", "--json", cwd=indexed).stdout)["hits"]
 
 
+def _children_running(pid: int, argv: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess[str], set[int]]:
+    """Run `ctx ARGV`; the service's children that ran the in-process path meanwhile."""
+    before = {c.pid for c in psutil.Process(pid).children(recursive=True)}
+    seen: set[int] = set()
+    proc = subprocess.Popen([CTX, *argv], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while proc.poll() is None:
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(pid).children(recursive=False):
+                if child.pid not in before and "in_process" in " ".join(child.cmdline()):
+                    seen.add(child.pid)
+        time.sleep(0.02)
+    out, err = proc.communicate()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), seen
+
+
+def test_the_first_run_of_an_unwatched_project_runs_in_a_child_then_runs_stay(indexed: Path, service: Path) -> None:
+    """A project's first run here scans its whole tree (a child: its memory goes when it ends);
+    once watched, its runs find the watcher's batches applied and run in the service."""
+    pid = service_pid(service)
+    (indexed / "src" / "billing" / "invoice.py").write_text("def total_with_tax(x):\n    return x * 1.2\n")
+    first, seen = _children_running(pid, ["run", "index", "--json"], indexed)
+    assert first.returncode == 0, first.stderr
+    assert seen, "the first run of an unwatched project did not run in a child"
+    assert json.loads(first.stdout)["modified"] == 1
+    (indexed / "src" / "billing" / "invoice.py").write_text("def total_with_vat(x):\n    return x * 1.25\n")
+    second, seen = _children_running(pid, ["run", "index", "--json"], indexed)
+    assert second.returncode == 0, second.stderr
+    assert not seen, "a run of a watched project went to a child"
+    hits = json.loads(ctx("search", "total_with_vat", "--mode", "keyword", "--json", cwd=indexed).stdout)["hits"]
+    assert hits and hits[0]["path"] == "src/billing/invoice.py"
+    assert service_pid(service) == pid
+
+
 def test_thin_client_imports_nothing_heavy(indexed: Path, service: Path) -> None:
     run = subprocess.run([sys.executable, "-X", "importtime", "-m", "ctxlake.serve.service.client", "search",
                           "invoice"], cwd=indexed, capture_output=True, text=True, timeout=60, check=False)

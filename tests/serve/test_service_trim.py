@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from types import SimpleNamespace
@@ -45,3 +47,32 @@ def test_idle_after_work_gives_freed_memory_back_once(monkeypatch: pytest.Monkey
     finally:
         service.stopping.set()
         keeper.join(5)
+
+
+ARENAS = """
+import ctypes, sys, threading
+from ctxlake.serve.service.daemon import bound_heap
+if sys.argv[1] == "bound" and not bound_heap():
+    sys.exit("bound_heap() did not apply")
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+start = threading.Barrier(7)
+def grab():
+    start.wait()
+    libc.malloc(1000)
+threads = [threading.Thread(target=grab) for _ in range(6)]
+[t.start() for t in threads]; start.wait(); [t.join() for t in threads]
+libc.malloc_stats()
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's heap")
+def test_the_service_heap_keeps_two_arenas_however_many_threads_allocate() -> None:
+    """What the service calls at start: six threads allocating at once get at most two arenas
+    (unbounded, glibc gives each its own, and each keeps what its thread freed)."""
+    arenas = {}
+    for mode in ("bound", "free"):
+        done = subprocess.run([sys.executable, "-c", ARENAS, mode], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        arenas[mode] = sum(line.startswith("Arena ") for line in done.stderr.splitlines())
+    assert 1 <= arenas["bound"] <= daemon.MALLOC_ARENAS < arenas["free"], arenas
