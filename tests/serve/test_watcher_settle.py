@@ -124,3 +124,30 @@ def test_a_watcher_batch_resolves_imports_against_the_whole_project(watching: tu
     imports = connect(repo / ".ctx" / "lake").open_table(IMPORTS_TABLE).to_arrow().to_pylist()
     resolved = {r["module"]: r["resolved"] for r in imports if r["path"] == "src/report.py"}
     assert resolved == {"src.users.service": "src/users/service.py"}
+
+
+def test_the_cache_upkeep_of_a_batch_runs_after_readers_may_go_on(
+    watching: tuple[Path, ProjectWatcher], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The embedding cache's upkeep compacts its side table every 16th small append (~0.25 s): not
+    while a search waits for the batch."""
+    from ctxlake.tasks import embed
+
+    repo, watcher = watching
+    during_batch: list[bool] = []
+    real = embed.EmbeddingCache.maintain_if_appended
+
+    def spy(self: embed.EmbeddingCache) -> None:
+        during_batch.append(bool(watcher.pending))
+        real(self)
+
+    monkeypatch.setattr(embed.EmbeddingCache, "maintain_if_appended", spy)
+    wait_for(lambda: watcher.is_alive(), 10, "the watcher")
+    time.sleep(0.5)
+    imports_ready.clear()  # holds the batch back so it is seen under way
+    _edit_seen(repo, watcher, "upkeep_after_the_batch")
+    imports_ready.set()
+    wait_for(lambda: bool(during_batch), 60, "the batch's cache upkeep")
+    assert not any(during_batch), during_batch
+    assert _found(queries.search(queries.Lake(load_settings(repo)), "upkeep_after_the_batch", mode="keyword",
+                                 check_stale=False), "upkeep_after_the_batch")
