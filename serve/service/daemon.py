@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import errno
 import fcntl
+import gc
 import json
 import os
 import signal
@@ -144,6 +145,10 @@ class Service:
         started = time.monotonic()
         try:
             _warm_imports()
+            # What the imports made lives as long as the process: out of the collector's way, so
+            # the full collections (the idle trim's included) walk only what requests leave.
+            gc.collect()
+            gc.freeze()
             log(f"imports warmed in {time.monotonic() - started:.1f} s")
         except Exception as exc:  # each path imports what it needs itself anyway
             log(f"warming imports failed: {exc!r}")
@@ -248,9 +253,15 @@ class Service:
             if cpu - cpu_seen < IDLE_CPU_SHARE * HOUSEKEEPING_S and cpu - cpu_trimmed >= TRIM_AFTER_CPU_S:
                 from ctxlake.serve.api.vectors import give_back_freed_memory
 
-                before = rss_bytes()
+                before, started = rss_bytes(), time.perf_counter()
+                # Garbage in reference cycles first: Python's full collection seldom runs in a
+                # process with this many long-lived objects, and cyclic garbage keeps Arrow and
+                # LanceDB buffers alive (on django after a batch, a search and five edits:
+                # collect + trim 412 -> 377 MB, trim alone 415 -> 412).
+                gc.collect()
                 give_back_freed_memory()
-                log(f"idle: gave freed memory back, RSS {before >> 20} -> {rss_bytes() >> 20} MB")
+                log(f"idle: gave freed memory back in {time.perf_counter() - started:.2f} s, "
+                    f"RSS {before >> 20} -> {rss_bytes() >> 20} MB")
                 cpu_trimmed = cpu = time.process_time()
             cpu_seen = cpu
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import threading
 import time
+import weakref
 from types import SimpleNamespace
 
 import pytest
@@ -21,6 +23,14 @@ def _burn(seconds: float) -> None:
         sum(i * i for i in range(10_000))
 
 
+class _Cycle:
+    """Garbage only the cycle collector frees (it refers to itself), holding a buffer."""
+
+    def __init__(self) -> None:
+        self.me = self
+        self.buffer = bytearray(8 << 20)
+
+
 def test_idle_after_work_gives_freed_memory_back_once(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[float] = []
     monkeypatch.setattr(vectors, "give_back_freed_memory", lambda: calls.append(time.monotonic()))
@@ -33,18 +43,24 @@ def test_idle_after_work_gives_freed_memory_back_once(monkeypatch: pytest.Monkey
                               watchers=SimpleNamespace(drop_missing=lambda: []), remember=lambda: None)
     keeper = threading.Thread(target=daemon.Service._housekeeping, args=(service,), daemon=True)
     keeper.start()
+    gc.disable()  # no automatic collection meanwhile: only the trim's may free the cycle
     try:
         time.sleep(0.6)
         assert calls == []  # nothing done yet: nothing to give back
+        cycle = _Cycle()
+        garbage = weakref.ref(cycle)
+        del cycle
         _burn(daemon.TRIM_AFTER_CPU_S + 0.2)  # busy: no trim while the work goes on
         busy_until = time.monotonic()
         deadline = busy_until + 5
         while not calls and time.monotonic() < deadline:
             time.sleep(0.05)
         assert len(calls) == 1 and calls[0] >= busy_until  # after the work, once idle
+        assert garbage() is None  # cyclic garbage collected before the pages go back
         time.sleep(1.0)
         assert len(calls) == 1  # idle on: no second trim without new work
     finally:
+        gc.enable()
         service.stopping.set()
         keeper.join(5)
 
