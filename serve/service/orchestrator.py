@@ -106,6 +106,10 @@ class Orchestrator:
         self._monitor = threading.Thread(target=self._watch_failures, name="ctx-prefect-monitor", daemon=True)
         self._monitor.start()
         self._start_log_watcher()
+        # One ingest now, as a log write would start it: the watcher sees only later writes, and
+        # what the tools wrote while the service was down or starting (its missed runs were just
+        # dropped) would otherwise wait for the next write or the next scheduled run.
+        self.notify_logs_changed()
 
     def _start_server(self) -> None:
         prefect_home = self.home / "prefect"

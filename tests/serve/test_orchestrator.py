@@ -60,6 +60,9 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Orchestr
     saved = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "CTX_HOME")}
     os.environ.pop("PREFECT_API_URL", None)
     os.environ["CTX_HOME"] = str(home)  # the flow-run processes inherit it
+    # Written while no service ran: the start-up ingest picks it up.
+    write_jsonl(logs / "-srv-u-proj" / "sess-before.jsonl",
+                [claude("user", "b0", 0, "written while down", session="sess-before")])
     orch = Orchestrator(home, load_settings(project))
     orch.start()
     try:
@@ -88,6 +91,21 @@ def test_server_starts_and_serves_default_deployments(service: tuple[Orchestrato
     assert names["ingest_conversations"]["spec"] == "3600s"
     assert names["sync_sources"] == names["sync_sources"] | {"kind": "cron", "spec": "0 3 * * *", "paused": False}
     wait_for(lambda: schedule(orch, "sync_sources")["next_run"], 30, "the scheduler to plan the next sync run")
+
+
+def test_start_ingests_once_what_was_written_while_down(service: tuple[Orchestrator, Path]) -> None:
+    orch, _ = service
+    try:
+        wait_for(lambda: orch.ingest_triggers >= 1, 120, "the start-up ingest trigger")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; failed attempts: {orch.trigger_errors}") from None
+    row = wait_for(lambda: (r := schedule(orch, "ingest_conversations"))["last_run"] and r, 180, "the ingest run")
+    assert row["last_run"]["state"] == "COMPLETED", row["last_run"]
+    assert orch.ingest_triggers == 1
+    from ctxlake.serve.api.context import MemoryLake, list_sessions
+
+    sessions = list_sessions(MemoryLake(orch.settings), all_projects=True)
+    assert any(s.session_ref.startswith("claude:sess-before") for s in sessions), [s.session_ref for s in sessions]
 
 
 def test_interval_fires_then_pause_and_set(service: tuple[Orchestrator, Path], tmp_path: Path) -> None:
@@ -134,6 +152,7 @@ def test_failing_deployment_is_recorded_and_paused(service: tuple[Orchestrator, 
 
 def test_log_events_make_one_debounced_ingest_run(service: tuple[Orchestrator, Path]) -> None:
     orch, logs = service
+    wait_for(lambda: orch.ingest_triggers >= 1, 120, "the start-up ingest trigger")  # not counted below
     before = orch.ingest_triggers
     session = logs / "-srv-u-proj" / "sess-a.jsonl"
     session.parent.mkdir(parents=True, exist_ok=True)
