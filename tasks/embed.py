@@ -477,11 +477,12 @@ def _embed_window(window: pa.Table, writer: _Writer, cache: EmbeddingCache, embe
             for cid in ids_by_hash[h]:
                 ids.append(cid)
                 rows.append(i)
+        id_vectors = vectors[rows]
         if stored is not None:
-            changed = stored.changed(ids, vectors[rows])
+            changed = stored.changed(ids, id_vectors)
             totals[3] += len(ids) - int(changed.sum())
-            ids, rows = [cid for cid, c in zip(ids, changed, strict=True) if c], [r for r, c in zip(rows, changed, strict=True) if c]
-        writer.submit(buffer_h, vectors, ids, vectors[rows])
+            ids, id_vectors = [cid for cid, c in zip(ids, changed, strict=True) if c], id_vectors[changed]
+        writer.submit(buffer_h, vectors, ids, id_vectors)
         buffer_h, buffer_v, last_flush = [], [], time.monotonic()
 
     for start in range(0, len(todo), group):
