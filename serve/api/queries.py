@@ -99,11 +99,11 @@ class Lake:
         self.flat: FlatVectors | None = None  # chunk vectors in memory, for long-lived readers
         self._version: tuple[float, int] | None = None  # (monotonic time read, chunks version)
 
-    def chunks_version(self) -> int:
-        """The chunks table's latest version, read at most once per VERSION_MEMO_S."""
+    def chunks_version(self, fresh: bool = False) -> int:
+        """The chunks table's latest version, read at most once per VERSION_MEMO_S unless `fresh`."""
         now = time.monotonic()
         memo = self._version
-        if memo is None or now - memo[0] >= VERSION_MEMO_S:
+        if fresh or memo is None or now - memo[0] >= VERSION_MEMO_S:
             memo = self._version = (now, int(self.chunks.version))
         return memo[1]
 
@@ -497,10 +497,11 @@ def snippet(text: str) -> str:
     return out
 
 
-def embedded_fraction(lake: Lake) -> float:
+def embedded_fraction(lake: Lake, fresh: bool = False) -> float:
     """Share of chunks with a vector; counted once per table version (the null count scans the
-    whole vector column, tens of milliseconds on a big lake)."""
-    version = lake.chunks_version()
+    whole vector column, tens of milliseconds on a big lake). `fresh`: read the version now, not
+    the one memoised for VERSION_MEMO_S."""
+    version = lake.chunks_version(fresh)
     if lake._fraction is not None and lake._fraction[0] == version:
         return lake._fraction[1]
     if lake.flat is not None and lake.flat.complete():  # its refresh costs less than the count
@@ -585,7 +586,9 @@ def search(
         else:
             rows = semantic_rows(lake, query, limit, where)
             if not rows:
-                if embedded_fraction(lake) == 0.0:  # a re-index began meanwhile
+                # A re-index began meanwhile? Read the version afresh: the memoised one may predate
+                # the commit that replaced every chunk with one still waiting for its vector.
+                if embedded_fraction(lake, fresh=True) == 0.0:
                     warnings.append("no chunk has a vector yet: wait for `ctx run index` to embed, or use --mode keyword")
                 else:  # the query read a version between the chunks' write and their vectors': ask again
                     rows = semantic_rows(lake, query, limit, where)

@@ -116,3 +116,20 @@ def test_a_semantic_query_that_read_a_version_without_vectors_asks_again(
     monkeypatch.setattr(queries, "semantic_rows", first_read_between_write_and_vectors)
     result = queries.search(lake, "handle request value", mode="semantic", check_stale=False)
     assert result.hits and len(calls) == 2 and result.warnings == []
+
+
+def test_a_semantic_query_right_after_a_rewrite_without_vectors_says_so(
+    make_repo: Callable[..., Path], cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A reader memoises the table's version for VERSION_MEMO_S; a re-index that replaced every
+    # chunk with one waiting for its vector inside that window once gave a silent empty answer.
+    repo = make_repo(many_files(3, 1))
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    lake = queries.Lake(load_settings(repo))
+    assert queries.search(lake, "handle request value", mode="semantic", check_stale=False).hits
+    monkeypatch.setattr(queries, "VERSION_MEMO_S", 3600.0)  # the window, held open
+    write_files(repo, many_files(3, 2))
+    assert cli("run", "index", "--no-embed", cwd=repo).exit_code == 0
+    result = queries.search(lake, "handle request value", mode="semantic", check_stale=False)
+    assert not result.hits
+    assert any("no chunk has a vector yet" in w for w in result.warnings), result.warnings
