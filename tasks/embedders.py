@@ -152,7 +152,12 @@ def bundled_model_path() -> Path:
 
 
 class _LocalEmbedder:
-    """A model in this process, loaded by the first embed call; both prefixes apply."""
+    """A model in this process, loaded by the first embed call; both prefixes apply.
+
+    Encoding is serialised: the Rust tokenizers behind both kinds of model raise "Already
+    borrowed" when two threads encode at once (43 of 500 queries failed under 10 concurrent MCP
+    sessions before the service serialised them; an in-process `ctx serve` answers parallel tool
+    calls and a hybrid query's semantic half on worker threads too)."""
 
     provider = "local"
     dims: int
@@ -161,15 +166,21 @@ class _LocalEmbedder:
         self._embed = embed
         self._model: Any = None
         self._lock = threading.Lock()
+        self._encoding = threading.Lock()
 
     def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dims), dtype=np.float32)
         prefix = self._embed.document_prefix
-        return normalise(self._encode(self._loaded(), [prefix + t for t in texts]))
+        return normalise(self._encode_one_at_a_time([prefix + t for t in texts]))
 
     def embed_query(self, text: str) -> np.ndarray:
-        return normalise(self._encode(self._loaded(), [self._embed.query_prefix + text]))[0]
+        return normalise(self._encode_one_at_a_time([self._embed.query_prefix + text]))[0]
+
+    def _encode_one_at_a_time(self, texts: list[str]) -> np.ndarray:
+        model = self._loaded()
+        with self._encoding:
+            return self._encode(model, texts)
 
     def _loaded(self) -> Any:
         # The MCP server may ask for its first query vector from several threads at once.

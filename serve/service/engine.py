@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from ctxlake.schemas.config import EmbedSettings, Settings
     from ctxlake.serve.api.queries import Lake
     from ctxlake.tasks.embedders import Embedder
@@ -28,35 +25,6 @@ def _state_stamp(lake_dir: Path) -> tuple[float, int] | None:
     except OSError:
         return None
     return st.st_mtime, st.st_size
-
-
-class SharedEmbedder:
-    """One embedder used by many request threads: calls are serialised, because the Rust
-    tokenizers behind the models raise "Already borrowed" when two threads encode at once
-    (measured: 43 of 500 queries failed under 10 concurrent MCP sessions without this lock)."""
-
-    def __init__(self, inner: Embedder) -> None:
-        self._inner = inner
-        self._lock = threading.Lock()
-
-    @property
-    def model_id(self) -> str:
-        return self._inner.model_id
-
-    @property
-    def dims(self) -> int:
-        return self._inner.dims
-
-    def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
-        with self._lock:
-            return self._inner.embed_documents(texts)
-
-    def embed_query(self, text: str) -> np.ndarray:
-        with self._lock:
-            return self._inner.embed_query(text)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
 
 
 class EngineCache:
@@ -81,7 +49,7 @@ class EngineCache:
             found = self._embedders.get(key)
         if found is not None:
             return found
-        made = cast("Embedder", SharedEmbedder(build_embedder(embed, models_dir)))
+        made = build_embedder(embed, models_dir)  # local models serialise their own encoding
         with self._lock:
             return self._embedders.setdefault(key, made)
 

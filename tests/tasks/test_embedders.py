@@ -455,6 +455,34 @@ def test_bundled_minilm(tmp_path: Path) -> None:
     assert describe(embedder)["device"] in ("cpu", "cuda", "mps")
 
 
+@pytest.mark.model
+def test_a_local_model_serves_threads_that_embed_at_once(tmp_path: Path) -> None:
+    # An in-process `ctx serve` embeds parallel tool calls' queries on several threads. The static
+    # model (distilled here, offline) is the one whose tokenizer refused a second thread.
+    embedder = make_embedder(EmbedSettings(model="static"), tmp_path)
+    expected = embedder.embed_query(QUERY)
+    errors: list[BaseException] = []
+    wrong: list[int] = []
+
+    def embed_repeatedly() -> None:
+        for i in range(25):
+            try:
+                if i % 5 == 4:
+                    embedder.embed_documents([BLUEPRINT_CODE, DATE_CODE])
+                elif not np.allclose(embedder.embed_query(QUERY), expected, atol=1e-5):
+                    wrong.append(i)
+            except BaseException as exc:  # "Already borrowed" from the tokenizer, before the lock
+                errors.append(exc)
+
+    threads = [threading.Thread(target=embed_repeatedly) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors[:3]
+    assert not wrong
+
+
 # -- batch size and precision (the GPU path; what needs CUDA is measured by bench_gpu.py) ---------
 
 
