@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ctxlake.errors import InputError, NotIndexedError
 from ctxlake.schemas.config import Settings
+from ctxlake.serve.api.handles import memo_schema
 from ctxlake.serve.api.memory_models import (
     ContextHit,
     ContextMode,
@@ -68,13 +69,13 @@ class MemoryLake:
         self.sessions: Table | None = None
         if self.state is not None:
             db = connect(settings.memory_dir, read_consistency=READ_CONSISTENCY)
-            self.messages = open_table(db, MESSAGES_TABLE)
-            self.sessions = open_table(db, SESSIONS_TABLE)
+            self.messages = memo_schema(open_table(db, MESSAGES_TABLE))
+            self.sessions = memo_schema(open_table(db, SESSIONS_TABLE))
         self.knowledge: Table | None = None
         self.knowledge_model = ""
         if settings.lake_dir.is_dir():
             kdb = connect(settings.lake_dir, read_consistency=READ_CONSISTENCY)
-            self.knowledge = open_table(kdb, KNOWLEDGE_TABLE)
+            self.knowledge = memo_schema(open_table(kdb, KNOWLEDGE_TABLE))
             try:
                 self.knowledge_model = json.loads((settings.lake_dir / MANIFEST_FILE).read_text(encoding="utf-8")).get("model_id", "")
             except (OSError, ValueError):

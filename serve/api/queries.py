@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from ctxlake.errors import InputError, ModelMismatchError, NotIndexedError
 from ctxlake.schemas.config import Settings
+from ctxlake.serve.api.handles import memo_schema
 from ctxlake.serve.api.models import Hit, SearchMode, SearchResult, Status, hit_tokens
 from ctxlake.serve.api.query_terms import analyse, bound_query, query_title, squeeze_repeats
 from ctxlake.serve.api.ranking import (
@@ -80,8 +81,8 @@ class Lake:
                 f"{settings.root} is not indexed yet", hint="run `ctx run index` there first"
             )
         self.db = connect(settings.lake_dir, read_consistency=READ_CONSISTENCY)
-        chunks = open_table(self.db, CHUNKS_TABLE)
-        files = open_table(self.db, FILES_TABLE)
+        chunks = memo_schema(open_table(self.db, CHUNKS_TABLE))
+        files = memo_schema(open_table(self.db, FILES_TABLE))
         if chunks is None or files is None:
             raise NotIndexedError(f"the lake at {settings.lake_dir} has no tables yet",
                                   hint="run `ctx run index` to build it")

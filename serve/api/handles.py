@@ -1,0 +1,52 @@
+"""Long-lived read handles that ask LanceDB for a table's schema at most once a second.
+
+LanceDB 0.40's query builders read `LanceTable.schema` three or four times per query (to look for
+blob columns and to build the builder). Each read is a round trip through LanceDB's one
+background event loop thread and, at read consistency 0, a check of the table's latest version.
+In the service, ten agents querying at once queued on that thread: a py-spy profile under load
+put ~60% of the keyword half of a hybrid query under `schema`. The tables ctxlake reads change
+their schema only when a writer rebuilds them (a new embedding width), which a reader sees
+within SCHEMA_MEMO_S.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+SCHEMA_MEMO_S = 1.0
+
+_memo_class: type | None = None
+
+
+def _memo_schema_class() -> type:
+    """The LanceTable subclass whose `schema` is memoised (built on first use: importing
+    lancedb.table is for processes that read tables)."""
+    global _memo_class
+    if _memo_class is None:
+        from lancedb.table import LanceTable
+
+        class MemoSchemaTable(LanceTable):
+            @property
+            def schema(self) -> Any:
+                now = time.monotonic()
+                memo = self.__dict__.get("_ctx_schema")
+                if memo is None or now - memo[0] >= SCHEMA_MEMO_S:
+                    memo = (now, LanceTable.schema.fget(self))  # type: ignore[attr-defined]
+                    self.__dict__["_ctx_schema"] = memo
+                return memo[1]
+
+        _memo_class = MemoSchemaTable
+    return _memo_class
+
+
+def memo_schema(table: T) -> T:
+    """`table`, its schema read at most once per SCHEMA_MEMO_S from now on (None, or a table of
+    another kind than LanceDB's local one, is returned as it is)."""
+    from lancedb.table import LanceTable
+
+    if type(table) is LanceTable:
+        table.__class__ = _memo_schema_class()
+    return table
