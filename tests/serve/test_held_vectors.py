@@ -50,6 +50,9 @@ def assert_same_as_lancedb(held: queries.Lake, settings: Any) -> None:
     for query in QUERIES:
         assert ranked(held, query) == ranked(plain, query), query
     assert held.flat.stats()["rows"] == held.chunks.count_rows()
+    # Loaded, appended to or compacted, the matrix stays in the layout its scan is fast over.
+    assert held.flat._snapshot is not None
+    assert all(seg.matrix.flags.f_contiguous for seg in held.flat._snapshot.segments)
     # Hybrid reads the shown rows' columns after fusion: every hit complete, the same hits.
     everything = held.chunks.count_rows()
     for query in QUERIES[:2]:
