@@ -1,4 +1,5 @@
-"""Long-lived read handles that ask LanceDB for a table's schema at most once a second.
+"""Long-lived read handles that ask LanceDB for a table's schema (and look for a legacy full-text
+index folder) at most once a second.
 
 LanceDB 0.40's query builders read `LanceTable.schema` three or four times per query (to look for
 blob columns and to build the builder). Each read is a round trip through LanceDB's one
@@ -37,6 +38,14 @@ def _memo_schema_class() -> type:
                     memo = (now, LanceTable.schema.fget(self))  # type: ignore[attr-defined]
                     self.__dict__["_ctx_schema"] = memo
                 return memo[1]
+
+            def _ensure_no_legacy_fts_index(self) -> None:
+                # Every full-text query looks for a Tantivy index folder on disk (~0.6 ms of a
+                # query: a filesystem object and a stat); once per interval is enough here.
+                now = time.monotonic()
+                if now - self.__dict__.get("_ctx_fts_checked", -SCHEMA_MEMO_S) >= SCHEMA_MEMO_S:
+                    LanceTable._ensure_no_legacy_fts_index(self)
+                    self.__dict__["_ctx_fts_checked"] = now
 
         _memo_class = MemoSchemaTable
     return _memo_class

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import lancedb
 import pyarrow as pa
@@ -62,3 +63,25 @@ def test_a_changed_schema_is_seen_once_the_interval_passes(tmp_path: Path, monke
     monkeypatch.setattr(handles, "SCHEMA_MEMO_S", 0.0)
     assert reader.schema.names == ["id", "text", "lang"]
     assert reader.search("alpha", query_type="fts").select(["id", "lang"]).limit(1).to_list()[0]["lang"] == "python"
+
+
+def test_the_legacy_index_check_runs_once_per_interval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    looks: list[int] = []
+    real = LanceTable._get_fts_index_path
+
+    def counted(self: LanceTable) -> Any:
+        looks.append(1)
+        return real(self)
+
+    monkeypatch.setattr(LanceTable, "_get_fts_index_path", counted)
+    monkeypatch.setattr(handles, "SCHEMA_MEMO_S", 3600.0)
+    table = handles.memo_schema(make_table(tmp_path))
+    looks.clear()  # creating the index looked too
+    for _ in range(5):
+        assert table.search("alpha", query_type="fts").select(["id"]).limit(3).to_list()
+    assert len(looks) == 1
+    # Once the interval has passed it looks again, and a legacy folder is still refused.
+    (tmp_path / "chunks.lance" / "_indices" / "fts").mkdir(parents=True)
+    monkeypatch.setattr(handles, "SCHEMA_MEMO_S", 0.0)
+    with pytest.raises(ValueError, match="Legacy Tantivy"):
+        table.search("alpha", query_type="fts").select(["id"]).limit(3).to_list()
