@@ -27,7 +27,14 @@ from ctxlake.serve.api.memory_models import (
     SessionSummary,
     ToolCallOut,
 )
-from ctxlake.serve.api.queries import fuse, keyword_query, read_pool, sum_scores
+from ctxlake.serve.api.queries import (
+    BM25_SCORE,
+    VECTOR_DISTANCE,
+    fuse,
+    keyword_query,
+    read_pool,
+    sum_scores,
+)
 from ctxlake.tasks.knowledge import inbox_records
 from ctxlake.tasks.lake import IndexState, connect, open_table
 from ctxlake.tasks.memory_state import MANIFEST_FILE, PROJECTS_FILE, read_project_paths
@@ -287,7 +294,7 @@ def _fts(table: Table, query: str, where: str | None, columns: list[str], limit:
     search = table.search(MatchQuery(text, column), query_type="fts")  # type: ignore[call-arg]
     if where:
         search = search.where(where, prefilter=True)
-    rows: list[dict[str, Any]] = search.select(columns).with_row_id(True).limit(limit).to_list()
+    rows: list[dict[str, Any]] = search.select([*columns, BM25_SCORE]).with_row_id(True).limit(limit).to_list()
     return rows
 
 
@@ -320,7 +327,7 @@ def _vector(table: Table, vector: list[float], where: str | None, columns: list[
         builder = builder.distance_type("cosine").minimum_nprobes(ANN_PROBES[0]).maximum_nprobes(max_probes)
         if where:
             builder = builder.where(where, prefilter=True)
-        found: list[dict[str, Any]] = builder.select(columns).with_row_id(True).limit(limit).to_list()
+        found: list[dict[str, Any]] = builder.select([*columns, VECTOR_DISTANCE]).with_row_id(True).limit(limit).to_list()
         return found
 
     rows = nearest(ANN_PROBES[1])

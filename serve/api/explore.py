@@ -17,6 +17,7 @@ from ctxlake.serve.api.docs import clean_relative
 from ctxlake.serve.api.models import Hit
 from ctxlake.serve.api.queries import (
     HIT_COLUMNS,
+    VECTOR_DISTANCE,
     Lake,
     _sql,
     keyword_rows,
@@ -207,7 +208,7 @@ def _related(lake: Lake, path: str, chunks: list[dict[str, Any]], warnings: list
         centre /= float(np.linalg.norm(centre)) or 1.0
         builder = cast("LanceVectorQueryBuilder", lake.chunks.search(centre.tolist(), vector_column_name="vector"))
         rows = (builder.distance_type("cosine").where(f"vector IS NOT NULL AND {outside}", prefilter=True)
-                .select(HIT_COLUMNS).limit(RELATED).to_list())
+                .select([*HIT_COLUMNS, VECTOR_DISTANCE]).limit(RELATED).to_list())
         for r in rows:
             r["_rank_score"] = 1.0 - float(r.get("_distance", 1.0))
     else:

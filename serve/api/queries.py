@@ -50,6 +50,10 @@ if TYPE_CHECKING:
     from ctxlake.tasks.embedders import Embedder
 
 HIT_COLUMNS = ["id", "source", "path", "start_line", "end_line", "symbol", "kind", "lang", "text"]
+# A query's score columns are asked for by name: LanceDB adds them to a projection by itself today
+# but warns that it will stop, and every ranking here reads them.
+BM25_SCORE = "_score"
+VECTOR_DISTANCE = "_distance"
 SNIPPET_LINES = 12
 SNIPPET_CHARS = 800
 # Candidates each ranked list contributes before fusion, per result asked for.
@@ -287,7 +291,7 @@ def keyword_rows(
     search = lake.chunks.search(fts, query_type="fts")
     if where:
         search = search.where(where, prefilter=True)
-    rows: list[dict[str, Any]] = search.select(HIT_COLUMNS).limit(limit).to_list()
+    rows: list[dict[str, Any]] = search.select([*HIT_COLUMNS, BM25_SCORE]).limit(limit).to_list()
     for row in rows:
         row["_rank_score"] = float(row.get("_score", 0.0))
     return rows
@@ -314,7 +318,7 @@ def identifier_rows(
     if where:
         search = search.where(where, prefilter=True)
     try:
-        rows: list[dict[str, Any]] = search.select(HIT_COLUMNS).limit(limit).to_list()
+        rows: list[dict[str, Any]] = search.select([*HIT_COLUMNS, BM25_SCORE]).limit(limit).to_list()
     except ValueError as exc:
         if "position" not in str(exc):
             raise
@@ -386,7 +390,7 @@ def _nearest(lake: Lake, vector: list[float], limit: int, conditions: list[str])
     builder = builder.distance_type("cosine").ef(max(ANN_EF, limit))
     if conditions:
         builder = builder.where(" AND ".join(conditions), prefilter=True)
-    rows: list[dict[str, Any]] = builder.select(HIT_COLUMNS).limit(limit).to_list()
+    rows: list[dict[str, Any]] = builder.select([*HIT_COLUMNS, VECTOR_DISTANCE]).limit(limit).to_list()
     return rows
 
 
@@ -427,7 +431,7 @@ def fuzzy_rows(
         search = lake.chunks.search(fuzzy, query_type="fts")
         if where:
             search = search.where(where, prefilter=True)
-        for row in search.select(HIT_COLUMNS).limit(limit).to_list():
+        for row in search.select([*HIT_COLUMNS, BM25_SCORE]).limit(limit).to_list():
             row["_rank_score"] = float(row.get("_score", 0.0)) / 100.0
             out.append(row)
     return out

@@ -134,6 +134,28 @@ def test_filters_by_path_glob_language_and_source(indexed: Path, cli: Callable[.
     assert search_json(cli, indexed, "invoice", "--sources", "project")["hits"]
 
 
+def test_queries_ask_for_their_score_columns_by_name(indexed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # LanceDB adds _score / _distance to a projection by itself today and warns (at LANCE_LOG=warn)
+    # that it will stop; every ranking here reads them, so each query names them.
+    from lancedb.query import LanceFtsQueryBuilder, LanceVectorQueryBuilder
+
+    from ctxlake.schemas.config import load_settings
+    from ctxlake.serve.api import queries
+
+    asked: list[tuple[str, list[str]]] = []
+    for builder, kind in ((LanceFtsQueryBuilder, "fts"), (LanceVectorQueryBuilder, "vector")):
+        def select(self: Any, columns: Any, _real: Any = builder.select, _kind: str = kind) -> Any:
+            asked.append((_kind, list(columns)))
+            return _real(self, columns)
+        monkeypatch.setattr(builder, "select", select)
+    lake = queries.Lake(load_settings(indexed))  # no held vectors: LanceDB answers the semantic half
+    for mode in ("keyword", "semantic", "hybrid", "fuzzy"):
+        assert queries.search(lake, "compute invoice total", mode=mode, check_stale=False).hits, mode  # type: ignore[arg-type]
+    assert {kind for kind, _ in asked} == {"fts", "vector"}
+    for kind, columns in asked:
+        assert ("_score" if kind == "fts" else "_distance") in columns, (kind, columns)
+
+
 def test_stale_results_flag_changed_files(indexed: Path, cli: Callable[..., Any]) -> None:
     assert search_json(cli, indexed, "invoice")["stale"] is False
     (indexed / "src" / "billing" / "invoice.py").write_text("def compute_invoice_total():\n    return 0\n")
