@@ -8,10 +8,8 @@ typer or rich. Commands that need this process (its terminal, its stdin, its lif
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +44,8 @@ def autostart_enabled(cwd: Path) -> bool:
     for folder in (cwd, *cwd.parents):
         config = folder / ".ctx" / "config.toml"
         if config.is_file():
+            import tomllib  # here: only a command with the service down reads it (~13 ms to import)
+
             try:
                 data = tomllib.loads(config.read_text(encoding="utf-8"))
             except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError):
@@ -68,8 +68,23 @@ def connect(paths: ServicePaths, timeout: float = 2.0) -> socket.socket | None:
         return None
 
 
+def terminal_columns() -> int:
+    """The terminal's width as `shutil.get_terminal_size` tells it (COLUMNS first, then stdout's
+    terminal, else 80), without importing shutil (~8 ms of the client's start-up)."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns if sys.__stdout__ else 0
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
 def request(argv: list[str], cwd: str) -> dict[str, Any]:
-    width = shutil.get_terminal_size(fallback=(80, 24)).columns
+    width = terminal_columns()
     return {
         "op": "cli", "v": protocol.PROTOCOL_VERSION, "argv": argv, "cwd": cwd,
         "env": forwarded_env(), "stdout_tty": sys.stdout.isatty(), "stderr_tty": sys.stderr.isatty(),

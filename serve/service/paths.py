@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 SERVICE_DIR = "service"
@@ -21,11 +20,25 @@ def ctx_home(env: dict[str, str] | os._Environ[str] | None = None) -> Path:
     return Path(user_data_dir("ctxlake", appauthor=False))
 
 
-@dataclass(frozen=True)
 class ServicePaths:
-    """The files of one user's service: a 0700 folder holding a 0600 socket, locks, state and log."""
+    """The files of one user's service: a 0700 folder holding a 0600 socket, locks, state and log.
 
-    home: Path
+    A plain class: `dataclasses` (with the `inspect` it imports) was a fifth of the thin client's
+    start-up, which every `ctx` command served by the service pays."""
+
+    __slots__ = ("home",)
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ServicePaths) and other.home == self.home
+
+    def __hash__(self) -> int:
+        return hash(self.home)
+
+    def __repr__(self) -> str:
+        return f"ServicePaths({self.home!r})"
 
     @property
     def dir(self) -> Path:

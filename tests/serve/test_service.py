@@ -151,6 +151,10 @@ def test_thin_client_imports_nothing_heavy(indexed: Path, service: Path) -> None
     assert run.returncode == 0 and "invoice.py" in run.stdout
     imported = {line.split("|")[-1].strip().split(".")[0] for line in run.stderr.splitlines() if "|" in line}
     assert not imported & set(HEAVY), sorted(imported & set(HEAVY))
+    # Nor the standard library's slower modules: each command served pays its client's start-up
+    # (these four were ~25 ms of ~60).
+    slow = {"dataclasses", "inspect", "tomllib", "shutil"}
+    assert not imported & slow, sorted(imported & slow)
 
 
 def test_edit_is_searchable_through_the_watcher(indexed: Path, ctx_home: Path) -> None:
@@ -443,3 +447,15 @@ def test_service_runs_the_schedules_and_stops_them_with_it(
     time.sleep(0.5)
     alive = [c for c in children if psutil.pid_exists(c) and psutil.Process(c).status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"left running after ctx down: {alive}"
+
+
+def test_the_clients_terminal_width_is_the_one_shutil_tells(monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    from ctxlake.serve.service.client import terminal_columns
+
+    monkeypatch.setenv("COLUMNS", "132")
+    assert terminal_columns() == 132
+    for unset in ("0", "wide"):
+        monkeypatch.setenv("COLUMNS", unset)
+        assert terminal_columns() == shutil.get_terminal_size(fallback=(80, 24)).columns
