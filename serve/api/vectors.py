@@ -161,8 +161,10 @@ class FlatVectors:
             if vectors.null_count:
                 raise Unanswerable("rows without vectors")
             dims = vectors.type.list_size
-            matrix = _unit(np.asarray(vectors.flatten().to_numpy().reshape(len(vectors), dims),
-                                      dtype=np.float32, order=SCAN_ORDER))
+            # A copy always: a one-row block is already in either order, and asarray would hand
+            # back Arrow's read-only buffer, which _unit scales in place.
+            matrix = _unit(np.array(vectors.flatten().to_numpy().reshape(len(vectors), dims),
+                                    dtype=np.float32, order=SCAN_ORDER, copy=True))
             segments.append(_Segment(np.asarray(rows.column("_rowid").to_numpy(), dtype=np.uint64),
                                      _ids(rows.column("id")), matrix, np.ones(len(matrix), dtype=bool)))
         alive = sum(int(s.alive.sum()) for s in segments)

@@ -87,6 +87,13 @@ def test_held_vectors_answer_as_lancedb_across_edits_deletes_and_compaction(
     paths = {p for q in [*QUERIES, "brand new", "changed three"] for p, _ in semantic(held, q)}
     assert "pkg/mod7.py" not in paths and "pkg/extra.py" in paths
 
+    # A run that adds a single chunk: its one-row block is read into a segment of its own (a
+    # one-row array is in both memory orders at once: it must still be copied, not Arrow's buffer).
+    (repo / "pkg/single.py").write_text("def lone_function():\n    return 1\n")
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    assert_same_as_lancedb(held, settings)
+    assert held.flat.stats()["segments"] == 3
+
     # Compaction rewrites every row under a new id: the refresh reads the whole table again.
     optimize(open_for_write(settings.lake_dir, held.chunks.schema.field("vector").type.list_size), ann=False)
     assert_same_as_lancedb(held, settings)
