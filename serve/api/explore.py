@@ -210,7 +210,7 @@ def _related(lake: Lake, path: str, chunks: list[dict[str, Any]], warnings: list
         rows = (builder.distance_type("cosine").where(f"vector IS NOT NULL AND {outside}", prefilter=True)
                 .select([*HIT_COLUMNS, VECTOR_DISTANCE]).limit(RELATED).to_list())
         for r in rows:
-            r["_rank_score"] = 1.0 - float(r.get("_distance", 1.0))
+            r["_rank_score"] = 1.0 - float(r.get(VECTOR_DISTANCE, 1.0))
     else:
         words: list[str] = []
         for c in chunks:

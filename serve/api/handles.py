@@ -12,6 +12,7 @@ within SCHEMA_MEMO_S.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, TypeVar
 
@@ -19,36 +20,31 @@ T = TypeVar("T")
 
 SCHEMA_MEMO_S = 1.0
 
-_memo_class: type | None = None
-
-
+@functools.cache
 def _memo_schema_class() -> type:
     """The LanceTable subclass whose `schema` is memoised (built on first use: importing
     lancedb.table is for processes that read tables)."""
-    global _memo_class
-    if _memo_class is None:
-        from lancedb.table import LanceTable
+    from lancedb.table import LanceTable
 
-        class MemoSchemaTable(LanceTable):
-            @property
-            def schema(self) -> Any:
-                now = time.monotonic()
-                memo = self.__dict__.get("_ctx_schema")
-                if memo is None or now - memo[0] >= SCHEMA_MEMO_S:
-                    memo = (now, LanceTable.schema.fget(self))  # type: ignore[attr-defined]
-                    self.__dict__["_ctx_schema"] = memo
-                return memo[1]
+    class MemoSchemaTable(LanceTable):
+        @property
+        def schema(self) -> Any:
+            now = time.monotonic()
+            memo = self.__dict__.get("_ctx_schema")
+            if memo is None or now - memo[0] >= SCHEMA_MEMO_S:
+                memo = (now, LanceTable.schema.fget(self))  # type: ignore[attr-defined]
+                self.__dict__["_ctx_schema"] = memo
+            return memo[1]
 
-            def _ensure_no_legacy_fts_index(self) -> None:
-                # Every full-text query looks for a Tantivy index folder on disk (~0.6 ms of a
-                # query: a filesystem object and a stat); once per interval is enough here.
-                now = time.monotonic()
-                if now - self.__dict__.get("_ctx_fts_checked", -SCHEMA_MEMO_S) >= SCHEMA_MEMO_S:
-                    LanceTable._ensure_no_legacy_fts_index(self)
-                    self.__dict__["_ctx_fts_checked"] = now
+        def _ensure_no_legacy_fts_index(self) -> None:
+            # Every full-text query looks for a Tantivy index folder on disk (~0.6 ms of a
+            # query: a filesystem object and a stat); once per interval is enough here.
+            now = time.monotonic()
+            if now - self.__dict__.get("_ctx_fts_checked", -SCHEMA_MEMO_S) >= SCHEMA_MEMO_S:
+                LanceTable._ensure_no_legacy_fts_index(self)
+                self.__dict__["_ctx_fts_checked"] = now
 
-        _memo_class = MemoSchemaTable
-    return _memo_class
+    return MemoSchemaTable
 
 
 def memo_schema(table: T) -> T:

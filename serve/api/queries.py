@@ -293,7 +293,7 @@ def keyword_rows(
         search = search.where(where, prefilter=True)
     rows: list[dict[str, Any]] = search.select([*HIT_COLUMNS, BM25_SCORE]).limit(limit).to_list()
     for row in rows:
-        row["_rank_score"] = float(row.get("_score", 0.0))
+        row["_rank_score"] = float(row.get(BM25_SCORE, 0.0))
     return rows
 
 
@@ -324,7 +324,7 @@ def identifier_rows(
             raise
         return [], "exact identifier matching is off: this index predates it (`ctx run index` rebuilds it)"
     for row in rows:
-        row["_rank_score"] = float(row.get("_score", 0.0))
+        row["_rank_score"] = float(row.get(BM25_SCORE, 0.0))
     return rows, None
 
 
@@ -346,7 +346,7 @@ def semantic_rows(lake: Lake, query: str, limit: int, where: str | None, fill: b
         # waiting for vectors; unfiltered, the nearest rows may all be those.
         rows = _nearest(lake, vector.tolist(), limit, ["vector IS NOT NULL"] + ([where] if where else []))
     for row in rows:
-        row["_rank_score"] = 1.0 - float(row.get("_distance", 1.0))
+        row["_rank_score"] = 1.0 - float(row.get(VECTOR_DISTANCE, 1.0))
     return rows
 
 
@@ -360,7 +360,7 @@ def _held_nearest(lake: Lake, vector: Any, limit: int) -> list[dict[str, Any]] |
         nearest = lake.flat.nearest(vector, limit)
     except Unanswerable:
         return None
-    return [{"id": chunk_id, "_rowid": row_id, "_distance": distance, "_rank_score": 1.0 - distance}
+    return [{"id": chunk_id, "_rowid": row_id, VECTOR_DISTANCE: distance, "_rank_score": 1.0 - distance}
             for row_id, chunk_id, distance in nearest]
 
 
@@ -432,7 +432,7 @@ def fuzzy_rows(
         if where:
             search = search.where(where, prefilter=True)
         for row in search.select([*HIT_COLUMNS, BM25_SCORE]).limit(limit).to_list():
-            row["_rank_score"] = float(row.get("_score", 0.0)) / 100.0
+            row["_rank_score"] = float(row.get(BM25_SCORE, 0.0)) / 100.0
             out.append(row)
     return out
 
@@ -485,7 +485,7 @@ def fuse(lists: Sequence[tuple[list[dict[str, Any]], float]], k: int) -> list[di
 def sum_scores(lists: Sequence[list[dict[str, Any]]], limit: int) -> list[dict[str, Any]]:
     """Rows of several BM25 queries over one table, by the sum of each row's scores (what one
     query over all their columns gives; a row a list lacks adds nothing)."""
-    added = _add_up((row, float(row.get("_score") or 0.0)) for ranked in lists for row in ranked)
+    added = _add_up((row, float(row.get(BM25_SCORE) or 0.0)) for ranked in lists for row in ranked)
     return [row for row, _ in added[:limit]]
 
 

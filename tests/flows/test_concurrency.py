@@ -100,12 +100,17 @@ def test_a_failed_write_is_one_clear_error_and_the_old_index_stays_readable(
         "hits"][0]["snippet"]
 
 
+def small_indexed_lake(make_repo: Callable[..., Path], cli: Callable[..., Any]) -> tuple[Path, queries.Lake]:
+    """A three-file repository, indexed, and a reader opened on it."""
+    repo = make_repo(many_files(3, 1))
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    return repo, queries.Lake(load_settings(repo))
+
+
 def test_a_semantic_query_that_read_a_version_without_vectors_asks_again(
     make_repo: Callable[..., Path], cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    repo = make_repo(many_files(3, 1))
-    assert cli("run", "index", cwd=repo).exit_code == 0
-    lake = queries.Lake(load_settings(repo))
+    _, lake = small_indexed_lake(make_repo, cli)
     real = queries.semantic_rows
     calls: list[int] = []
 
@@ -123,9 +128,7 @@ def test_a_semantic_query_right_after_a_rewrite_without_vectors_says_so(
 ) -> None:
     # A reader memoises the table's version for VERSION_MEMO_S; a re-index that replaced every
     # chunk with one waiting for its vector inside that window once gave a silent empty answer.
-    repo = make_repo(many_files(3, 1))
-    assert cli("run", "index", cwd=repo).exit_code == 0
-    lake = queries.Lake(load_settings(repo))
+    repo, lake = small_indexed_lake(make_repo, cli)
     assert queries.search(lake, "handle request value", mode="semantic", check_stale=False).hits
     monkeypatch.setattr(queries, "VERSION_MEMO_S", 3600.0)  # the window, held open
     write_files(repo, many_files(3, 2))
