@@ -46,35 +46,38 @@ async def _read(api_url: str) -> list[dict[str, Any]]:
     from prefect.client.schemas.schedules import CronSchedule, IntervalSchedule
     from prefect.client.schemas.sorting import FlowRunSort
 
-    out: list[dict[str, Any]] = []
+    scheduled_only = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED])))
+    finished = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
+        any_=[StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.CANCELLED])))
+
+    async def one(client: Any, dep: Any) -> dict[str, Any]:
+        by_dep = DeploymentFilter(id=DeploymentFilterId(any_=[dep.id]))
+        scheduled, done = await asyncio.gather(
+            client.read_flow_runs(deployment_filter=by_dep, sort=FlowRunSort.EXPECTED_START_TIME_ASC, limit=1,
+                                  flow_run_filter=scheduled_only),
+            client.read_flow_runs(deployment_filter=by_dep, sort=FlowRunSort.END_TIME_DESC, limit=1,
+                                  flow_run_filter=finished))
+        kind, spec = "none", ""
+        if dep.schedules:
+            sched = dep.schedules[0].schedule
+            if isinstance(sched, IntervalSchedule):
+                kind, spec = "interval", f"{int(sched.interval.total_seconds())}s"
+            elif isinstance(sched, CronSchedule):
+                kind, spec = "cron", sched.cron
+        last: dict[str, Any] | None = None
+        if done:
+            run = done[0]
+            state = run.state
+            error = state.message if state is not None and state.type != StateType.COMPLETED else None
+            last = {"state": state.type.value if state else None, "start": _iso(run.start_time),
+                    "end": _iso(run.end_time), "error": error}
+        next_run = scheduled[0].expected_start_time if scheduled and not dep.paused else None
+        return {"name": dep.name, "kind": kind, "spec": spec, "paused": bool(dep.paused),
+                "next_run": _iso(next_run), "last_run": last}
+
     async with PrefectClient(api_url) as client:
-        for dep in await client.read_deployments():
-            by_dep = DeploymentFilter(id=DeploymentFilterId(any_=[dep.id]))
-            scheduled = await client.read_flow_runs(
-                deployment_filter=by_dep, sort=FlowRunSort.EXPECTED_START_TIME_ASC, limit=1,
-                flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
-                    type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))))
-            done = await client.read_flow_runs(
-                deployment_filter=by_dep, sort=FlowRunSort.END_TIME_DESC, limit=1,
-                flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
-                    any_=[StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.CANCELLED]))))
-            kind, spec = "none", ""
-            if dep.schedules:
-                sched = dep.schedules[0].schedule
-                if isinstance(sched, IntervalSchedule):
-                    kind, spec = "interval", f"{int(sched.interval.total_seconds())}s"
-                elif isinstance(sched, CronSchedule):
-                    kind, spec = "cron", sched.cron
-            last: dict[str, Any] | None = None
-            if done:
-                run = done[0]
-                state = run.state
-                error = state.message if state is not None and state.type != StateType.COMPLETED else None
-                last = {"state": state.type.value if state else None, "start": _iso(run.start_time),
-                        "end": _iso(run.end_time), "error": error}
-            next_run = scheduled[0].expected_start_time if scheduled and not dep.paused else None
-            out.append({"name": dep.name, "kind": kind, "spec": spec, "paused": bool(dep.paused),
-                        "next_run": _iso(next_run), "last_run": last})
+        # Every deployment's two reads at once: one round trip's wait instead of 1 + 2 per deployment.
+        out = list(await asyncio.gather(*(one(client, dep) for dep in await client.read_deployments())))
     return sorted(out, key=lambda s: str(s["name"]))
 
 
