@@ -69,8 +69,10 @@ class MemoryLake:
     Rows are scoped to the project (its folder and below) unless `all_projects` is asked for.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, load_embedder: Callable[[], Embedder] | None = None) -> None:
         self.settings = settings
+        # How the model is had when a query first needs it (a long-lived reader passes its shared one).
+        self._load_embedder = load_embedder
         self.state = IndexState.read(settings.memory_dir)
         self.messages: Table | None = None
         self.sessions: Table | None = None
@@ -97,9 +99,12 @@ class MemoryLake:
 
     def embedder(self) -> Embedder:
         if self._embedder is None:
-            from ctxlake.tasks.embedders import make_embedder
+            if self._load_embedder is not None:
+                self._embedder = self._load_embedder()
+            else:
+                from ctxlake.tasks.embedders import make_embedder
 
-            self._embedder = make_embedder(self.settings.embed, self.settings.models_dir)
+                self._embedder = make_embedder(self.settings.embed, self.settings.models_dir)
         return self._embedder
 
     def scope(self, all_projects: bool) -> str | None:

@@ -29,6 +29,7 @@ PAGES = [("overview", "/", "Overview"), ("search", "/search", "Search"), ("sessi
          ("knowledge", "/knowledge", "Knowledge"), ("sources", "/sources", "Sources"), ("analytics", "/analytics", "Analytics"),
          ("settings", "/settings", "Settings")]
 MESSAGES_PAGE = 50
+ANALYTICS_TOP = 12  # bars per ranked chart
 CONTEXT_TYPES = {"conversations": ["message", "session"], "knowledge": ["knowledge"]}
 
 
@@ -77,6 +78,7 @@ class UiContext:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _engine: Any = None
     _overview: tuple[Any, float, dict[str, Any]] | None = None
+    _warmed: set[str] = field(default_factory=set)
 
     def roots(self) -> list[str]:
         return list(dict.fromkeys(self.projects()))
@@ -117,6 +119,30 @@ class UiContext:
     def lake(self, settings: Settings) -> Any:
         return self.engine().lake(settings)
 
+    def warm_analytics(self, root: str, *, start: bool = True) -> threading.Thread | None:
+        """Compute a project's Analytics figures on a thread when one of its other pages is first
+        served, so that DuckDB's import and the first scans of the tables (0.2-0.7 s, once per
+        process) are not paid by the Analytics page itself. Once per project and process; later
+        visits recompute only what a write changed. `start=False` marks the project as warmed (the
+        Analytics page computes them itself)."""
+        with self._lock:
+            if root in self._warmed:
+                return None
+            self._warmed.add(root)
+        if not start:
+            return None
+        thread = threading.Thread(target=self._warm_analytics, args=(root,), name="ctx-ui-warm", daemon=True)
+        thread.start()
+        return thread
+
+    def _warm_analytics(self, root: str) -> None:
+        from ctxlake.serve.api.stats import lake_stats
+
+        try:
+            lake_stats(self.settings(root), top=ANALYTICS_TOP)
+        except Exception:  # a warm-up only: the page reports the error when it is visited
+            return
+
     def memory(self, settings: Settings) -> Any:
         from ctxlake.serve.api.context import MemoryLake
 
@@ -126,11 +152,10 @@ class UiContext:
             hit = self._memory.get(key)
             if hit is not None and hit[0] == stamp and hit[1].settings is settings:
                 return hit[1]
-        lake = MemoryLake(settings)
-        try:
-            lake._embedder = self.engine().embedder(settings)  # the model loaded once, shared with code search
-        except Exception:
-            lake._embedder = None
+        engine = self.engine()
+        # The model is loaded (once, shared with code search) when a search first needs it, not for
+        # the Overview's counts or a session's messages.
+        lake = MemoryLake(settings, load_embedder=lambda: engine.embedder(settings))
         with self._lock:
             self._memory[key] = (stamp, lake)
         return lake
@@ -194,6 +219,8 @@ def _page(name: str, builder: Callable[..., dict[str, Any]] | None = None) -> Ca
         try:
             root = ctx.pick(request)
             base.update(project=root, projects=ctx.roots())
+            if root is not None:
+                ctx.warm_analytics(root, start=name != "analytics")
             if builder is not None and root is not None:
                 base.update(await run_in_threadpool(builder, request, ctx, root))
         except CtxError as exc:
@@ -277,12 +304,7 @@ def settings_page(request: Request, ctx: UiContext, root: str) -> dict[str, Any]
     sections: dict[str, list[Any]] = {}
     for v in values:
         sections.setdefault(v.section, []).append(v)
-    try:
-        schedules, schedules_error = ctx.schedules.list(), None
-    except Exception as exc:
-        schedules, schedules_error = [], str(exc)
-    return {"sections": sections, "schedules": schedules, "schedules_error": schedules_error,
-            "has_schedules": ctx.schedules.api_url is not None}
+    return {"sections": sections, "has_schedules": ctx.schedules.api_url is not None}  # listed by /api/schedules
 
 
 def analytics_page(request: Request, ctx: UiContext, root: str) -> dict[str, Any]:
@@ -290,7 +312,7 @@ def analytics_page(request: Request, ctx: UiContext, root: str) -> dict[str, Any
     from ctxlake.serve.web.charts import hbars, line, stacked_columns
 
     everyone = request.query_params.get("all") == "1"
-    figures = lake_stats(ctx.settings(root), top=12, all_projects=everyone)
+    figures = lake_stats(ctx.settings(root), top=ANALYTICS_TOP, all_projects=everyone)
     days = sorted({a.day for a in figures.activity})
     tools = sorted({a.tool for a in figures.activity})
     per = {(a.day, a.tool): a for a in figures.activity}
@@ -337,6 +359,20 @@ def api_overview(request: Request) -> dict[str, Any]:
 
 
 def _overview(ctx: UiContext) -> dict[str, Any]:
+    # The orchestrator's Prefect server answers in 0.1-0.7 s: ask it while the lakes are read.
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="ctx-ui-schedules") as pool:
+        schedules_read = pool.submit(ctx.schedules.list)
+        data = _overview_lakes(ctx)
+    try:
+        schedules, sched_error = schedules_read.result(), None
+    except Exception as exc:
+        schedules, sched_error = [], str(exc)
+    return {**data, "schedules": schedules, "schedules_error": sched_error, "service": ctx.mode == "service"}
+
+
+def _overview_lakes(ctx: UiContext) -> dict[str, Any]:
     from ctxlake.serve.api.context import list_sessions
     from ctxlake.serve.api.overview import tool_ingestion
     from ctxlake.serve.api.queries import status
@@ -360,12 +396,7 @@ def _overview(ctx: UiContext) -> dict[str, Any]:
         ingestion = tool_ingestion(memory).model_dump()
         if memory.sessions is not None:
             recent = [s.model_dump(mode="json") for s in list_sessions(memory, limit=20, all_projects=True)]
-    try:
-        schedules, sched_error = ctx.schedules.list(), None
-    except Exception as exc:
-        schedules, sched_error = [], str(exc)
-    return {"projects": projects, "ingestion": ingestion, "recent_sessions": recent, "schedules": schedules,
-            "schedules_error": sched_error, "service": ctx.mode == "service"}
+    return {"projects": projects, "ingestion": ingestion, "recent_sessions": recent}
 
 
 def api_search(request: Request) -> dict[str, Any]:
@@ -514,6 +545,11 @@ def api_job(request: Request) -> dict[str, Any]:
     return job.as_dict()
 
 
+def api_schedules(request: Request) -> dict[str, Any]:
+    """The service's schedules with their last and next runs ([] outside the service)."""
+    return {"schedules": _ctx(request).schedules.list()}
+
+
 def api_schedule(request: Request, body: dict[str, Any]) -> dict[str, Any]:
     ctx = _ctx(request)
     name = request.path_params["name"]
@@ -549,6 +585,7 @@ def create_app(ctx: UiContext, port_of: Callable[[], int]) -> Guard:
         Route("/api/sources", _json_api(api_source_add), methods=["POST"]),
         Route("/api/sources/{name}/{action}", _json_api(api_source_action), methods=["POST"]),
         Route("/api/jobs/{id}", _json_api(api_job)),
+        Route("/api/schedules", _json_api(api_schedules)),
         Route("/api/schedules/{name}", _json_api(api_schedule), methods=["POST"]),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]

@@ -3,7 +3,9 @@ warm process on 127.0.0.1, and `ctx down` takes it away."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import re
 import socket
 import subprocess
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from uisite import CHROMIUM
 
 CTX = str(Path(sys.executable).parent / "ctx")
 
@@ -66,15 +69,19 @@ def test_the_service_hosts_the_ui_and_its_settings_page_drives_the_schedules(
 
 
 def check_schedules(url: str, project: Path) -> None:
-    """The settings page lists the service's schedules and pauses / resumes one (CSRF token in hand)."""
-    deadline, html, cookie = time.monotonic() + 180, "", ""
+    """The settings page's schedules (its script reads /api/schedules) and pausing / resuming one with
+    the page's CSRF token."""
+    deadline, names, html, cookie = time.monotonic() + 180, set(), "", ""
     while time.monotonic() < deadline:  # the orchestrator comes up after the UI
         with urllib.request.urlopen(url + "settings", timeout=60) as res:
             html, cookie = res.read().decode(), res.headers["set-cookie"].split(";")[0]
-        if 'data-schedule="ingest_conversations"' in html:
-            break
+        if 'id="schedules-box"' in html:
+            with urllib.request.urlopen(url + "api/schedules", timeout=60) as res:
+                names = {s["name"] for s in json.loads(res.read())["schedules"]}
+            if "ingest_conversations" in names:
+                break
         time.sleep(1.0)
-    assert 'data-schedule="ingest_conversations"' in html, "the schedules never showed on the settings page"
+    assert "ingest_conversations" in names, "the schedules never showed on the settings page"
     token = re.search(r'name="csrf-token" content="([0-9a-f]+)"', html)
     assert token
 
@@ -93,3 +100,31 @@ def check_schedules(url: str, project: Path) -> None:
     listed = {s["name"]: s for s in json.loads(ctx("schedule", "list", "--json", cwd=project).stdout)}
     assert listed["ingest_conversations"]["paused"] is True  # the CLI sees what the page did
     assert change("resume")["ingest_conversations"]["paused"] is False
+    if os.access(CHROMIUM, os.X_OK) and importlib.util.find_spec("playwright") is not None:
+        click_through_schedules(url, project)
+
+
+def click_through_schedules(url: str, project: Path) -> None:
+    """The settings page's script draws the schedules it fetched, and its buttons pause and resume."""
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.set_default_timeout(60_000)
+            problems: list[str] = []
+            page.on("pageerror", lambda e: problems.append(str(e)))
+            page.goto(url + "settings")
+            page.wait_for_selector("body[data-ready='1']", state="attached")
+            pause = page.locator('#schedules-table button[data-schedule="ingest_conversations"][data-action="pause"]')
+            pause.click()
+            expect(page.locator('#schedules-table button[data-schedule="ingest_conversations"][data-action="resume"]')).to_be_visible()
+            expect(page.locator("#schedule-msg")).to_contain_text("Saved")
+            listed = {s["name"]: s for s in json.loads(ctx("schedule", "list", "--json", cwd=project).stdout)}
+            assert listed["ingest_conversations"]["paused"] is True
+            page.locator('#schedules-table button[data-schedule="ingest_conversations"][data-action="resume"]').click()
+            expect(pause).to_be_visible()
+            assert problems == []
+        finally:
+            browser.close()

@@ -373,18 +373,46 @@
   }
 
   // -- Settings ------------------------------------------------------------------------------------
-  function settings() {
-    const t = document.getElementById("schedules-table");
-    if (!t) return;
+  async function settings() {
+    const box = document.getElementById("schedules-box");
+    if (!box) { document.body.dataset.ready = "1"; return; }
     const msg = document.getElementById("schedule-msg");
-    t.addEventListener("click", async (e) => {
+    function say(text, bad) { msg.hidden = false; msg.textContent = text; msg.classList.toggle("error", !!bad); }
+    function render(schedules) {
+      box.replaceChildren();
+      if (!schedules.length) {
+        box.append(el("p", { class: "muted", text: "No schedules (the orchestrator is starting, or [service] schedules = false)." }));
+        return;
+      }
+      const body = el("tbody");
+      schedules.forEach((s, i) => {
+        const id = "every-" + (i + 1);
+        body.append(el("tr", {},
+          el("th", { scope: "row", text: s.name }), el("td", { text: (s.kind || "") + " " + (s.spec || "") }),
+          el("td", { text: s.paused ? "paused" : "active" }), el("td", { text: s.next_run || "—" }),
+          el("td", { text: ((s.last_run || {}).state || "—") + " " + ((s.last_run || {}).end || "") }),
+          el("td", {},
+            el("button", { type: "button", "data-schedule": s.name, "data-action": s.paused ? "resume" : "pause", text: s.paused ? "Resume" : "Pause" }), " ",
+            el("label", { for: id, class: "sr", text: "Interval for " + s.name }),
+            el("input", { id, size: "6", placeholder: "10m", "data-every-for": s.name }), " ",
+            el("button", { type: "button", "data-schedule": s.name, "data-action": "every", text: "Set interval" }))));
+      });
+      box.append(el("table", { class: "grid", id: "schedules-table" },
+        el("thead", {}, el("tr", {}, ...["Flow", "Schedule", "State", "Next run", "Last run", "Change"].map((h) => el("th", { scope: "col", text: h })))),
+        body));
+    }
+    box.addEventListener("click", async (e) => {
       const btn = e.target.closest("[data-schedule]");
       if (!btn) return;
       const body = { action: btn.dataset.action };
-      if (body.action === "every") body.every = t.querySelector('[data-every-for="' + CSS.escape(btn.dataset.schedule) + '"]').value;
-      try { await postJSON("/api/schedules/" + encodeURIComponent(btn.dataset.schedule), body); location.reload(); }
-      catch (err) { msg.hidden = false; msg.textContent = err.message; msg.classList.add("error"); }
+      if (body.action === "every") body.every = box.querySelector('[data-every-for="' + CSS.escape(btn.dataset.schedule) + '"]').value;
+      try { render((await postJSON("/api/schedules/" + encodeURIComponent(btn.dataset.schedule), body)).schedules); say("Saved: " + btn.dataset.schedule); }
+      catch (err) { say(err.message, true); }
     });
+    try { render((await getJSON("/api/schedules?" + withProject({}))).schedules); }
+    catch (err) { box.replaceChildren(el("p", { class: "notice error", text: err.message })); }
+    box.removeAttribute("aria-busy");
+    document.body.dataset.ready = "1";
   }
 
   const pages = { overview, search, knowledge, sources, settings };
