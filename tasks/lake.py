@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 FILES_TABLE = "files"
 CHUNKS_TABLE = "chunks"
 STATE_FILE = "state.json"
+WRITER_LOCK_FILE = "writer.lock"
 
 
 def _skip_unused_rest_client() -> None:
@@ -152,7 +153,7 @@ class WriterLock:
     """
 
     def __init__(self, lake_dir: Path, purpose: str = "ctx run index") -> None:
-        self.path = lake_dir / "writer.lock"
+        self.path = lake_dir / WRITER_LOCK_FILE
         self.purpose = purpose
         self._fd: int | None = None
         self.took_over_from: int | None = None
@@ -284,6 +285,6 @@ def check_model(state: IndexState | None, embedder: Embedder, force: bool) -> bo
 def reset_lake(lake_dir: Path) -> None:
     """Drop every table and snapshot of the lake (a model change invalidates all vectors)."""
     for child in lake_dir.iterdir() if lake_dir.exists() else ():
-        if child.name == "writer.lock":
+        if child.name == WRITER_LOCK_FILE:
             continue
         shutil.rmtree(child) if child.is_dir() else child.unlink()

@@ -117,3 +117,31 @@ def test_figures_follow_the_lakes_across_runs_and_ingests(make_repo: Callable[..
     # A caller may change what it got without changing the next caller's answer.
     ingested.chunks_per_language.clear()
     assert lake_stats(settings, top=5).chunks_per_language
+
+
+def test_each_half_is_recomputed_only_when_its_lake_changed(make_repo: Callable[..., Path], cli: Callable[..., Any],
+                                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ctxlake.serve.api import stats
+
+    repo = make_repo(FILES)
+    assert cli("run", "index", "--no-embed", cwd=repo).exit_code == 0
+    settings = load_settings(repo)
+    computed: list[str] = []
+    for half in ("code", "memory"):
+        real = getattr(stats, f"_{half}_figures")
+        monkeypatch.setattr(stats, f"_{half}_figures",
+                            lambda *args, _real=real, _half=half: computed.append(_half) or _real(*args))
+    first = lake_stats(settings, top=5)
+    assert computed == ["code", "memory"]
+    assert lake_stats(settings, top=5) == first and computed == ["code", "memory"]
+
+    assert cli("run", "ingest", f"--from=claude={_logs(tmp_path, str(repo))}", cwd=repo).exit_code == 0
+    ingested = lake_stats(settings, top=5)
+    assert computed[2:] == ["memory"] and ingested.sessions == 3
+    conversational = {"sessions", "messages", "activity", "touched_files", "frequent_errors", "knowledge", "lake_bytes"}
+    assert ingested.model_dump(exclude=conversational) == first.model_dump(exclude=conversational)
+
+    (repo / "app" / "forms.py").write_text("class Form:\n    pass\n")
+    assert cli("run", "index", "--no-embed", cwd=repo).exit_code == 0
+    grown = lake_stats(settings, top=5)
+    assert computed[3:] == ["code"] and grown.files == first.files + 1 and grown.sessions == 3
