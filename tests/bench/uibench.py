@@ -1,5 +1,6 @@
-"""Shared by bench_ui.py and ui_screenshots.py: materialise and index a repository, start the web UI
-as its own process (`ctx ui --standalone`), and open Debian's Chromium with Playwright."""
+"""Shared by bench_ui.py and ui_screenshots.py: materialise and index a repository, serve the web UI
+(hosted by the service, or as its own process with `ctx ui --standalone`), and open Debian's
+Chromium with Playwright."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,43 @@ class UiProcess:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+
+
+class ServiceUi:
+    """The UI as a user gets it: `ctx up --watch REPO` starts the service (state under the bench's
+    CTX_HOME), and `ctx ui` reports the address of the UI the service hosts."""
+
+    def __init__(self, repo: Path, env: dict[str, str]) -> None:
+        self.env = {**env, "CTX_UI_PORT": "0"}  # any free port: never a user's running service's
+        self.repo = repo
+        up = subprocess.run([str(CTX), "up", "--watch", str(repo)], cwd=repo, env=self.env, capture_output=True,
+                            text=True, check=False)
+        if up.returncode != 0:
+            raise SystemExit(f"ctx up failed:\n{up.stderr[-3000:]}")
+        shown = subprocess.run([str(CTX), "ui", "--no-open", "--json"], cwd=repo, env=self.env, capture_output=True,
+                               text=True, check=False)
+        answer = json.loads(shown.stdout or "{}")
+        if shown.returncode != 0 or answer.get("mode") != "service":
+            self.stop()
+            raise SystemExit(f"the service serves no UI: {shown.stdout.strip()} {shown.stderr[-2000:]}")
+        self.url: str = answer["url"]
+        # Measure the service as it runs once started: its orchestrator (the schedules) comes up
+        # after the UI, within seconds.
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not self.schedules():
+            time.sleep(1.0)
+
+    def schedules(self) -> list[Any]:
+        host = self.url.split("/")[2]
+        request = urllib.request.Request(self.url + "api/schedules", headers={"Host": host})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as res:
+                return list(json.loads(res.read())["schedules"])
+        except (OSError, ValueError, KeyError):
+            return []
+
+    def stop(self) -> None:
+        subprocess.run([str(CTX), "down"], cwd=self.repo, env=self.env, capture_output=True, check=False, timeout=120)
 
 
 def launch(playwright: Any) -> Any:
