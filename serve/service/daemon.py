@@ -585,12 +585,20 @@ def stop_children(grace_s: float = 5.0) -> None:
 
 
 def _warm_imports() -> None:
-    """Import the CLI, the read path and a watcher batch's pipeline now, so that neither the first
-    forwarded command nor the first edit after `ctx up` pays for them (the pipeline's import,
-    Prefect's included, made the first watcher batch on django take 2.4 s instead of 0.4)."""
+    """Import the CLI, the read API, LanceDB and a watcher batch's pipeline now, so that neither
+    the first forwarded command, the web UI's first page of data nor the first edit after `ctx up`
+    pays for them (the pipeline's import, Prefect's included, made the first watcher batch on
+    django take 2.4 s instead of 0.4; LanceDB's, imported only when a lake is first opened, was
+    ~1 s of the UI Overview's first 1.3-1.6 s)."""
     import ctxlake.flows.watch_code
+    import ctxlake.serve.api.context
+    import ctxlake.serve.api.overview
     import ctxlake.serve.api.queries
+    import ctxlake.serve.api.source_queries
     import ctxlake.serve.cli.app  # noqa: F401
+    from ctxlake.tasks.lake import import_lancedb
+
+    import_lancedb()
 
 
 def bound_heap() -> bool:
