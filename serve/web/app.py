@@ -30,6 +30,7 @@ PAGES = [("overview", "/", "Overview"), ("search", "/search", "Search"), ("sessi
          ("settings", "/settings", "Settings")]
 MESSAGES_PAGE = 50
 ANALYTICS_TOP = 12  # bars per ranked chart
+WARM_DELAY_S = 2.0  # after a project's first page, before its Analytics figures are computed
 CONTEXT_TYPES = {"conversations": ["message", "session"], "knowledge": ["knowledge"]}
 
 
@@ -119,7 +120,7 @@ class UiContext:
     def lake(self, settings: Settings) -> Any:
         return self.engine().lake(settings)
 
-    def warm_analytics(self, root: str, *, start: bool = True) -> threading.Thread | None:
+    def warm_analytics(self, root: str, *, start: bool = True) -> threading.Timer | None:
         """Compute a project's Analytics figures on a thread when one of its other pages is first
         served, so that DuckDB's import and the first scans of the tables (0.2-0.7 s, once per
         process) are not paid by the Analytics page itself. Once per project and process; later
@@ -131,7 +132,9 @@ class UiContext:
             self._warmed.add(root)
         if not start:
             return None
-        thread = threading.Thread(target=self._warm_analytics, args=(root,), name="ctx-ui-warm", daemon=True)
+        # A moment after the page: its own requests (the Overview's data) go first.
+        thread = threading.Timer(WARM_DELAY_S, self._warm_analytics, args=(root,))
+        thread.name, thread.daemon = "ctx-ui-warm", True
         thread.start()
         return thread
 
