@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -25,9 +26,18 @@ def folder_stamp(folder: Path) -> tuple[int, int]:
     """(bytes under folder, as folder_bytes counts them; a digest of every file's path, size and
     mtime). A Lance write adds files and a cleanup removes them, so the digest changes with any
     commit to any table under the folder: a change token for caches of what was read from it."""
+    total, digests = folder_stamps(folder, lambda top: "")
+    return total, digests.get("", hash(()))
+
+
+def folder_stamps(folder: Path, part: Callable[[str], str | None]) -> tuple[int, dict[str, int]]:
+    """folder_stamp with one digest per part of the folder: `part` names the part of each entry
+    at the folder's top level (a table's folder, a file), or None to leave it out of every digest
+    (its bytes still count)."""
     total = 0
-    seen: list[tuple[str, int, int]] = []
+    seen: dict[str, list[tuple[str, int, int]]] = {}
     for dirpath, _, names in os.walk(folder):
+        top = Path(dirpath).relative_to(folder).parts[:1]
         for name in names:
             path = os.path.join(dirpath, name)
             try:
@@ -35,8 +45,10 @@ def folder_stamp(folder: Path) -> tuple[int, int]:
             except OSError:
                 continue
             total += st.st_size
-            seen.append((path, st.st_size, st.st_mtime_ns))
-    return total, hash(tuple(seen))
+            into = part(top[0] if top else name)
+            if into is not None:
+                seen.setdefault(into, []).append((path, st.st_size, st.st_mtime_ns))
+    return total, {key: hash(tuple(entries)) for key, entries in seen.items()}
 
 
 def record_run(lake_dir: Path, tables: Any, source: str, report: Any, pending_vectors: int | None = None) -> pa.Table:

@@ -7,7 +7,6 @@ every memory query: the project's folder and below, or every project with `all_p
 from __future__ import annotations
 
 import copy
-import os
 import threading
 from collections.abc import Callable
 from datetime import datetime
@@ -30,7 +29,7 @@ from ctxlake.tasks.lake import (
 )
 from ctxlake.tasks.memory_state import read_project_paths
 from ctxlake.tasks.memory_store import KNOWLEDGE_TABLE, MESSAGES_TABLE, SESSIONS_TABLE
-from ctxlake.tasks.run_log import folder_stamp
+from ctxlake.tasks.run_log import folder_stamp, folder_stamps
 from ctxlake.tasks.sessionize import scope_filter
 
 if TYPE_CHECKING:
@@ -106,7 +105,7 @@ _duck_lock = threading.Lock()
 
 def _cursor() -> duckdb.DuckDBPyConnection:
     """A cursor of this process's one in-memory DuckDB (opening a database costs ~25 ms; a cursor,
-    which a thread may use on its own, nothing)."""
+    which a thread may use on its own, nothing); `with` closes it."""
     global _duck
     import duckdb
 
@@ -146,23 +145,13 @@ def _lake_stamps(lake_dir: Path) -> tuple[int, int, int]:
     """(bytes under the project's lake, a change token of its code tables, one of its knowledge
     table): an ingest that extracts knowledge writes only the latter (and takes the writer's lock,
     whose file says nothing of the data)."""
-    total = 0
-    code: list[tuple[str, str, int, int]] = []
-    knowledge: list[tuple[str, str, int, int]] = []
-    for dirpath, _, names in os.walk(lake_dir):
-        top = Path(dirpath).relative_to(lake_dir).parts[:1]
-        for name in names:
-            try:
-                st = os.lstat(os.path.join(dirpath, name))
-            except OSError:
-                continue
-            total += st.st_size
-            first = top[0] if top else name
-            if first == WRITER_LOCK_FILE:
-                continue
-            into = knowledge if first.startswith(KNOWLEDGE_TABLE) else code
-            into.append((dirpath, name, st.st_size, st.st_mtime_ns))
-    return total, hash(tuple(code)), hash(tuple(knowledge))
+    def part(top: str) -> str | None:
+        if top == WRITER_LOCK_FILE:
+            return None
+        return "knowledge" if top.startswith(KNOWLEDGE_TABLE) else "code"
+
+    total, digests = folder_stamps(lake_dir, part)
+    return total, digests.get("code", hash(())), digests.get("knowledge", hash(()))
 
 
 def _kept(key: tuple[str, str, str, int, bool], stamp: int, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -185,8 +174,7 @@ def _code_figures(settings: Settings, top: int) -> dict[str, Any]:
     files, chunks, runs = open_table(db, FILES_TABLE), open_table(db, CHUNKS_TABLE), open_table(db, INDEX_RUNS_TABLE)
     n_chunks = chunks.count_rows() if chunks is not None else 0
     embedded = chunks.count_rows("vector IS NOT NULL") if chunks is not None else 0
-    con = _cursor()
-    try:
+    with _cursor() as con:
         per_lang: list[tuple[Any, ...]] = []
         langs = _arrow(files, ["lang", "n_chunks"])
         if langs is not None:
@@ -198,8 +186,6 @@ def _code_figures(settings: Settings, top: int) -> dict[str, Any]:
             rows = _rows(con, "SELECT * FROM (SELECT finished_at, files, chunks, embedded, lake_bytes FROM h "
                               "ORDER BY finished_at DESC LIMIT 200) ORDER BY finished_at", h=history)
             sizes = [IndexSize(finished_at=r[0], files=r[1], chunks=r[2], embedded=r[3], lake_bytes=r[4]) for r in rows]
-    finally:
-        con.close()
     finished = (state.last_run or {}).get("finished_at") or None
     return {"files": files.count_rows() if files is not None else 0, "chunks": n_chunks, "embedded": embedded,
             "embedded_share": round(embedded / n_chunks, 4) if n_chunks else 0.0,
@@ -223,8 +209,7 @@ def _memory_figures(settings: Settings, top: int, all_projects: bool) -> dict[st
         sessions = _arrow(sessions_t, ["tool", "started_at", "n_messages", "files", "errors"], scope)
         if sessions is not None:
             n_sessions = sessions.num_rows
-            con = _cursor()
-            try:
+            with _cursor() as con:
                 activity = [DayActivity(day=str(r[0]), tool=r[1], sessions=r[2], messages=int(r[3] or 0)) for r in _rows(
                     con, "SELECT CAST(started_at AS DATE) AS day, tool, count(*), sum(n_messages) FROM s "
                          "GROUP BY 1, 2 ORDER BY 1, 2", s=sessions)]
@@ -235,8 +220,6 @@ def _memory_figures(settings: Settings, top: int, all_projects: bool) -> dict[st
                                     f"left(split_part(trim(unnest(errors)), chr(10), 1), {ERROR_CHARS}) AS e "
                                     "FROM (SELECT row_number() OVER () AS rowid, errors FROM s)) WHERE e <> '' "
                                     f"GROUP BY e ORDER BY n DESC, e LIMIT {int(top)}", s=sessions)
-            finally:
-                con.close()
     return {"sessions": n_sessions, "messages": n_messages, "activity": activity,
             "knowledge": knowledge.count_rows() if knowledge is not None else 0,
             "touched_files": [Count(label=str(r[0]), count=int(r[1])) for r in touched],
