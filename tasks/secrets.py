@@ -45,7 +45,12 @@ _NOT_SECRET_NAME = re.compile("|".join(fnmatch.translate(g) for g in NOT_SECRET_
 
 def is_secret_file(path: str) -> bool:
     """Whether a path's file name alone says it holds secrets (`.env`, `id_rsa`, `*.pem`...)."""
-    name = path.replace("\\", "/").rsplit("/", 1)[-1].lower()
+    return is_secret_name(path.replace("\\", "/").rsplit("/", 1)[-1])
+
+
+def is_secret_name(name: str) -> bool:
+    """is_secret_file for a bare file name (a scan has it already)."""
+    name = name.lower()
     return _SECRET_NAME.match(name) is not None and _NOT_SECRET_NAME.match(name) is None
 
 

@@ -300,3 +300,36 @@ def test_include_by_folder_name_keeps_what_lies_below(tmp_path: Path) -> None:
     assert indexed(scan(tmp_path, IndexSettings(include=["docs"]))) == {"docs/guide.md", "docs/api/ref.md"}
     assert indexed(scan(tmp_path, IndexSettings(include=["/src/", "*.md"]))) == {
         "src/docs.py", "src/a.py", "docs/guide.md", "docs/api/ref.md"}
+
+
+def test_a_check_that_finds_nothing_changed_hashes_no_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The no-op path: the snapshot loaded, the disk scanned, the two compared, and no folder
+    hashed for either tree (0.4 s of a 100,000-file check); an edit still shows, and root hashes
+    asked for afterwards are right."""
+    write_files(tmp_path / "src", {"a.py": "a", "b/c.py": "c", "b/d/e.md": "# e", ".env": "K=v\n"})
+    first = scan(tmp_path / "src")
+    first.scanned_at_ns = time.time_ns() + 10 * merkle.RACY_WINDOW_NS  # outside the racy window
+    save_snapshot(tmp_path / "lake", "project", first)
+    folders: list[str] = []
+    real = merkle._folder_hash
+    monkeypatch.setattr(merkle, "_folder_hash", lambda f, k, d: folders.append(f) or real(f, k, d))
+    snapshot = load_snapshot(tmp_path / "lake", "project")
+    assert snapshot is not None
+    again, stats = scan_tree(tmp_path / "src", IndexSettings(), snapshot)
+    assert diff_trees(snapshot, again) == Diff([], [], [])
+    assert (folders, stats.reused, again.scanned_at_ns > 0) == ([], 3, True)
+    assert again.root_hash == snapshot.root_hash == first.root_hash
+    (tmp_path / "src" / "b" / "d" / "f.md").write_text("# f\n")
+    changed = scan(tmp_path / "src", previous=snapshot)
+    assert diff_trees(snapshot, changed) == Diff(["b/d/f.md"], [], [])
+    assert changed.root_hash != snapshot.root_hash
+
+
+def test_a_removed_file_and_an_added_one_are_not_the_same_tree(tmp_path: Path) -> None:
+    write_files(tmp_path, {"a.py": "a", "b.py": "b"})
+    first = scan(tmp_path)
+    first.scanned_at_ns = time.time_ns() + 10 * merkle.RACY_WINDOW_NS
+    (tmp_path / "b.py").unlink()
+    (tmp_path / "c.py").write_text("b")  # as many files as before, same content, another name
+    second = scan(tmp_path, previous=first)
+    assert diff_trees(first, second) == Diff(["c.py"], [], ["b.py"])
