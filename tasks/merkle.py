@@ -128,20 +128,25 @@ class _Shape:
         return self._dirs, self._children
 
 
+def _add_folders(children: dict[str, dict[str, tuple[bool, str]]], folder: str) -> None:
+    """Give `folder` and the folders above it a node, up to one that has one already (so a level
+    that holds only folders still gets its own)."""
+    while folder:
+        parent, _, name = folder.rpartition("/")
+        siblings = children.setdefault(parent, {})
+        if name in siblings:
+            break
+        siblings[name] = (True, "")
+        children.setdefault(folder, {})
+        folder = parent
+
+
 def _shape_of(entries: dict[str, Entry]) -> tuple[dict[str, str], dict[str, dict[str, tuple[bool, str]]]]:
     children: dict[str, dict[str, tuple[bool, str]]] = {"": {}}
     for path, entry in entries.items():
         parent, _, name = path.rpartition("/")
         children.setdefault(parent, {})[name] = (False, entry.hash)
-        # Register each ancestor folder so empty-of-files levels still get a node.
-        while parent:
-            grand, _, dname = parent.rpartition("/")
-            siblings = children.setdefault(grand, {})
-            if dname in siblings:
-                break
-            siblings[dname] = (True, "")
-            children.setdefault(parent, {})
-            parent = grand
+        _add_folders(children, parent)
     dirs: dict[str, str] = {}
     # Deepest folders first, so every child folder's hash exists before its parent's.
     for folder in sorted(children, key=lambda d: d.count("/") + (1 if d else 0), reverse=True):
@@ -201,15 +206,7 @@ class Tree:
             else:
                 entries[path] = entry
                 children.setdefault(parent, {})[name] = (False, entry.hash)
-                folder = parent
-                while folder:  # register new folders up to one that already exists
-                    grand, _, dname = folder.rpartition("/")
-                    siblings = children.setdefault(grand, {})
-                    if dname in siblings:
-                        break
-                    siblings[dname] = (True, "")
-                    children.setdefault(folder, {})
-                    folder = grand
+                _add_folders(children, parent)
             folder = parent
             while True:
                 dirty.add(folder)
