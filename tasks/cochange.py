@@ -47,14 +47,14 @@ def _git(root: Path, *args: str) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
-def head(root: Path) -> str | None:
-    out = _git(root, "rev-parse", "--verify", "-q", "HEAD")
+def head(root: Path, rev: str = "HEAD") -> str | None:
+    out = _git(root, "rev-parse", "--verify", "-q", f"{rev}^{{commit}}")
     return out.strip() if out else None
 
 
-def commits(root: Path, since: str | None, limit: int = MAX_COMMITS) -> Iterator[Commit]:
-    """Commits reachable from HEAD (newest first), after `since` when given; merges left out."""
-    span = f"{since}..HEAD" if since else "HEAD"
+def commits(root: Path, since: str | None, limit: int = MAX_COMMITS, rev: str = "HEAD") -> Iterator[Commit]:
+    """Commits reachable from `rev` (newest first), after `since` when given; merges left out."""
+    span = f"{since}..{rev}" if since else rev
     out = _git(root, "log", "--no-merges", "--no-renames", "-z", "--name-only", "--format=%x01%H %ct %P",
                f"-n{limit}", span, "--")
     # Each commit: "\x01<sha> <time> <parents>\x00\n" then its paths, each ended by "\x00".
@@ -87,9 +87,12 @@ def pair_sums(history: list[Commit], t0: int) -> dict[tuple[str, str], tuple[flo
     return {k: (v[0], int(v[1]), int(v[2])) for k, v in sums.items()}
 
 
-def update_cochange(db: Any, lake_dir: Path, root: Path, source: str) -> int:
-    """(lake, a git work tree) -> COCHANGE rows brought up to HEAD; returns the commits read (0: up to date or no git)."""
-    now = head(root)
+def update_cochange(db: Any, lake_dir: Path, root: Path, source: str, rev: str = "HEAD") -> int:
+    """(lake, a git work tree) -> COCHANGE rows brought up to HEAD; returns the commits read (0: up to date or no git).
+
+    `root` may also be a bare repository and `rev` a commit in it: what `ctx eval` does to give a
+    task's lake the history before its base commit, and nothing after."""
+    now = head(root, rev)
     if now is None:
         return 0
     state_path = lake_dir / STATE_FILE
@@ -103,7 +106,7 @@ def update_cochange(db: Any, lake_dir: Path, root: Path, source: str) -> int:
     table = open_table(db, COCHANGE_TABLE)
     # History rewritten (rebase, another branch) or never built: start over from the newest commits.
     rebuild = since is None or table is None or _git(root, "merge-base", "--is-ancestor", since, now) is None
-    history = list(commits(root, None if rebuild else since))
+    history = list(commits(root, None if rebuild else since, rev=now))
     if not history:
         return 0
     t0 = int(state.get("t0") or min(c.time for c in history)) if not rebuild else min(c.time for c in history)
@@ -151,6 +154,11 @@ def _merged(table: Any, source: str, fresh: dict[tuple[str, str], tuple[float, i
         old = stored.get(key, (0.0, 0, 0))
         out[key] = (old[0] + w, old[1] + n, max(old[2], t))
     return out
+
+
+def strength(weight_sum: float, newest: float) -> float:
+    """A pair's summed weight -> 0..1: one commit as recent as the newest counts 0.5, two 0.75..."""
+    return 1.0 - 0.5 ** (weight_sum / newest)
 
 
 def newest_weight(lake_dir: Path, source: str) -> float | None:

@@ -211,6 +211,24 @@ def _index_locked(settings: Settings, tree: Path, embed: bool, record: IndexReco
     return record
 
 
+def add_history(settings: Settings, task: EvalTask, mirrors: Sequence[Path]) -> int:
+    """Give a task's lake the co-change table of its repository's history up to the base commit
+    (never past it: the fix and everything after stay unseen). A materialised tree has no .git, so
+    the history is read from the mirror. Returns the commits read (0: already there)."""
+    from ctxlake.tasks.cochange import update_cochange
+    from ctxlake.tasks.lake import connect
+
+    if task.base_commit is None:
+        return 0
+    git_dir = git_dir_for(task, mirrors)
+    commit = resolve_commit(git_dir, task.base_commit)
+    lock = WriterLock(settings.lake_dir, purpose=f"ctx eval history ({task.instance_id})").acquire(wait_s=LOCK_WAIT_S)
+    try:
+        return update_cochange(connect(settings.lake_dir), settings.lake_dir, git_dir, PROJECT_SOURCE, rev=commit)
+    finally:
+        lock.release()
+
+
 def run_eval(base: Settings, plan: EvalPlan, log: Log | None = None) -> EvalReport:
     """Run every task of the plan for each profile, mode, corpus and variant; score and summarise."""
     from ctxlake.serve.api import file_search
@@ -252,6 +270,8 @@ def run_eval(base: Settings, plan: EvalPlan, log: Log | None = None) -> EvalRepo
             settings = lake_settings(base, lake_root, profile, plan.include)
             try:
                 record = index_tree(settings, tree, need_vectors, task, embedder.model_id)
+                if task.base_commit is not None and (plan.ablate or plan.options.cochange_neighbours):
+                    add_history(settings, task, plan.mirrors)
             except CtxError as exc:  # one broken lake must not cost the other tasks' scores
                 failed.append(f"{task.instance_id}: {exc}")
                 say(f"[{label} {number}/{len(tasks)}] {task.instance_id}: failed, left out of the scores: {exc}")
@@ -269,18 +289,21 @@ def run_eval(base: Settings, plan: EvalPlan, log: Log | None = None) -> EvalRepo
                     continue  # a task about test files has no answer in the non-test corpus
                 where = build_filter(exclude_tests=corpus == "non-test")
                 indexed = {path for _, path in lake.catalog(where).files}
-                cache: dict[bool, tuple[Any, float]] = {}
+                cache: dict[tuple[bool, bool], tuple[Any, float]] = {}
                 for variant, options in ranking.items():
-                    if options.squeeze_logs not in cache:
-                        # One retrieval per corpus serves every mode and variant (they differ in fusion).
+                    # One retrieval per corpus serves every mode and variant that differs only in
+                    # fusion; these two options change what is retrieved.
+                    retrieval = (options.squeeze_logs, options.semantic_title)
+                    if retrieval not in cache:
                         t0 = time.perf_counter()
                         mode_all: SearchMode = "hybrid" if need_vectors else "keyword"
                         gathered = file_search.file_evidence(
                             lake, task_query(task, plan.query), mode_all, where, dataclasses.replace(
-                                plan.options, squeeze_logs=options.squeeze_logs,
-                                import_neighbours=plan.options.import_neighbours or plan.ablate))
-                        cache[options.squeeze_logs] = (gathered, time.perf_counter() - t0)
-                    evidence, gather_s = cache[options.squeeze_logs]
+                                plan.options, squeeze_logs=options.squeeze_logs, semantic_title=options.semantic_title,
+                                import_neighbours=plan.options.import_neighbours or plan.ablate,
+                                cochange_neighbours=plan.options.cochange_neighbours or plan.ablate))
+                        cache[retrieval] = (gathered, time.perf_counter() - t0)
+                    evidence, gather_s = cache[retrieval]
                     t0 = time.perf_counter() - gather_s
                     for mode in plan.modes:
                         fused = file_search.fuse_files(evidence.for_mode(mode), options)

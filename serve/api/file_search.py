@@ -24,6 +24,7 @@ from ctxlake.serve.api.ranking import (
     FileKey,
     RankOptions,
     add_bonus,
+    cochange_scores,
     down_weight_tests,
     file_scores,
     folder_scores,
@@ -51,6 +52,7 @@ class FileEvidence:
     stem: dict[FileKey, float] = field(default_factory=dict)
     folder: dict[FileKey, float] = field(default_factory=dict)
     imports: dict[FileKey, set[FileKey]] = field(default_factory=dict)  # file -> files it imports
+    cochange: dict[FileKey, dict[FileKey, float]] = field(default_factory=dict)  # file -> co-changed files
     asks_for_tests: bool = False
     warnings: list[str] = field(default_factory=list)
 
@@ -71,11 +73,11 @@ def file_evidence(
     out = FileEvidence(asks_for_tests=wants_tests(query))
     lexical = mode in ("keyword", "hybrid", "fuzzy")
     analysis = analyse(query) if lexical else None
+    title = query_title(query)
     if mode == "fuzzy":
         out.keyword = fuzzy_rows(lake, query, options.pool, where)
     elif lexical:
         out.keyword = keyword_rows(lake, query, options.pool, where, squeeze=options.squeeze_logs)
-        title = query_title(query)
         if options.title_list and title:
             out.title = keyword_rows(lake, title, options.pool, where)
     if analysis is not None and options.identifier_list:
@@ -85,7 +87,10 @@ def file_evidence(
             out.warnings.append(warning)
     if mode in ("semantic", "hybrid"):
         if embedded_fraction(lake) > 0.0:
-            out.semantic = semantic_rows(lake, query, options.pool, where)
+            # A static model averages its tokens' vectors: over a whole issue (logs, code, prose)
+            # that average says little, while the title names what the issue is about.
+            out.semantic = semantic_rows(lake, title if options.semantic_title and title else query,
+                                         options.pool, where)
         elif mode == "semantic":
             raise NotIndexedError("no chunk has a vector yet",
                                   hint="wait for `ctx run index` to embed, or use --mode keyword")
@@ -100,6 +105,8 @@ def file_evidence(
             out.folder = folder_scores(analysis, catalog)
     if options.import_neighbours:
         out.imports = lake.imports()
+    if options.cochange_neighbours:
+        out.cochange = lake.cochange()
     return out
 
 
@@ -134,6 +141,9 @@ def fuse_files(evidence: FileEvidence, options: RankOptions) -> list[tuple[FileK
     if options.import_neighbours and evidence.imports:
         neighbours = neighbour_scores(fused, evidence.imports, options.neighbour_hits)
         add_bonus(fused, neighbours, options.neighbour_weight, options.neighbour_scale, k)
+    if options.cochange_neighbours and evidence.cochange:
+        partners = cochange_scores(fused, evidence.cochange, options.neighbour_hits)
+        add_bonus(fused, partners, options.cochange_weight, options.cochange_scale, k)
     if options.test_weight != 1.0 and not evidence.asks_for_tests:
         fused = down_weight_tests(fused, options.test_weight)
     return ordered(fused)

@@ -22,7 +22,7 @@ from ctxlake.serve.api.graph_models import (
     RelatedFile,
 )
 from ctxlake.tasks import safe_io
-from ctxlake.tasks.cochange import newest_weight
+from ctxlake.tasks.cochange import newest_weight, strength
 from ctxlake.tasks.graph_store import DEFINITIONS_TABLE, IMPORTS_TABLE, REFERENCES_TABLE
 from ctxlake.tasks.lake import FILES_TABLE, connect, open_table, table_names
 from ctxlake.tasks.store import sql_str
@@ -182,7 +182,7 @@ class GraphReader:
                          ["other", "weight", "commits"])
             rows.sort(key=lambda r: (-float(r["weight"]), r["other"]))
             related += [RelatedFile(path=r["other"], relation="cochange", commits=int(r["commits"]),
-                                    weight=round(1.0 - 0.5 ** (float(r["weight"]) / top), 4))
+                                    weight=round(strength(float(r["weight"]), top), 4))
                         for r in rows[:_bound(limit)]]
         unresolved = sorted({r["module"] for r in own if not r["resolved"]})
         return RelatedAnswer(path=path, related=related[:_bound(limit)], unresolved_imports=unresolved[:50])

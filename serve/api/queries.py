@@ -99,6 +99,7 @@ class Lake:
         self._fraction: tuple[int, float] | None = None  # (table version, embedded share)
         self._catalogs: dict[str | None, tuple[int, LakeCatalog]] = {}
         self._imports: tuple[int, dict[tuple[str, str], set[tuple[str, str]]]] | None = None
+        self._cochange: tuple[int, dict[tuple[str, str], dict[tuple[str, str], float]]] | None = None
         # (files version, chunks version) -> per-source figures (source_queries.index_stats)
         self._source_stats: tuple[tuple[int, int], dict[str, Any]] | None = None
         self.flat: FlatVectors | None = None  # chunk vectors in memory, for long-lived readers
@@ -188,6 +189,30 @@ class Lake:
                     out.setdefault((source, path), set()).add((source, resolved))
             self._imports = (version, out)
         return self._imports[1]
+
+    def cochange(self) -> dict[tuple[str, str], dict[tuple[str, str], float]]:
+        """(source, path) -> the files changed in the same commits, each with its strength in 0..1
+        (as `ctx related` shows it), cached per table version; empty without git history."""
+        from ctxlake.schemas.tables import COCHANGE_TABLE
+        from ctxlake.tasks.cochange import newest_weight, strength
+
+        table = open_table(self.db, COCHANGE_TABLE)
+        if table is None:
+            return {}
+        version = table.version
+        if self._cochange is None or self._cochange[0] != version:
+            rows = table.search().select(["source", "path", "other", "weight"]).limit(None).to_arrow()
+            tops: dict[str, float | None] = {}
+            out: dict[tuple[str, str], dict[tuple[str, str], float]] = {}
+            for source, path, other, weight in zip(*(rows.column(c).to_pylist() for c in
+                                                     ("source", "path", "other", "weight")), strict=True):
+                if source not in tops:
+                    tops[source] = newest_weight(self.settings.lake_dir, source)
+                top = tops[source]
+                if top:
+                    out.setdefault((source, path), {})[(source, other)] = strength(float(weight), top)
+            self._cochange = (version, out)
+        return self._cochange[1]
 
     def refresh(self) -> None:
         self.state = IndexState.read(self.settings.lake_dir) or self.state
@@ -580,6 +605,9 @@ def search(
     # a scan of the vector column), which keyword searches polling during a watcher batch paid.
     fraction = embedded_fraction(lake) if mode in ("semantic", "hybrid") else 1.0
 
+    # An issue-like query's vector is its title's (RankOptions.semantic_title: a static model's
+    # average over a whole issue says little).
+    meaning = (query_title(query) if RankOptions().semantic_title else None) or query
     if mode == "keyword":
         rows, notes = lexical_rows(lake, query, pool, where, cfg.rrf_k, edits)
         warnings += notes
@@ -589,21 +617,21 @@ def search(
             warnings.append("no chunk has a vector yet: wait for `ctx run index` to embed, or use --mode keyword")
             rows = []
         else:
-            rows = semantic_rows(lake, query, limit, where)
+            rows = semantic_rows(lake, meaning, limit, where)
             if not rows:
                 # A re-index began meanwhile? Read the version afresh: the memoised one may predate
                 # the commit that replaced every chunk with one still waiting for its vector.
                 if embedded_fraction(lake, fresh=True) == 0.0:
                     warnings.append("no chunk has a vector yet: wait for `ctx run index` to embed, or use --mode keyword")
                 else:  # the query read a version between the chunks' write and their vectors': ask again
-                    rows = semantic_rows(lake, query, limit, where)
+                    rows = semantic_rows(lake, meaning, limit, where)
     elif mode == "fuzzy":
         if len(query.split()) >= SENTENCE_WORDS:
             warnings.append("fuzzy mode matches symbol names and single words with typos; for a sentence "
                             "or a question use hybrid (the default) or keyword")
         rows = fuzzy_rows(lake, query, limit, where, 2 if fuzziness is None else fuzziness)
     elif mode == "hybrid":
-        semantic = read_pool().submit(semantic_rows, lake, query, pool, where, False) if fraction != 0.0 else None
+        semantic = read_pool().submit(semantic_rows, lake, meaning, pool, where, False) if fraction != 0.0 else None
         lexical, notes = lexical_rows(lake, query, pool, where, cfg.rrf_k, edits)
         warnings += notes
         if semantic is None:
@@ -612,7 +640,7 @@ def search(
         else:
             rows = fuse([(lexical, weight), (semantic.result(), 1.0 - weight)], cfg.rrf_k)
             if not fill_rows(lake, rows[:limit]):  # a shown row went away: the semantic half from the table
-                rows = fuse([(lexical, weight), (semantic_rows(lake, query, pool, where, held=False), 1.0 - weight)],
+                rows = fuse([(lexical, weight), (semantic_rows(lake, meaning, pool, where, held=False), 1.0 - weight)],
                             cfg.rrf_k)
     else:
         raise InputError(f"unknown mode {mode!r}", hint="hybrid, keyword, semantic or fuzzy")

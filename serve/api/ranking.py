@@ -46,12 +46,14 @@ class RankOptions:
     in turn). Weights are round numbers, not fitted to the dev set."""
 
     title_list: bool = True  # BM25 of a multi-line query's first line (an issue's title) as its own list
+    semantic_title: bool = True  # the semantic list embeds a multi-line query's title, not its whole text
     identifier_list: bool = True  # exact occurrences of the query's code names (phrase queries)
     symbol_evidence: bool = True  # bonus: files that define the names the query mentions
     path_evidence: bool = True  # bonus: files the query names (paths, traceback frames, dotted modules)
     stem_evidence: bool = True  # bonus: files named like a word of the query
     test_weight: float = 0.5  # score factor for test files when the query does not ask for tests
     import_neighbours: bool = False  # tried: files the top hits import (the symbol graph) gain
+    cochange_neighbours: bool = False  # tried: files changed in the same commits as the top hits gain
     squeeze_logs: bool = False  # tried: drop repeated log lines from the keyword query
     file_sum_weight: float = 0.0  # tried: file score = best chunk + this share of its next chunks
     folder_share: float = 0.0  # tried: a folder named like a query word counts this much of a file name
@@ -73,6 +75,8 @@ class RankOptions:
     neighbour_hits: int = 5  # the top files whose imports gain
     neighbour_weight: float = 0.5
     neighbour_scale: float = 1.0
+    cochange_weight: float = 0.5
+    cochange_scale: float = 0.5
     pool: int = 300  # chunks each ranked list contributes before aggregation
     max_identifiers: int = 40
 
@@ -80,6 +84,7 @@ class RankOptions:
         """`-X`: these options with technique X switched off; `+X`: with tried technique X on."""
         changes: dict[str, dict[str, Any]] = {
             "-title_list": {"title_list": False},
+            "-semantic_title": {"semantic_title": False},
             "-identifier_list": {"identifier_list": False},
             "-symbol_evidence": {"symbol_evidence": False},
             "-path_evidence": {"path_evidence": False},
@@ -90,6 +95,7 @@ class RankOptions:
             "+file_sum": {"file_sum_weight": 0.2},
             "+folder_names": {"folder_share": 0.5},
             "+import_neighbours": {"import_neighbours": True},
+            "+cochange": {"cochange_neighbours": True},
             "+title_boost": {"title_weight": 3.0},
         }
         if name not in changes:
@@ -98,14 +104,15 @@ class RankOptions:
 
     def plain(self) -> RankOptions:
         """Plain BM25 collapsed to files (each file's best chunk): every technique off."""
-        return replace(self, title_list=False, identifier_list=False, symbol_evidence=False,
+        return replace(self, title_list=False, semantic_title=False, identifier_list=False, symbol_evidence=False,
                        path_evidence=False, stem_evidence=False, test_weight=1.0, squeeze_logs=False,
-                       file_sum_weight=0.0, folder_share=0.0, import_neighbours=False)
+                       file_sum_weight=0.0, folder_share=0.0, import_neighbours=False,
+                       cochange_neighbours=False)
 
 
-TECHNIQUES = ("title_list", "identifier_list", "symbol_evidence", "path_evidence", "stem_evidence",
+TECHNIQUES = ("title_list", "semantic_title", "identifier_list", "symbol_evidence", "path_evidence", "stem_evidence",
               "test_weight", "semantic")
-TRIED = ("squeeze_logs", "file_sum", "folder_names", "import_neighbours", "title_boost")
+TRIED = ("squeeze_logs", "file_sum", "folder_names", "import_neighbours", "cochange", "title_boost")
 VARIANTS = tuple(f"-{t}" for t in TECHNIQUES) + tuple(f"+{t}" for t in TRIED)
 
 
@@ -313,6 +320,19 @@ def neighbour_scores(fused: Mapping[FileKey, float], imports: Mapping[FileKey, s
         targets = imports.get(key, set())
         for target in targets:
             out[target] += 1.0 / rank / math.sqrt(len(targets))
+    return dict(out)
+
+
+def cochange_scores(fused: Mapping[FileKey, float], cochange: Mapping[FileKey, Mapping[FileKey, float]],
+                    hits: int) -> dict[FileKey, float]:
+    """Files changed together with the best-ranked files: each of the top `hits` passes its pairs'
+    strengths (0..1) divided by its rank, shared like imports (a file changed with everything says
+    little about each)."""
+    out: dict[FileKey, float] = defaultdict(float)
+    for rank, (key, _) in enumerate(ordered(fused)[:hits], start=1):
+        pairs = cochange.get(key, {})
+        for other, strength in pairs.items():
+            out[other] += strength / rank / math.sqrt(len(pairs))
     return dict(out)
 
 

@@ -137,7 +137,11 @@ def test_eval_end_to_end(
     assert all(r["reused"] for r in second_report["index"])
     variants = {r["variant"] for r in second_report["runs"]}
     assert {"full", "plain-bm25", "-symbol_evidence", "-path_evidence", "-test_weight", "+file_sum",
-            "+import_neighbours"} <= variants
+            "+import_neighbours", "+cochange", "-semantic_title"} <= variants
+    # --ablate gave each task's lake its repository's history up to the base commit (for +cochange);
+    # the first commit is a root commit, which brings files in and pairs nothing.
+    states = [json.loads(f.read_text()) for f in (ctx_home / "eval" / "lakes").rglob("cochange.json")]
+    assert [s["project"]["head"] for s in states] == [second]
     # The title line alone as the query (what an agent types); a one-line issue is its own title.
     title = cli("eval", str(tasks), "--modes", "keyword", "--mirrors", str(mirrors), "--json", "--corpus", "all",
                 "--query", "title", cwd=tmp_path)

@@ -11,6 +11,7 @@ from ctxlake.serve.api.ranking import (
     VARIANTS,
     LakeCatalog,
     RankOptions,
+    cochange_scores,
     down_weight_tests,
     file_scores,
     folder_scores,
@@ -129,3 +130,13 @@ def test_import_neighbours_pass_rank_to_what_the_top_files_import() -> None:
     # the first file imports one file (1/1); the second shares 1/2 between its two imports
     assert got == pytest.approx({sessions: 1.0, models: 0.5 / math.sqrt(2), compat: 0.5 / math.sqrt(2)})
     assert neighbour_scores(fused, imports, hits=0) == {} and neighbour_scores(fused, {}, hits=5) == {}
+
+
+def test_cochange_partners_of_the_top_files_gain() -> None:
+    a, b, c, d = ((P, p) for p in ("a.py", "b.py", "c.py", "d.py"))
+    fused = {a: 0.05, b: 0.03, c: 0.01}
+    pairs = {a: {c: 0.5}, b: {c: 0.25, d: 0.75}, c: {a: 0.5}}
+    got = cochange_scores(fused, pairs, hits=2)
+    # a (rank 1) has one partner; b (rank 2) shares 1/2 between two, each scaled by its strength
+    assert got == pytest.approx({c: 0.5 + 0.25 / 2 / math.sqrt(2), d: 0.75 / 2 / math.sqrt(2)})
+    assert cochange_scores(fused, {}, hits=2) == {}

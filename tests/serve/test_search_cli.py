@@ -270,3 +270,26 @@ def test_sql_over_the_lake_is_read_only(indexed: Path, cli: Callable[..., Any]) 
     assert refused.exit_code == 2 and "read-only" in refused.stderr
     broken = cli("sql", "SELECT nope FROM files", cwd=indexed)
     assert broken.exit_code == 2 and "SQL error" in broken.stderr and "tables: chunks, definitions, files, imports, index_runs, refs" in broken.stderr
+
+
+def test_semantic_file_list_embeds_an_issues_title(indexed: Path, cli: Callable[..., Any]) -> None:
+    """An issue's body (a log, code, prose about other things) drowns its subject in an averaged
+    vector; the semantic list of the file ranking embeds the title line instead."""
+    from ctxlake.schemas.config import load_settings
+    from ctxlake.serve.api.file_search import search_files
+    from ctxlake.serve.api.queries import Lake
+    from ctxlake.serve.api.ranking import RankOptions
+
+    issue = ("invoice total with tax is rounded wrong\n"
+             + "traceback while the user repository saved a user by id and got the user by id again\n" * 6)
+    by_title = json.loads(cli("files", issue, "--mode", "semantic", "--json", cwd=indexed).stdout)
+    assert "billing" in by_title["files"][0]["path"]  # invoice.py or docs/billing.md ("totalled with tax")
+    lake = Lake(load_settings(indexed))
+    whole = search_files(lake, issue, mode="semantic", options=RankOptions(semantic_title=False))
+    assert whole.files[0].path == "src/users/service.py"
+    # A one-line query has no title of its own: it is embedded as it is.
+    line = search_files(lake, "get the user by id", mode="semantic")
+    assert line.files[0].path == "src/users/service.py"
+    # ctx search (chunks) embeds the title the same way.
+    hits = search_json(cli, indexed, issue, "--mode", "semantic", "-n", "1")["hits"]
+    assert "billing" in hits[0]["path"]

@@ -102,3 +102,21 @@ def test_outside_git_there_is_no_cochange(tmp_path: Path, cli: Callable[..., Any
     assert cli("run", "index", cwd=plain).exit_code == 0
     out = json.loads(cli("related", "x.py", "--json", cwd=plain).stdout)
     assert [r["relation"] for r in out["related"]] == ["imports"]  # the import link, no co-change
+
+
+
+def test_history_from_a_bare_mirror_stops_at_the_given_commit(repo: Path, tmp_path: Path) -> None:
+    """What `ctx eval` gives a task's lake: a mirror's history up to the base commit, not past it."""
+    from ctxlake.schemas.tables import COCHANGE_TABLE
+    from ctxlake.tasks.cochange import head, update_cochange
+    from ctxlake.tasks.lake import connect
+
+    mirror = tmp_path / "mirror.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(repo), str(mirror)], check=True)
+    base = head(mirror, "HEAD~2")  # before the a-c commit (and the bulk one)
+    assert base is not None and head(mirror, "no-such-rev") is None
+    lake_dir = tmp_path / "lake"
+    assert update_cochange(connect(lake_dir, create=True), lake_dir, mirror, "project", rev=base) == 1
+    assert update_cochange(connect(lake_dir), lake_dir, mirror, "project", rev=base) == 0  # already there
+    rows = connect(lake_dir).open_table(COCHANGE_TABLE).to_arrow().to_pylist()
+    assert sorted((r["path"], r["other"]) for r in rows) == [("a.py", "b.py"), ("b.py", "a.py")]
