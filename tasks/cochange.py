@@ -55,8 +55,10 @@ def head(root: Path, rev: str = "HEAD") -> str | None:
 def commits(root: Path, since: str | None, limit: int = MAX_COMMITS, rev: str = "HEAD") -> Iterator[Commit]:
     """Commits reachable from `rev` (newest first), after `since` when given; merges left out."""
     span = f"{since}..{rev}" if since else rev
-    out = _git(root, "log", "--no-merges", "--no-renames", "-z", "--name-only", "--format=%x01%H %ct %P",
-               f"-n{limit}", span, "--")
+    # --relative: a project that is a folder of a larger repository gets its own files' paths,
+    # relative to it as the index has them (and nothing outside it), not the repository's.
+    out = _git(root, "log", "--no-merges", "--no-renames", "--relative", "-z", "--name-only",
+               "--format=%x01%H %ct %P", f"-n{limit}", span, "--")
     # Each commit: "\x01<sha> <time> <parents>\x00\n" then its paths, each ended by "\x00".
     for block in (out or "").split("\x01")[1:]:
         header, _, names = block.partition("\x00")

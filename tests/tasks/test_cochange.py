@@ -120,3 +120,16 @@ def test_history_from_a_bare_mirror_stops_at_the_given_commit(repo: Path, tmp_pa
     assert update_cochange(connect(lake_dir), lake_dir, mirror, "project", rev=base) == 0  # already there
     rows = connect(lake_dir).open_table(COCHANGE_TABLE).to_arrow().to_pylist()
     assert sorted((r["path"], r["other"]) for r in rows) == [("a.py", "b.py"), ("b.py", "a.py")]
+
+
+def test_a_project_inside_a_larger_repository_pairs_its_own_paths(tmp_path: Path, cli: Callable[..., Any]) -> None:
+    """A project that is one folder of a repository (a monorepo's package): pairs use the paths
+    the index has, relative to the project, and leave the rest of the repository out."""
+    mono = tmp_path / "mono"
+    (mono / "pkg").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=mono, check=True)
+    commit(mono, {"pkg/a.py": "a = 1\n", "pkg/b.py": "b = 1\n", "other/c.py": "c = 1\n"}, T0)
+    commit(mono, {"pkg/a.py": "a = 2\n", "pkg/b.py": "b = 2\n", "other/c.py": "c = 2\n"}, T0 + DAY)
+    assert cli("run", "index", str(mono / "pkg"), cwd=mono / "pkg").exit_code == 0  # the folder as its own project
+    rel = related(mono / "pkg", "a.py")
+    assert set(rel) == {"b.py"} and rel["b.py"].commits == 1
