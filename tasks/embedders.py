@@ -7,6 +7,7 @@ import os
 import random
 import re
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -516,12 +517,24 @@ def _saved_static_dims(path: Path) -> int | None:
         return None
 
 
+def distill_static(source: str, into: str, device_setting: str) -> None:
+    """The child process of `build_static_model`: the MiniLM at `source` distilled, saved to `into`."""
+    import contextlib
+    import io
+
+    _forbid_downloads()
+    # model2vec's tqdm bars are for a person watching; here stderr is the parent's pipe.
+    with _quiet_transformers(), contextlib.redirect_stderr(io.StringIO()):
+        from model2vec.distill import distill
+
+        model = distill(model_name=source, pca_dims=STATIC_DIMS, device=resolve_device(device_setting))
+    model.save_pretrained(Path(into))
+
+
 def build_static_model(path: Path, device_setting: str) -> float:
     """Distil the bundled MiniLM into a static model at `path`, once per machine; returns the
     seconds it took (waiting for another process's build included)."""
-    import contextlib
     import fcntl
-    import io
 
     started = time.perf_counter()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -532,28 +545,27 @@ def build_static_model(path: Path, device_setting: str) -> float:
         if _static_complete(path):
             return time.perf_counter() - started
         print(f"distilling the static model once (~30 s) into {path}", file=sys.stderr, flush=True)
-        source = bundled_model_path()
-        _forbid_downloads()
-        # model2vec's tqdm bars are for a person watching; in a log or a pipe they are noise
-        # (and TQDM_DISABLE is read when tqdm is imported, too early to set here).
-        bars = contextlib.nullcontext() if sys.stderr.isatty() else contextlib.redirect_stderr(io.StringIO())
-        try:
-            from model2vec.distill import distill
-
-            with _quiet_transformers(), bars:
-                model = distill(model_name=str(source), pca_dims=STATIC_DIMS,
-                                device=resolve_device(device_setting))
-            # Written aside and renamed, so a killed build never leaves a half model behind.
-            tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+        # In a child process: distilling loads torch and the full MiniLM and runs it over the
+        # vocabulary, and the memory that takes (~0.5 GB) stayed with the index or ingest run
+        # that started it until that run ended (measured: a 4,000-session cold ingest peaked at
+        # 1,839 MB distilling in-process, 1,247-1,272 MB with the model already there).
+        source = bundled_model_path()  # a missing bundle is said here, plainly
+        tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        child = subprocess.run(
+            [sys.executable, "-c", "import sys; from ctxlake.tasks.embedders import distill_static; "
+             "distill_static(*sys.argv[1:])", str(source), str(tmp), device_setting],
+            capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
+        if child.returncode != 0 or not _static_complete(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
-            model.save_pretrained(tmp)
-            shutil.rmtree(path, ignore_errors=True)
-            os.replace(tmp, path)
-        except Exception as exc:
+            lines = [line for line in child.stderr.splitlines() if line.strip()]
             raise EmbedderError(
-                f"distilling the static model into {path} failed: {exc}",
+                f"distilling the static model into {path} failed: {lines[-1] if lines else f'exit {child.returncode}'}",
                 hint="check that model2vec[distill] is installed and the folder is writable",
-            ) from exc
+            )
+        # Written aside and renamed, so a killed build never leaves a half model behind.
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(tmp, path)
     return time.perf_counter() - started
 
 

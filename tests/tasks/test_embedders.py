@@ -678,3 +678,28 @@ def test_static_profile_is_distilled_once_and_reused(
     np.testing.assert_allclose(second.embed_documents([BLUEPRINT_CODE, DATE_CODE]), vectors,
                                rtol=1e-5, atol=1e-6)
     assert "distilling" not in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_distilling_leaves_torch_out_of_the_process_that_asked(tmp_path: Path) -> None:
+    """The distillation runs in a child: the index or ingest run that needed the model keeps
+    neither torch nor the ~0.5 GB the distillation took."""
+    import subprocess
+    import sys
+
+    script = ("import sys; from pathlib import Path; from ctxlake.tasks.embedders import build_static_model; "
+              "build_static_model(Path(sys.argv[1]), 'cpu'); print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "static")],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+    assert (tmp_path / "static" / "model.safetensors").is_file()
+    assert not list(tmp_path.glob("static.tmp-*"))  # the child's folder was renamed into place
+
+
+def test_a_failed_distillation_says_why_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(embedders, "bundled_model_path", lambda: tmp_path / "no-such-model")
+    with pytest.raises(EmbedderError, match="distilling the static model") as err:
+        embedders.build_static_model(tmp_path / "static", "cpu")
+    assert "no-such-model" in str(err.value)  # the child's own error, its last line
+    assert not (tmp_path / "static").exists() and not list(tmp_path.glob("static.tmp-*"))
