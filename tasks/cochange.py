@@ -29,6 +29,7 @@ MAX_COMMITS = 2_000  # history read on a first build
 MAX_FILES = 50  # a commit touching more files is a bulk change (a rename, a reformat): skipped
 HALF_LIFE_DAYS = 365.0
 STATE_FILE = "cochange.json"
+PATHS = "relative"  # the state of a lake whose pairs carry paths relative to the project (git log --relative)
 
 
 @dataclass
@@ -90,7 +91,7 @@ def pair_sums(history: list[Commit], t0: int) -> dict[tuple[str, str], tuple[flo
 
 
 def update_cochange(db: Any, lake_dir: Path, root: Path, source: str, rev: str = "HEAD") -> int:
-    """(lake, a git work tree) -> COCHANGE rows brought up to HEAD; returns the commits read (0: up to date or no git).
+    """(lake, a git work tree) -> COCHANGE rows brought up to `rev` (HEAD); returns the commits read (0: up to date or no git).
 
     `root` may also be a bare repository and `rev` a commit in it: what `ctx eval` does to give a
     task's lake the history before its base commit, and nothing after."""
@@ -102,14 +103,19 @@ def update_cochange(db: Any, lake_dir: Path, root: Path, source: str, rev: str =
         state = json.loads(state_path.read_text(encoding="utf-8")).get(source, {})
     except (OSError, ValueError):
         state = {}
-    if state.get("head") == now:
+    if state.get("head") == now and state.get("paths") == PATHS:
         return 0
     since = state.get("head")
     table = open_table(db, COCHANGE_TABLE)
     # History rewritten (rebase, another branch) or never built: start over from the newest commits.
-    rebuild = since is None or table is None or _git(root, "merge-base", "--is-ancestor", since, now) is None
+    # Rows from before --relative (a project inside a larger repository got the repository's paths)
+    # are rebuilt once, too.
+    rebuild = (since is None or table is None or state.get("paths") != PATHS
+               or _git(root, "merge-base", "--is-ancestor", since, now) is None)
     history = list(commits(root, None if rebuild else since, rev=now))
     if not history:
+        if rebuild and table is not None:
+            table.delete(f"source = '{source.replace(chr(39), chr(39) * 2)}'")  # rows of another history
         return 0
     t0 = int(state.get("t0") or min(c.time for c in history)) if not rebuild else min(c.time for c in history)
     fresh = pair_sums(history, t0)
@@ -135,7 +141,7 @@ def update_cochange(db: Any, lake_dir: Path, root: Path, source: str, rev: str =
     except (OSError, ValueError):
         saved = {}
     newest = max(c.time for c in history)
-    saved[source] = {"head": now, "t0": t0, "newest": max(newest, int(state.get("newest") or 0))}
+    saved[source] = {"head": now, "t0": t0, "newest": max(newest, int(state.get("newest") or 0)), "paths": PATHS}
     write_atomic(state_path, json.dumps(saved, indent=2))
     return len(history)
 

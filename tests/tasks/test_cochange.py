@@ -133,3 +133,13 @@ def test_a_project_inside_a_larger_repository_pairs_its_own_paths(tmp_path: Path
     assert cli("run", "index", str(mono / "pkg"), cwd=mono / "pkg").exit_code == 0  # the folder as its own project
     rel = related(mono / "pkg", "a.py")
     assert set(rel) == {"b.py"} and rel["b.py"].commits == 1
+    # A lake built before pairs were relative (its state has no "paths") is rebuilt once.
+    state_file = load_settings(mono / "pkg").lake_dir / "cochange.json"
+    state = json.loads(state_file.read_text())
+    del state["project"]["paths"]
+    state_file.write_text(json.dumps(state))
+    (mono / "pkg" / "d.py").write_text("d = 1\n")  # an edit, so the next run is not a no-op
+    again = json.loads(cli("run", "index", "--json", str(mono / "pkg"), cwd=mono / "pkg").stdout)
+    assert again["cochange_commits"] == 1 and set(related(mono / "pkg", "a.py")) == {"b.py"}
+    (mono / "pkg" / "d.py").write_text("d = 2\n")
+    assert json.loads(cli("run", "index", "--json", str(mono / "pkg"), cwd=mono / "pkg").stdout)["cochange_commits"] == 0
