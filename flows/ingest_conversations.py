@@ -14,6 +14,7 @@ from ctxlake.tasks.compact import compact
 from ctxlake.tasks.embed import EmbeddingCache
 from ctxlake.tasks.embedders import make_embedder
 from ctxlake.tasks.extract import extract_candidates
+from ctxlake.tasks.heap import give_back_freed_memory
 from ctxlake.tasks.knowledge import ingest_knowledge, load_records
 from ctxlake.tasks.lake import IndexState
 from ctxlake.tasks.memory_state import (
@@ -201,6 +202,9 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
                 meta.setdefault(key, SessionMeta(*key)).merge(facts)
             known |= {m.project_path for m in out.messages if m.project_path}
             progress.advance("scrape", len(group.files))
+            # The group's parsed records and Arrow buffers are freed; their pages go back now
+            # instead of staying with the allocator (see _run_flow in serve/cli/memory.py).
+            give_back_freed_memory()
     progress.finish("scrape")
     scrape_state.save(settings.memory_dir)
     keep_positions(settings.memory_dir, scrape_state)  # not changed from here on

@@ -16,8 +16,6 @@ one, cannot be missed: the matrix answers only while every row it knows of has a
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
 import threading
 from collections.abc import Callable
@@ -25,6 +23,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
+
+from ctxlake.tasks.heap import give_back_freed_memory
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -242,14 +242,6 @@ def _compact(segments: list[_Segment]) -> _Segment:
     chunk_ids = np.concatenate([s.chunk_ids[s.alive] for s in segments])
     matrix = np.asarray(np.concatenate([s.matrix[s.alive] for s in segments]), order=SCAN_ORDER)
     return _Segment(row_ids, chunk_ids, matrix, np.ones(len(row_ids), dtype=bool))
-
-
-def give_back_freed_memory() -> None:
-    """Return the heap's free pages to the system after a big read (glibc only; elsewhere a no-op):
-    a read's buffers are freed, but glibc keeps the pages for reuse, and a long-lived service's
-    resident size would keep them."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _ids(column: pa.ChunkedArray) -> np.ndarray:

@@ -31,11 +31,9 @@ from ctxlake.serve.service import capture, protocol
 from ctxlake.serve.service.paths import ServicePaths, service_paths
 from ctxlake.serve.service.protocol import Busy
 from ctxlake.serve.service.watchers import imports_ready
+from ctxlake.tasks.heap import bound_heap
 
 EXIT_DISK = 8
-M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8  # mallopt's parameters (glibc's malloc.h)
-MALLOC_ARENAS = 2
-HEAP_MMAP_BYTES = 1 << 20
 HOUSEKEEPING_S = 2.0  # how often deleted project folders are dropped and idle lakes evicted
 # Queries, watcher batches and ingests free their buffers, but glibc keeps the freed pages for
 # reuse, and an idle service would hold them. Once the process has done this many CPU seconds of
@@ -251,7 +249,7 @@ class Service:
                 self.remember()
             cpu = time.process_time()  # all threads of the service
             if cpu - cpu_seen < IDLE_CPU_SHARE * HOUSEKEEPING_S and cpu - cpu_trimmed >= TRIM_AFTER_CPU_S:
-                from ctxlake.serve.api.vectors import give_back_freed_memory
+                from ctxlake.tasks.heap import give_back_freed_memory
 
                 before, started = rss_bytes(), time.perf_counter()
                 # Garbage in reference cycles first: Python's full collection seldom runs in a
@@ -601,27 +599,6 @@ def _warm_imports() -> None:
     import_lancedb()
 
 
-def bound_heap() -> bool:
-    """Make glibc's heap hand freed memory back more readily in this long-lived process (glibc
-    only; elsewhere nothing changes): at most MALLOC_ARENAS arenas for its many threads (LanceDB's
-    runtime and the request threads each got one, and freed memory stays in its arena), and blocks
-    of HEAP_MMAP_BYTES and more in their own mappings, returned whole when freed (glibc otherwise
-    raises that bound as big blocks are freed, up to 32 MB, and Arrow's buffers of a write or a
-    read then stay in the heap). Called before the service starts any thread. Measured on django
-    (one watcher batch, a hybrid search, five edits): 443-458 -> 396-410 MB."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if not name or not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(name)
-        return bool(libc.mallopt(M_ARENA_MAX, MALLOC_ARENAS)) and bool(libc.mallopt(M_MMAP_THRESHOLD, HEAP_MMAP_BYTES))
-    except (OSError, AttributeError):
-        return False
-
-
 def rss_bytes() -> int:
     try:
         with open("/proc/self/status", encoding="ascii") as fh:
@@ -639,6 +616,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ctx-service")
     parser.add_argument("--watch", action="append", default=[], type=Path)
     args = parser.parse_args(argv)
+    # Measured on django (one watcher batch, a hybrid search, five edits): 443-458 -> 396-410 MB.
     bound_heap()
     paths = service_paths()
     service = Service(paths, list(args.watch))

@@ -293,3 +293,22 @@ def test_reads_are_scoped_by_the_recorded_project_paths(cli: Callable[..., Any],
     assert scope_filter("/srv/app/", paths) == "project_path IN ('/srv/app', '/srv/app/sub')"
     assert scope_filter("/srv/none", paths) == "project_path IN ('/srv/none')"
     assert "LIKE '/srv/app/%'" in scope_filter("/srv/app", None)
+
+
+def test_an_ingest_bounds_its_heap_and_trims_after_each_group(
+    cli: Callable[..., Any], env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long cold ingest grew on memory glibc kept per thread (README "A long history"): the
+    in-process run asks for two arenas before Prefect starts, and gives freed pages back after
+    each group of logs it stored."""
+    import ctxlake.flows.ingest_conversations as flow
+    from ctxlake.tasks import heap
+
+    bounded: list[int | None] = []
+    trims: list[int] = []
+    monkeypatch.setattr(heap, "bound_heap", lambda mmap_bytes=heap.HEAP_MMAP_BYTES: bounded.append(mmap_bytes) or True)
+    monkeypatch.setattr(flow, "give_back_freed_memory", lambda: trims.append(len(trims)))
+    report = ingest(cli, env)
+    assert bounded == [None]  # arenas only: the mmap bound was not measured on a writer
+    assert report["messages_inserted"] == 14
+    assert len(trims) >= len(report["tools"]) == 3  # each tool's logs are one group at least

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ctxlake.serve.api import vectors
 from ctxlake.serve.service import daemon
+from ctxlake.tasks import heap
 
 
 def _burn(seconds: float) -> None:
@@ -33,7 +33,7 @@ class _Cycle:
 
 def test_idle_after_work_gives_freed_memory_back_once(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[float] = []
-    monkeypatch.setattr(vectors, "give_back_freed_memory", lambda: calls.append(time.monotonic()))
+    monkeypatch.setattr(heap, "give_back_freed_memory", lambda: calls.append(time.monotonic()))
     monkeypatch.setattr(daemon, "HOUSEKEEPING_S", 0.2)
     # Idle here is under 30% of a core: other tests' threads in this process may still tick.
     monkeypatch.setattr(daemon, "IDLE_CPU_SHARE", 0.3)
@@ -67,7 +67,7 @@ def test_idle_after_work_gives_freed_memory_back_once(monkeypatch: pytest.Monkey
 
 ARENAS = """
 import ctypes, sys, threading
-from ctxlake.serve.service.daemon import bound_heap
+from ctxlake.tasks.heap import bound_heap
 if sys.argv[1] == "bound" and not bound_heap():
     sys.exit("bound_heap() did not apply")
 libc = ctypes.CDLL("libc.so.6")
@@ -91,4 +91,4 @@ def test_the_service_heap_keeps_two_arenas_however_many_threads_allocate() -> No
         done = subprocess.run([sys.executable, "-c", ARENAS, mode], capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         arenas[mode] = sum(line.startswith("Arena ") for line in done.stderr.splitlines())
-    assert 1 <= arenas["bound"] <= daemon.MALLOC_ARENAS < arenas["free"], arenas
+    assert 1 <= arenas["bound"] <= heap.MALLOC_ARENAS < arenas["free"], arenas
