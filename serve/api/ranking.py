@@ -310,30 +310,33 @@ def add_bonus(
             fused[key] = fused.get(key, 0.0) + weight * (s / (s + scale)) / (k + 1)
 
 
+def _top(fused: Mapping[FileKey, float], hits: int) -> list[FileKey]:
+    return [key for key, _ in ordered(fused)[:hits]]
+
+
+def _passed_down(top: Sequence[FileKey], links: Mapping[FileKey, Mapping[FileKey, float]]) -> dict[FileKey, float]:
+    """Each file of `top` (best first) passes weight / rank to the files it links to, shared among
+    them (divided by the square root of their count: a file linked to thirty says little about each)."""
+    out: dict[FileKey, float] = defaultdict(float)
+    for rank, key in enumerate(top, start=1):
+        targets = links.get(key, {})
+        for target, weight in targets.items():
+            out[target] += weight / rank / math.sqrt(len(targets))
+    return dict(out)
+
+
 def neighbour_scores(fused: Mapping[FileKey, float], imports: Mapping[FileKey, set[FileKey]],
                      hits: int) -> dict[FileKey, float]:
-    """Files imported by the best-ranked files: each of the top `hits` passes 1/rank to the files it
-    imports, shared among them (a test that imports one module points at it; a file importing
-    thirty says little about each)."""
-    out: dict[FileKey, float] = defaultdict(float)
-    for rank, (key, _) in enumerate(ordered(fused)[:hits], start=1):
-        targets = imports.get(key, set())
-        for target in targets:
-            out[target] += 1.0 / rank / math.sqrt(len(targets))
-    return dict(out)
+    """Files imported by the best-ranked files, each import weighing 1 (a test that imports one
+    module points at it)."""
+    top = _top(fused, hits)
+    return _passed_down(top, {key: dict.fromkeys(imports.get(key, ()), 1.0) for key in top})
 
 
 def cochange_scores(fused: Mapping[FileKey, float], cochange: Mapping[FileKey, Mapping[FileKey, float]],
                     hits: int) -> dict[FileKey, float]:
-    """Files changed together with the best-ranked files: each of the top `hits` passes its pairs'
-    strengths (0..1) divided by its rank, shared like imports (a file changed with everything says
-    little about each)."""
-    out: dict[FileKey, float] = defaultdict(float)
-    for rank, (key, _) in enumerate(ordered(fused)[:hits], start=1):
-        pairs = cochange.get(key, {})
-        for other, strength in pairs.items():
-            out[other] += strength / rank / math.sqrt(len(pairs))
-    return dict(out)
+    """Files changed together with the best-ranked files, each pair weighing its strength (0..1)."""
+    return _passed_down(_top(fused, hits), cochange)
 
 
 def wants_tests(query: str) -> bool:
