@@ -104,6 +104,9 @@ def check_schedules(url: str, project: Path) -> None:
         click_through_schedules(url, project)
 
 
+SCHEDULE_WAIT_MS = 30_000
+
+
 def click_through_schedules(url: str, project: Path) -> None:
     """The settings page's script draws the schedules it fetched, and its buttons pause and resume."""
     from playwright.sync_api import expect, sync_playwright
@@ -119,12 +122,15 @@ def click_through_schedules(url: str, project: Path) -> None:
             page.wait_for_selector("body[data-ready='1']", state="attached")
             pause = page.locator('#schedules-table button[data-schedule="ingest_conversations"][data-action="pause"]')
             pause.click()
-            expect(page.locator('#schedules-table button[data-schedule="ingest_conversations"][data-action="resume"]')).to_be_visible()
-            expect(page.locator("#schedule-msg")).to_contain_text("Saved")
+            # The button redraws from the POST's answer, which waits on the service's Prefect server:
+            # under a loaded machine that took over expect's 5 s default once (a full suite run).
+            expect(page.locator('#schedules-table button[data-schedule="ingest_conversations"][data-action="resume"]')
+                   ).to_be_visible(timeout=SCHEDULE_WAIT_MS)
+            expect(page.locator("#schedule-msg")).to_contain_text("Saved", timeout=SCHEDULE_WAIT_MS)
             listed = {s["name"]: s for s in json.loads(ctx("schedule", "list", "--json", cwd=project).stdout)}
             assert listed["ingest_conversations"]["paused"] is True
             page.locator('#schedules-table button[data-schedule="ingest_conversations"][data-action="resume"]').click()
-            expect(pause).to_be_visible()
+            expect(pause).to_be_visible(timeout=SCHEDULE_WAIT_MS)
             assert problems == []
         finally:
             browser.close()
