@@ -15,10 +15,11 @@ import xxhash
 
 from ctxlake.errors import LakeError
 from ctxlake.schemas.tables import embeddings_schema
+from ctxlake.tasks.heap import give_back_freed_memory
 from ctxlake.tasks.lake import connect, open_table, writing
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.stage import stage
-from ctxlake.tasks.store import KEEP_VERSIONS, LakeTables, fragment_count, sql_str
+from ctxlake.tasks.store import KEEP_VERSIONS, LakeTables, ensure_key_index, fragment_count, sql_str
 
 if TYPE_CHECKING:
     from lancedb.table import Table
@@ -33,9 +34,10 @@ ENCODE_GROUP = 256
 # this, not by the lake (reading a 590k-chunk lake's pending texts at once cost over a GB).
 WINDOW_ROWS = 16_384
 # Vectors are written back in batches this big, or at least this often: one merge into the chunks
-# table per window when the model keeps up (the static one does, ~4 s a window here). Each merge
-# joins against the whole table, and the process kept more of each: a cold index of 217,597 chunks
-# peaked at 1,602-1,677 MB with a merge per window against 2,040-2,179 MB with one per 4,096 rows.
+# table per window when the model keeps up (the static one does, ~4 s a window here). A merge
+# without the id index joined against the whole table, and the process kept more of each: a cold
+# index of 217,597 chunks peaked at 1,602-1,677 MB with a merge per window against 2,040-2,179 MB
+# with one per 4,096 rows (now each finds its rows through the index: tasks/store.py KEY_COLUMN).
 FLUSH_ROWS = WINDOW_ROWS
 FLUSH_SECONDS = 15.0
 
@@ -315,6 +317,7 @@ class _Writer:
 
     def __init__(self, tables: LakeTables, cache: EmbeddingCache, dims: int, replace: bool = False) -> None:
         self.tables, self.cache, self.dims = tables, cache, dims
+        self.replace = replace
         self.put = cache.replace_many if replace else cache.put_many  # replace: a forced re-embed
         self.jobs: queue.Queue[tuple[list[str], np.ndarray, list[str], np.ndarray] | None] = queue.Queue(maxsize=4)
         self.error: BaseException | None = None
@@ -333,9 +336,10 @@ class _Writer:
             hashes, vectors, ids, id_vectors = job
             try:
                 self.put(hashes, vectors)
-                write_vectors(self.tables.chunks, ids, id_vectors, self.dims)
+                write_vectors(self.tables.chunks, ids, id_vectors, self.dims, in_place=not self.replace)
             except BaseException as exc:  # surfaced to the encoding thread on its next submit
                 self.error = exc
+            give_back_freed_memory()  # each write's buffers, freed on this thread
 
     def close(self) -> None:
         self.jobs.put(None)
@@ -346,12 +350,16 @@ class _Writer:
             raise LakeError(f"writing vectors failed: {self.error}") from self.error
 
 
-def write_vectors(chunks: Table, ids: Sequence[str], vectors: np.ndarray, dims: int) -> None:
+def write_vectors(chunks: Table, ids: Sequence[str], vectors: np.ndarray, dims: int, in_place: bool = True) -> None:
+    """Vectors -> the CHUNKS rows of `ids`. In place (through the id index, when it covers them) for
+    rows still without one; `in_place=False` for rows that hold one already (a forced re-embed):
+    their rows are rewritten, so they get new row ids, and a reader that holds vectors by row id
+    (serve/api/vectors.py) sees a changed vector as a new row, never the old one under the same id."""
     if not ids:
         return
     update = pa.table({"id": pa.array(list(ids)), "vector": vector_array(vectors, dims)})
     with writing("vectors"):
-        chunks.merge_insert("id").when_matched_update_all().execute(update)
+        chunks.merge_insert("id").when_matched_update_all().use_index(in_place).execute(update)
 
 
 @stage("embed")
@@ -380,11 +388,13 @@ def embed_pending(
     # The pending rows are read as a stream of windows from the version the stage started on
     # (writes of vectors meanwhile make new versions; Lance keeps the old files readable).
     # A forced re-embed reads the stored vectors too: a row whose new vector equals its stored one
-    # (REPLACE_ATOL, as the cache) is not written again. Each vector written rewrites its row, and
+    # (REPLACE_ATOL, as the cache) is not written again. Each vector it writes rewrites its row, and
     # a rewritten row is outside the BM25 index until the run's optimize: every keyword query scans
     # those rows meanwhile (django's 46k rewritten by `--force`: 0.2-0.3 s per query alone, and ten
     # MCP sessions' queries queued for up to 10 s under load).
     columns = ["id", "content_hash", "text"] + (["vector"] if reembed_source is not None else [])
+    if reembed_source is None:
+        ensure_key_index(tables.chunks)
     reader = tables.chunks.search().where(where).select(columns).to_batches(WINDOW_ROWS)
     writer = _Writer(tables, cache, cache.dims, replace=reembed_source is not None)
     totals = [0, 0, 0.0, 0]  # from cache, embedded, encode seconds, rows whose vector was unchanged
@@ -457,10 +467,12 @@ def _embed_window(window: pa.Table, writer: _Writer, cache: EmbeddingCache, embe
     stored = _Stored(window) if "vector" in window.column_names else None
     del window
     cached = cache.get_many(list(ids_by_hash)) if use_cache else {}
+    # Rows whose vectors the cache had go out with the window's first write: a second write into
+    # the same fragments in one stage would find them outside the id index and rewrite their rows.
+    carried: tuple[list[str], np.ndarray] | None = None
     if cached:
         ids = [cid for h in cached for cid in ids_by_hash[h]]
-        write_vectors(writer.tables.chunks, ids, np.stack([cached[h] for h in cached for _ in ids_by_hash[h]]),
-                      cache.dims)
+        carried = (ids, np.stack([cached[h] for h in cached for _ in ids_by_hash[h]]))
         totals[0] += len(ids)
         progress.advance("embed", len(ids))
 
@@ -471,8 +483,11 @@ def _embed_window(window: pa.Table, writer: _Writer, cache: EmbeddingCache, embe
     last_flush = time.monotonic()
 
     def flush() -> None:
-        nonlocal buffer_h, buffer_v, last_flush
+        nonlocal buffer_h, buffer_v, last_flush, carried
         if not buffer_h:
+            if carried is not None:  # nothing was encoded: the cache hits alone
+                writer.submit([], np.zeros((0, cache.dims), dtype=np.float32), *carried)
+                carried = None
             return
         vectors = np.concatenate(buffer_v)
         ids, rows = [], []
@@ -485,6 +500,9 @@ def _embed_window(window: pa.Table, writer: _Writer, cache: EmbeddingCache, embe
             changed = stored.changed(ids, id_vectors)
             totals[3] += len(ids) - int(changed.sum())
             ids, id_vectors = [cid for cid, c in zip(ids, changed, strict=True) if c], id_vectors[changed]
+        if carried is not None:
+            ids, id_vectors = carried[0] + ids, np.concatenate([carried[1], id_vectors])
+            carried = None
         writer.submit(buffer_h, vectors, ids, id_vectors)
         buffer_h, buffer_v, last_flush = [], [], time.monotonic()
 

@@ -157,7 +157,12 @@ def _startup(report: Any, wall: float) -> float:
 def _run_flow(settings: Settings, *, force: bool, embed: bool, verbose: bool, watch: bool = False) -> Any:
     _prefect_quietly(verbose)
     from ctxlake.serve.cli.render import RichReporter
+    from ctxlake.tasks.heap import bound_heap
     from ctxlake.tasks.progress import use_reporter
+
+    # Two malloc arenas, as `ctx run ingest` and the service: the embed stage's writes free their
+    # buffers on the writer's thread, and with an arena per thread those pages stayed with the process.
+    bound_heap(mmap_bytes=None)
 
     with RichReporter() as rich, use_reporter(rich):
         rich.start("prefect", None, "starting")

@@ -237,6 +237,43 @@ def test_a_forced_re_embed_rewrites_only_the_rows_whose_vector_changed(tmp_path:
         np.testing.assert_allclose(row["vector"], embedder.embed_documents([row["text"]])[0], atol=1e-6)
 
 
+def test_vectors_are_written_into_their_rows_through_the_id_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the index each write-back joined against the whole table (every column of every row
+    in memory: the big repository's peak) and rewrote its rows, which left the BM25 index."""
+    from lancedb.index import FTS
+
+    embedder = FakeEmbedder()
+    tables = _lake_with_pending(tmp_path, 40, embedder.dims)
+    more = _lake_with_pending(tmp_path / "more", 40, embedder.dims).chunks.to_arrow()
+    n = more.num_rows
+    more = more.set_column(0, "id", pa.array([f"d{i}" for i in range(n)]))
+    more = more.set_column(more.schema.get_field_index("text"), "text",
+                           pa.array([f"def g{i}(y):\n    return y * {i}\n" for i in range(n)]))
+    more = more.set_column(more.schema.get_field_index("content_hash"), "content_hash",
+                           pa.array([f"g{i}" for i in range(n)]))
+    tables.chunks.add(more)  # a second fragment
+    tables.chunks.create_index("text", config=FTS())
+    cache = EmbeddingCache(tmp_path / "cache", embedder.model_id, embedder.dims)
+    before = _row_ids(tables)
+    cache.put_many(["h3", "g5"], embedder.embed_documents(["def f3(x):\n    return x + 3\n",
+                                                          "def g5(y):\n    return y * 5\n"]))
+    # One window per fragment. (A window that begins in a fragment the previous write touched has
+    # those rows rewritten: that write took the fragment out of the index, and Lance joins over
+    # the fragments outside it.)
+    monkeypatch.setattr("ctxlake.tasks.embed.WINDOW_ROWS", 40)
+    result = embed_pending.fn(tables, cache, embedder)
+    assert result.pending == 80 and result.from_cache == 2 and result.embedded == 78
+    assert _row_ids(tables) == before  # each vector went into its row: no row was rewritten
+    assert tables.chunks.count_rows("vector IS NULL") == 0
+    indexes = {idx.columns[0]: idx for idx in tables.chunks.list_indices()}
+    assert indexes["text"].num_unindexed_rows == 0  # still inside the BM25 index, before any optimize
+    assert indexes["id"].index_type == "BTree"
+    stored = tables.chunks.search().where("id IN ('c3', 'd17')").select(["text", "vector"]).to_list()
+    assert len(stored) == 2
+    for row in stored:
+        np.testing.assert_allclose(row["vector"], embedder.embed_documents([row["text"]])[0], atol=1e-6)
+
+
 def test_dedupe_keeps_one_row_per_hash_and_every_lookup(tmp_path: Path) -> None:
     dims = 8
     cache = EmbeddingCache(tmp_path / "cache", "m", dims)
