@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import pyarrow as pa
 
 from ctxlake.schemas.tables import FILES, chunks_schema
+from ctxlake.tasks.heap import give_back_freed_memory
 from ctxlake.tasks.lake import CHUNKS_TABLE, FILES_TABLE, connect, open_table, writing
 from ctxlake.tasks.stage import stage
 
@@ -197,6 +198,7 @@ def optimize(tables: LakeTables, ann: bool = True) -> None:
         for table in (tables.chunks, tables.files):
             table.optimize(cleanup_older_than=KEEP_VERSIONS)
         if ann:
+            give_back_freed_memory()  # the compaction's buffers, before the index build's
             _maybe_ann_index(tables.chunks)
 
 

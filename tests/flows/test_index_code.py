@@ -86,6 +86,27 @@ def test_first_run_creates_project_and_indexes(project: Path, cli: Callable[...,
     assert state.model_id == "fake:hash:64"
 
 
+def test_an_index_run_bounds_its_heap_and_trims_between_stages(
+    project: Path, cli: Callable[..., Any], fake_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The big repository's run kept freed pages per thread and between stages (README "One big
+    repository"): `ctx run index` asks for two arenas before Prefect starts, and the flow gives
+    freed pages back after the chunk stage, the BM25 build, the embed stage and each vector write."""
+    from ctxlake.tasks import embed, heap
+
+    bounded: list[int | None] = []
+    trims: list[str] = []
+    monkeypatch.setattr(heap, "bound_heap", lambda mmap_bytes=heap.HEAP_MMAP_BYTES: bounded.append(mmap_bytes) or True)
+    monkeypatch.setattr(index_code, "give_back_freed_memory", lambda: trims.append("flow"))
+    monkeypatch.setattr(embed, "give_back_freed_memory", lambda: trims.append("vectors"))
+    monkeypatch.setattr(index_code, "INLINE_EMBED_FILES", 0)  # a cold run's rows wait for the embed stage
+    result = cli("run", "index", "--json", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    assert bounded == [None]
+    assert trims.count("flow") == 3 and trims.count("vectors") >= 1
+    assert json.loads(result.stdout)["embedded"] > 0
+
+
 def test_edit_reembeds_only_that_file_then_delete_removes_its_chunks(
     project: Path, cli: Callable[..., Any], fake_embedder: Any
 ) -> None:
