@@ -52,8 +52,8 @@ def fragment_count(table: Table) -> int:
 # fall back to that join, so the stage rebuilds it first when some are outside it (~0.1 s at 300k
 # rows). Not before each write, though each drops the fragments it touched from the index: a
 # window's rows lie in a few fragments and Lance scans just those, while a rebuild per write grew
-# the process by ~55 MB a window (which cache kept them was not found); one per stage kept the
-# stage's peak under 1 GB.
+# the process by ~55 MB a window (LanceDB's index cache kept every version: a session with small
+# caches stayed flat); one per stage kept the stage's peak under 1 GB.
 KEY_COLUMN = "id"
 
 
