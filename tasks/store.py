@@ -113,22 +113,26 @@ def upsert(
     """CHUNKS + FILES rows of `paths` (changed or removed) -> the lake, replacing those paths.
 
     Chunk ids hash (source, path, lines, symbol, content), so an id already present is the very
-    same row: it is kept as is (with its vector) and only new ids are inserted, while rows of
-    these paths that the batch no longer has are deleted, all in one transaction. Chunks go
-    first: a crash between the two writes leaves FILES behind, and the run's journal makes the
-    next run redo these paths.
+    same row: it is kept as is (with its vector). New ids go in first, then the rows of these paths
+    that the batch no longer has are deleted: two commits, because a merge that also deletes by
+    source joins against the whole table (on the 577k-chunk big repository, a one-file edit's merge
+    took 0.53 s and +0.6 GB; an insert through the id index and a delete took 0.11 s and ~10 MB).
+    Between the two a reader may see a changed file's old and new chunks together; a crash there,
+    or between the chunks and FILES, leaves the batch in the run's journal, and the next run redoes
+    these paths (both steps are idempotent).
     """
     if not paths:
         return UpsertResult(0, 0)
     where = paths_filter(source, paths)
+    ids = chunks.column("id").to_pylist()
+    inserted = 0
     with writing("chunks"):
-        # A null vector is "not embedded yet", which lancedb calls a bad vector unless told.
-        result = (
-            tables.chunks.merge_insert("id")
-            .when_not_matched_insert_all()
-            .when_not_matched_by_source_delete(where)
-            .execute(chunks, on_bad_vectors="null")
-        )
+        if ids:
+            # A null vector is "not embedded yet", which lancedb calls a bad vector unless told.
+            result = tables.chunks.merge_insert("id").when_not_matched_insert_all().execute(chunks, on_bad_vectors="null")
+            inserted = result.num_inserted_rows
+        keep = f" AND id NOT IN ({', '.join(sql_str(i) for i in ids)})" if ids else ""
+        deleted = tables.chunks.delete(where + keep).num_deleted_rows
     with writing("the files table"):
         (
             tables.files.merge_insert(["source", "path"])
@@ -137,7 +141,7 @@ def upsert(
             .when_not_matched_by_source_delete(where)
             .execute(files)
         )
-    return UpsertResult(result.num_inserted_rows, result.num_deleted_rows)
+    return UpsertResult(inserted, deleted)
 
 
 def append_chunks(tables: LakeTables, chunks: pa.Table, files: pa.Table) -> None:
