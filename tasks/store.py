@@ -132,7 +132,8 @@ def upsert(
             result = tables.chunks.merge_insert("id").when_not_matched_insert_all().execute(chunks, on_bad_vectors="null")
             inserted = result.num_inserted_rows
         keep = f" AND id NOT IN ({', '.join(sql_str(i) for i in ids)})" if ids else ""
-        deleted = tables.chunks.delete(where + keep).num_deleted_rows
+        gone = tables.chunks.delete(where + keep)
+        deleted = int(gone.num_deleted_rows)  # type: ignore[attr-defined]  # set at run time; lancedb 0.40's stub lists `version` only
     with writing("the files table"):
         (
             tables.files.merge_insert(["source", "path"])
