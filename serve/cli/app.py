@@ -28,7 +28,12 @@ from ctxlake.serve.cli import memory as cli_memory
 from ctxlake.serve.cli import read as cli_read
 from ctxlake.serve.cli import registry as cli_registry
 from ctxlake.serve.cli import stats as cli_stats
-from ctxlake.serve.cli.base import _prefect_quietly, ensure_project, without_heartbeats
+from ctxlake.serve.cli.base import (
+    _prefect_quietly,
+    bound_writer_heap,
+    ensure_project,
+    without_heartbeats,
+)
 from ctxlake.serve.cli.schedule import schedule_app
 from ctxlake.serve.cli.service import print_service_status, service_status
 from ctxlake.serve.cli.service import register as register_service
@@ -157,13 +162,9 @@ def _startup(report: Any, wall: float) -> float:
 def _run_flow(settings: Settings, *, force: bool, embed: bool, verbose: bool, watch: bool = False) -> Any:
     _prefect_quietly(verbose)
     from ctxlake.serve.cli.render import RichReporter
-    from ctxlake.tasks.heap import bound_heap
     from ctxlake.tasks.progress import use_reporter
 
-    # Two malloc arenas, as `ctx run ingest` and the service: the embed stage's writes free their
-    # buffers on the writer's thread, and with an arena per thread those pages stayed with the process.
-    bound_heap(mmap_bytes=None)
-
+    bound_writer_heap()
     with RichReporter() as rich, use_reporter(rich):
         rich.start("prefect", None, "starting")
         from ctxlake.flows.index_code import index_code

@@ -110,17 +110,12 @@ def _pending(settings: Settings) -> bool:
 
 
 def _run_flow(settings: Settings, roots: dict[str, list[Path]], *, embed: bool, optimize: bool, verbose: bool) -> Any:
-    from ctxlake.serve.cli.base import _prefect_quietly, without_heartbeats
+    from ctxlake.serve.cli.base import _prefect_quietly, bound_writer_heap, without_heartbeats
     from ctxlake.serve.cli.render import RichReporter
-    from ctxlake.tasks.heap import bound_heap
     from ctxlake.tasks.progress import use_reporter
 
     _prefect_quietly(verbose)
-    # At most two malloc arenas for the run's threads (the resident service sets the same at its
-    # start): with glibc's default, freed memory piled up per thread and a 20,000-session cold
-    # ingest grew to ~2.4 GB while scraping; two arenas and the flow's trim after each group of
-    # logs kept it at ~1.1 GB (peak 2.6 -> 1.6 GB, README "A long history").
-    bound_heap(mmap_bytes=None)
+    bound_writer_heap()
     with RichReporter() as rich, use_reporter(rich):
         rich.start("prefect", None, "starting")
         from ctxlake.flows.ingest_conversations import ingest_conversations
