@@ -417,30 +417,42 @@ class Service:
         cwd = str(message.get("cwd", ""))
         if not os.path.isdir(cwd):
             return {"op": "error", "message": f"working folder does not exist: {cwd}", "code": 2}
-        from ctxlake.serve.cli.app import run
-
         if argv[:2] == ["run", "index"] and "--wait" not in argv:
             # A watcher batch may hold the writer lock for a moment: wait for it, don't fail.
             argv = [*argv, "--wait", str(INDEX_WAIT_S)]
         try:
             with self.request_env(message):
-                self._settle(argv)
-                with capture.captured(bool(message.get("stdout_tty")), False) as (out, err):
-                    try:
-                        code = self._run_in_child(argv) if self._heavy(argv) else run(argv, reuse=True)
-                    except SystemExit as exc:
-                        code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
-                    except Exception:
-                        import traceback
-
-                        traceback.print_exc()
-                        code = 1
-                watched = self._watch_after(argv, code)
+                if not self._heavy(argv):
+                    return self._run_here(argv, bool(message.get("stdout_tty")))
+                # A whole-tree run goes to a child with the request's folder and environment as
+                # they are now: the process's own are free again while it runs (minutes), so the
+                # agents' commands and new MCP sessions are served here meanwhile.
+                root, folder, env = self._index_root(argv), os.getcwd(), dict(os.environ)
         except Busy:
-            # Another command (e.g. a long first index) holds the process's folder and environment:
-            # the client runs this one itself rather than wait behind it.
+            # Another command holds the process's folder and environment for a moment: the client
+            # runs this one itself rather than wait behind it.
             return {"op": "local"}
-        if watched:
+        code, stdout, stderr = self._run_in_child(argv, folder, env)
+        if code == 0 and root is not None and (watched := self.register(root)):
+            log(f"watching {watched}")
+        return {"op": "result", "code": code, "stdout": stdout, "stderr": stderr}
+
+    def _run_here(self, argv: list[str], stdout_tty: bool) -> dict[str, Any]:
+        """`ctx ARGV` in this process (inside request_env), its output captured."""
+        from ctxlake.serve.cli.app import run
+
+        self._settle(argv)
+        with capture.captured(stdout_tty, False) as (out, err):
+            try:
+                code = run(argv, reuse=True)
+            except SystemExit as exc:
+                code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
+            except Exception:
+                import traceback
+
+                traceback.print_exc()
+                code = 1
+        if watched := self._watch_after(argv, code):
             log(f"watching {watched}")
         return {"op": "result", "code": code, "stdout": out.getvalue(), "stderr": err.getvalue()}
 
@@ -513,18 +525,19 @@ class Service:
         except Exception:  # an unreadable state: let the in-process path report it
             return False
 
-    def _run_in_child(self, argv: list[str]) -> int:
-        """`ctx ARGV` in a child running the in-process path, with this request's folder and env;
-        its output becomes the request's output."""
+    def _run_in_child(self, argv: list[str], cwd: str, env: dict[str, str]) -> tuple[int, str, str]:
+        """`ctx ARGV` in a child running the in-process path, in the request's folder and
+        environment: (exit code, stdout, stderr)."""
         # At a lower CPU priority: on a small machine a whole-tree run and the agents' queries want
         # the same cores, and a query waits on the user while the run does not.
         code = (f"import os, sys\nos.nice({CHILD_NICE})\nfrom ctxlake.serve.service.client import in_process\n"
                 "sys.exit(in_process(sys.argv[1:]))")
-        done = subprocess.run([sys.executable, "-c", code, *argv], cwd=os.getcwd(), env=dict(os.environ),
-                              capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
-        sys.stdout.write(done.stdout)
-        sys.stderr.write(done.stderr)
-        return done.returncode
+        try:
+            done = subprocess.run([sys.executable, "-c", code, *argv], cwd=cwd, env=env, capture_output=True,
+                                  text=True, stdin=subprocess.DEVNULL, check=False)
+        except OSError as exc:  # no process left to start, the folder gone meanwhile
+            return 1, "", f"ctx: error: could not start the index run: {exc}\n"
+        return done.returncode, done.stdout, done.stderr
 
     def _settle(self, argv: list[str]) -> None:
         """Before a `ctx run index` of a watched project: give the watcher time to take the batch.

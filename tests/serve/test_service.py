@@ -112,6 +112,47 @@ def test_forced_index_runs_in_a_child_and_reports_through_the_service(indexed: P
     assert json.loads(ctx("search", "invoice total", "--json", cwd=indexed).stdout)["hits"]
 
 
+def _imports_of(argv: list[str], cwd: Path, stdin: str | None = None) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    """Run the thin client with ARGV under -X importtime: its result and the top-level packages it imported."""
+    run = subprocess.run([sys.executable, "-X", "importtime", "-m", "ctxlake.serve.service.client", *argv],
+                         cwd=cwd, input=stdin, capture_output=True, text=True, timeout=60, check=False)
+    return run, {line.split("|")[-1].strip().split(".")[0] for line in run.stderr.splitlines() if "|" in line}
+
+
+def test_commands_and_mcp_sessions_are_served_while_a_forced_index_runs(indexed: Path, service: Path) -> None:
+    """A whole-tree run in its child takes minutes on a big project: meanwhile the service keeps
+    answering (it used to hold its one-request-at-a-time state for the child's whole run, and
+    every command and new `ctx serve` fell back to a cold in-process engine)."""
+    from ctxlake.tasks.lake import WriterLock
+
+    pid = service_pid(service)
+    held = WriterLock(indexed / ".ctx" / "lake", purpose="the test").acquire()  # the child waits on it
+    try:
+        run, seen = None, set()
+        proc = subprocess.Popen([CTX, "run", "index", "--force", "--json"], cwd=indexed, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not seen and time.monotonic() < deadline and proc.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                seen = {c.pid for c in psutil.Process(pid).children() if "in_process" in " ".join(c.cmdline())}
+            time.sleep(0.05)
+        assert seen, "the forced run did not start its child"
+        run, imported = _imports_of(["search", "invoice"], indexed)
+        assert run.returncode == 0 and "invoice.py" in run.stdout, run.stderr[-2000:]
+        assert not imported & set(HEAVY), f"ran in-process, not in the service: {sorted(imported & set(HEAVY))}"
+        init = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}})
+        served, imported = _imports_of(["serve"], indexed, stdin=init + "\n")
+        assert json.loads(served.stdout.splitlines()[0])["result"]["serverInfo"], served.stderr[-2000:]
+        assert not imported & set(HEAVY), f"an in-process MCP server, not the proxy: {sorted(imported & set(HEAVY))}"
+        assert proc.poll() is None, "the forced run ended before the lock was given back"
+    finally:
+        held.release()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert json.loads(out)["files_seen"] >= 2
+
+
 def _children_running(pid: int, argv: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess[str], set[int]]:
     """Run `ctx ARGV`; the service's children that ran the in-process path meanwhile."""
     before = {c.pid for c in psutil.Process(pid).children(recursive=True)}
