@@ -721,7 +721,10 @@ def status(settings: Settings, check_stale: bool = True) -> Status:
     out.provider, out.model, out.model_id, out.dims = state.provider, state.model, state.model_id, state.dims
     out.last_run, out.clean = state.last_run, state.clean
     lake_bytes, stamp = folder_stamp(lake_dir)
-    counts = _index_counts(lake_dir, stamp)
+    # A clean state with nothing pending is exact (every writer of chunks is an index run, which
+    # marks the state unclean until it has counted again): the count reads the whole vector column
+    # (0.3 s and ~0.3 GB on the 100k-file tree).
+    counts = _index_counts(lake_dir, stamp, none_pending=state.clean and state.pending_vectors == 0)
     if counts is not None:
         out.indexed = True
         out.chunks, out.pending_vectors, out.files = counts.chunks, counts.pending_vectors, counts.files
@@ -751,9 +754,10 @@ class IndexCounts(NamedTuple):
 _counted: dict[str, tuple[int, IndexCounts | None]] = {}
 
 
-def _index_counts(lake_dir: Path, stamp: int) -> IndexCounts | None:
+def _index_counts(lake_dir: Path, stamp: int, none_pending: bool = False) -> IndexCounts | None:
     """The index tables' counts for `status`, or None when they do not exist yet; the stamp is taken
-    before the tables are read, so a write landing meanwhile is counted by the next call."""
+    before the tables are read, so a write landing meanwhile is counted by the next call.
+    `none_pending`: the caller knows no chunk is without a vector (not counted then)."""
     hit = _counted.get(str(lake_dir))
     if hit is not None and hit[0] == stamp:
         return hit[1]
@@ -764,7 +768,8 @@ def _index_counts(lake_dir: Path, stamp: int) -> IndexCounts | None:
         file_rows = files.search().select(["lang", "source"]).to_arrow()
         chunk_sources = chunks.search().select(["source"]).to_arrow()
         counts = IndexCounts(
-            chunks=chunks.count_rows(), pending_vectors=chunks.count_rows("vector IS NULL"), files=file_rows.num_rows,
+            chunks=chunks.count_rows(), pending_vectors=0 if none_pending else chunks.count_rows("vector IS NULL"),
+            files=file_rows.num_rows,
             languages=_counts(file_rows.column("lang")), sources=_counts(chunk_sources.column("source")),
             masked_chunks=chunks.count_rows(f"text LIKE '%{MASK_PREFIX}%'"))
     _counted[str(lake_dir)] = (stamp, counts)
