@@ -106,6 +106,9 @@ class Writer:
         self.vectors_settled = (state is not None and state.clean and not state.pending_vectors
                                 and state.model_id == embedder.model_id)
         self.nulls_written = 0  # CHUNKS rows this run wrote without a vector
+        # The embed stage ran to its end over every row without a vector (not --force's re-embed
+        # of one source): none is left, as this run is the lake's one writer.
+        self.embedded_all = False
         self.embed_inline = True  # small runs encode missing vectors before writing (not with --no-embed)
         # The service's watcher appends the run's INDEX_RUNS row and does the cache's upkeep itself,
         # after readers may go on (finish leaves both in `record`): 40 ms of an edit's way to being
@@ -140,6 +143,7 @@ class Writer:
         self.vectors_settled = False  # finish() counts what is left
         result = embed_pending(self.tables, self.cache, self.embedder, use_cache=not force,
                                reembed_source=self.source if force else None, group=self.encode_group)
+        self.embedded_all = not force
         report.vectors_from_cache += result.from_cache
         report.embedded += result.embedded
         report.vectors_unchanged += result.unchanged
@@ -151,8 +155,9 @@ class Writer:
     def pending_vectors(self) -> int:
         """CHUNKS rows without a vector now. Counting them reads the whole vector column (on the
         100k-file tree: 0.4 s with it cached, ~20 s from disk, and +0.3-0.5 GB resident for the
-        run), so a run that found every row embedded and wrote none without one knows it is 0."""
-        if self.vectors_settled and self.nulls_written == 0:
+        run), so a run that found every row embedded and wrote none without one knows it is 0, as
+        does one whose embed stage went over every row without one."""
+        if (self.vectors_settled and self.nulls_written == 0) or self.embedded_all:
             return 0
         return int(self.tables.chunks.count_rows("vector IS NULL"))
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -276,19 +277,9 @@ def test_small_edit_lands_with_its_vectors_and_skips_the_embed_stage(project: Pa
     def must_not_run(*args: object, **kwargs: object) -> None:
         raise AssertionError("the embed stage ran for a one-file edit")
 
-    from lancedb.table import LanceTable
-
-    counted: list[str | None] = []
-    count_rows = LanceTable.count_rows
-
-    def counting(self: LanceTable, filter: str | None = None) -> int:
-        counted.append(filter)
-        return count_rows(self, filter)
-
-    with pytest.MonkeyPatch.context() as fault:
+    with pytest.MonkeyPatch.context() as fault, counted_filters() as counted:
         fault.setattr(embed.embed_pending, "fn", must_not_run)
         fault.setattr(embed.embed_pending, "_task", None)
-        fault.setattr(LanceTable, "count_rows", counting)
         result = cli("run", "index", "--json", cwd=project)
     embed.embed_pending._task = None
     assert result.exit_code == 0, result.stderr
@@ -320,9 +311,32 @@ def test_small_edit_lands_with_its_vectors_and_skips_the_embed_stage(project: Pa
 
     # Many files at once go through the embed stage as before.
     write_files(project, {f"app/bulk{i}.py": f"def bulk_{i}():\n    return {i}\n" for i in range(12)})
-    bulk = cli("run", "index", "--json", cwd=project)
+    with counted_filters() as counted:
+        bulk = cli("run", "index", "--json", cwd=project)
     assert bulk.exit_code == 0 and json.loads(bulk.stdout)["embedded"] >= 12
     assert all(r["vector"] is not None for r in lake_rows(project, CHUNKS_TABLE, ["vector"]))
+    # Counted for the state before the stage and by the stage itself; not after it, which went
+    # over every row without a vector.
+    assert counted.count("vector IS NULL") == 2, counted
+    state = IndexState.read(project / ".ctx" / "lake")
+    assert state is not None and state.clean and state.pending_vectors == 0
+
+
+@contextmanager
+def counted_filters() -> Iterator[list[str | None]]:
+    """The filters of the `count_rows` calls on any table made meanwhile, in order."""
+    from lancedb.table import LanceTable
+
+    counted: list[str | None] = []
+    count_rows = LanceTable.count_rows
+
+    def counting(self: LanceTable, filter: str | None = None) -> int:
+        counted.append(filter)
+        return count_rows(self, filter)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(LanceTable, "count_rows", counting)
+        yield counted
 
 
 def test_config_file_and_env_precedence(project: Path, cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
