@@ -30,7 +30,7 @@ from ctxlake import __version__
 from ctxlake.serve.service import capture, protocol
 from ctxlake.serve.service.paths import ServicePaths, service_paths
 from ctxlake.serve.service.protocol import Busy
-from ctxlake.serve.service.watchers import imports_ready
+from ctxlake.serve.service.watchers import WATCHER_PURPOSE, imports_ready
 from ctxlake.tasks.heap import bound_heap
 
 EXIT_DISK = 8
@@ -417,11 +417,9 @@ class Service:
         cwd = str(message.get("cwd", ""))
         if not os.path.isdir(cwd):
             return {"op": "error", "message": f"working folder does not exist: {cwd}", "code": 2}
-        if argv[:2] == ["run", "index"] and "--wait" not in argv:
-            # A watcher batch may hold the writer lock for a moment: wait for it, don't fail.
-            argv = [*argv, "--wait", str(INDEX_WAIT_S)]
         try:
             with self.request_env(message):
+                argv = self._with_wait(argv)
                 if not self._heavy(argv):
                     return self._run_here(argv, bool(message.get("stdout_tty")))
                 # A whole-tree run goes to a child with the request's folder and environment as
@@ -436,6 +434,22 @@ class Service:
         if code == 0 and root is not None and (watched := self.register(root)):
             log(f"watching {watched}")
         return {"op": "result", "code": code, "stdout": stdout, "stderr": stderr}
+
+    def _with_wait(self, argv: list[str]) -> list[str]:
+        """`ctx run index` waits up to INDEX_WAIT_S for the writer lock while this service's watcher
+        holds it (a batch takes a moment). Held by another run (a whole-tree run takes minutes), it
+        fails at once, as it does without the service, rather than hold this process's one request
+        slot meanwhile."""
+        if argv[:2] != ["run", "index"] or "--wait" in argv:
+            return argv
+        from ctxlake.schemas.config import CTX_DIR
+        from ctxlake.tasks.lake import WriterLock
+
+        root = self._index_root(argv)
+        holder = WriterLock(root / CTX_DIR / "lake").held_by_other() if root is not None else None
+        if holder is not None and not str(holder.get("purpose", "")).startswith(WATCHER_PURPOSE):
+            return argv
+        return [*argv, "--wait", str(INDEX_WAIT_S)]
 
     def _run_here(self, argv: list[str], stdout_tty: bool) -> dict[str, Any]:
         """`ctx ARGV` in this process (inside request_env), its output captured."""

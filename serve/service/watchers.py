@@ -34,6 +34,8 @@ NOISE = (".git/", ".ctx/")
 # OPTIMIZE_QUIET_S, not in the way of the edit that made it due.
 OPTIMIZE_AFTER_BATCHES = 24
 OPTIMIZE_QUIET_S = 3.0
+# What the watchers' hold on a lake's writer lock says (the service tells them from other writers).
+WATCHER_PURPOSE = "ctx service watcher"
 
 
 class ProjectWatcher(threading.Thread):
@@ -158,11 +160,11 @@ class ProjectWatcher(threading.Thread):
         # However long another writer (a forced re-index) holds the lake: giving up would end the
         # watcher, and the paths stay pending (stale to readers) meanwhile. `ctx down` cancels it.
         try:
-            lock = WriterLock(settings.lake_dir, purpose="ctx service watcher").acquire()
+            lock = WriterLock(settings.lake_dir, purpose=WATCHER_PURPOSE).acquire()
         except LockBusyError:
             self.blocked = True  # readers do not wait for this batch (see settle)
             try:
-                lock = WriterLock(settings.lake_dir, purpose="ctx service watcher").acquire(
+                lock = WriterLock(settings.lake_dir, purpose=WATCHER_PURPOSE).acquire(
                     wait_s=math.inf, cancel=self.stop_event)
             except LockBusyError:
                 if self.stop_event.is_set():
@@ -213,7 +215,7 @@ class ProjectWatcher(threading.Thread):
         from ctxlake.tasks.store import open_for_write, optimize
 
         try:
-            lock = WriterLock(settings.lake_dir, purpose="ctx service watcher (optimize)").acquire()
+            lock = WriterLock(settings.lake_dir, purpose=f"{WATCHER_PURPOSE} (optimize)").acquire()
         except LockBusyError:
             return
         try:

@@ -129,8 +129,8 @@ def test_commands_and_mcp_sessions_are_served_while_a_forced_index_runs(indexed:
     held = WriterLock(indexed / ".ctx" / "lake", purpose="the test").acquire()  # the child waits on it
     try:
         run, seen = None, set()
-        proc = subprocess.Popen([CTX, "run", "index", "--force", "--json"], cwd=indexed, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen([CTX, "run", "index", "--force", "--json", "--wait", "120"], cwd=indexed,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 60
         while not seen and time.monotonic() < deadline and proc.poll() is None:
             with contextlib.suppress(psutil.Error):
@@ -145,6 +145,12 @@ def test_commands_and_mcp_sessions_are_served_while_a_forced_index_runs(indexed:
         served, imported = _imports_of(["serve"], indexed, stdin=init + "\n")
         assert json.loads(served.stdout.splitlines()[0])["result"]["serverInfo"], served.stderr[-2000:]
         assert not imported & set(HEAVY), f"an in-process MCP server, not the proxy: {sorted(imported & set(HEAVY))}"
+        # Another index run meanwhile is told at once, as without the service, instead of waiting
+        # (the wait is for the service's own watcher batches, which take a moment).
+        started = time.monotonic()
+        second = ctx("run", "index", cwd=indexed)
+        assert second.returncode != 0 and "another writer holds the lake" in second.stderr, second.stderr
+        assert time.monotonic() - started < 30
         assert proc.poll() is None, "the forced run ended before the lock was given back"
     finally:
         held.release()
