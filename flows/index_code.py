@@ -137,12 +137,14 @@ class Writer:
             self.known = indexed_paths(self.tables, self.source) | set(diff.changed)
         _write_changes(self, diff, report, force)
 
-    def embed(self, report: IndexReport, force: bool = False) -> None:
+    def embed(self, report: IndexReport, force: bool = False, pending: int | None = None) -> None:
+        """The embed stage, when rows may lack a vector; `pending`: their number, counted just now."""
         if not force and self.vectors_settled and self.nulls_written == 0:
             return
         self.vectors_settled = False  # finish() counts what is left
         result = embed_pending(self.tables, self.cache, self.embedder, use_cache=not force,
-                               reembed_source=self.source if force else None, group=self.encode_group)
+                               reembed_source=self.source if force else None, group=self.encode_group,
+                               pending=pending)
         self.embedded_all = not force
         report.vectors_from_cache += result.from_cache
         report.embedded += result.embedded
@@ -243,7 +245,8 @@ def index_code(
     writer.state.write(lake)
 
     if embed:
-        writer.embed(report, force=force)
+        # The count above is the stage's starting point: nothing was written since.
+        writer.embed(report, force=force, pending=writer.state.pending_vectors)
         give_back_freed_memory()
     report.cochange_commits = update_cochange(writer.tables.db, lake, root, source)
     # Optimizing folds new rows into the indexes and compacts (3 s on django): worth it after a

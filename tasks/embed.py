@@ -371,16 +371,19 @@ def embed_pending(
     use_cache: bool = True,
     reembed_source: str | None = None,
     group: int | None = None,
+    pending: int | None = None,
 ) -> EmbedResult:
     """CHUNKS rows with a null vector -> vectors: cache hits first, then the model, streamed.
 
     `reembed_source` re-encodes every chunk of that source instead (`--force`): old vectors stay
     in place, and searchable, until their new ones are written over them. `group` is the texts
     per encode call (a cluster's embedder takes one share per worker; default ENCODE_GROUP).
+    `pending`: the rows without a vector, when the caller has just counted them at the version
+    the stage starts from (the count reads the whole vector column; the stage counts otherwise).
     """
     started = time.perf_counter()
     where = "vector IS NULL" if reembed_source is None else f"source = {sql_str(reembed_source)}"
-    total = tables.chunks.count_rows(where)
+    total = tables.chunks.count_rows(where) if pending is None or reembed_source is not None else pending
     if total == 0:
         return EmbedResult(0, 0, 0, 0.0, 0.0)
     progress = reporter()
