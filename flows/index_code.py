@@ -78,6 +78,9 @@ class IndexReport:
 # before writing the rows (embed_missing): an edit lands with its vectors, no embed stage after.
 INLINE_EMBED_FILES = 8
 INLINE_EMBED_TEXTS = 64
+# Up to this many rows written without a vector, a run that found the lake fully embedded finds
+# them again by id (through the id index) instead of scanning the whole vector column for nulls.
+NULL_IDS_MAX = 4096
 OPTIMIZE_AFTER_ROWS = 2_000  # rows written since the last optimize that make the next run optimize
 
 
@@ -106,6 +109,7 @@ class Writer:
         self.vectors_settled = (state is not None and state.clean and not state.pending_vectors
                                 and state.model_id == embedder.model_id)
         self.nulls_written = 0  # CHUNKS rows this run wrote without a vector
+        self.null_ids: list[str] | None = []  # their ids; None past NULL_IDS_MAX
         # The embed stage ran to its end over every row without a vector (not --force's re-embed
         # of one source): none is left, as this run is the lake's one writer.
         self.embedded_all = False
@@ -137,14 +141,33 @@ class Writer:
             self.known = indexed_paths(self.tables, self.source) | set(diff.changed)
         _write_changes(self, diff, report, force)
 
+    def wrote(self, chunks: Any) -> None:
+        """Note the rows of a batch about to be written without a vector."""
+        nulls = chunks.column("vector").null_count
+        self.nulls_written += nulls
+        if nulls and self.null_ids is not None:
+            import pyarrow.compute as pc
+
+            ids = chunks.filter(pc.is_null(chunks.column("vector"))).column("id").to_pylist()
+            self.null_ids = self.null_ids + ids if len(self.null_ids) + len(ids) <= NULL_IDS_MAX else None
+
+    def _pending_where(self) -> str | None:
+        """A filter for the rows without a vector that reads this run's rows only: when the lake
+        had none before the run, they are among those it wrote without one (the rest kept theirs,
+        or an id already there kept its row). None: scan for them."""
+        if not (self.vectors_settled and self.null_ids):
+            return None
+        return f"vector IS NULL AND id IN ({', '.join(sql_str(i) for i in self.null_ids)})"
+
     def embed(self, report: IndexReport, force: bool = False, pending: int | None = None) -> None:
         """The embed stage, when rows may lack a vector; `pending`: their number, counted just now."""
         if not force and self.vectors_settled and self.nulls_written == 0:
             return
+        narrow = None if force else self._pending_where()
         self.vectors_settled = False  # finish() counts what is left
         result = embed_pending(self.tables, self.cache, self.embedder, use_cache=not force,
                                reembed_source=self.source if force else None, group=self.encode_group,
-                               pending=pending)
+                               pending=pending, pending_where=narrow)
         self.embedded_all = not force
         report.vectors_from_cache += result.from_cache
         report.embedded += result.embedded
@@ -161,7 +184,7 @@ class Writer:
         does one whose embed stage went over every row without one."""
         if (self.vectors_settled and self.nulls_written == 0) or self.embedded_all:
             return 0
-        return int(self.tables.chunks.count_rows("vector IS NULL"))
+        return int(self.tables.chunks.count_rows(self._pending_where() or "vector IS NULL"))
 
     def finish(self, tree: Tree, report: IndexReport) -> None:
         """After the last write: the snapshot, then the state says the lake matches it."""
@@ -288,7 +311,7 @@ def _write_changes(writer: Writer, diff: Diff, report: IndexReport, force: bool)
             chunks, encoded = embed_missing(chunks, cache, writer.embedder, INLINE_EMBED_TEXTS)
             report.embedded += encoded
             report.encode_seconds += (time.perf_counter() - t0) if encoded else 0.0
-        writer.nulls_written += chunks.column("vector").null_count
+        writer.wrote(chunks)
         for reason, n in rows.skipped.items():
             report.skipped[reason] = report.skipped.get(reason, 0) + n
         report.secrets_masked += rows.secrets.masked

@@ -372,6 +372,7 @@ def embed_pending(
     reembed_source: str | None = None,
     group: int | None = None,
     pending: int | None = None,
+    pending_where: str | None = None,
 ) -> EmbedResult:
     """CHUNKS rows with a null vector -> vectors: cache hits first, then the model, streamed.
 
@@ -380,9 +381,11 @@ def embed_pending(
     per encode call (a cluster's embedder takes one share per worker; default ENCODE_GROUP).
     `pending`: the rows without a vector, when the caller has just counted them at the version
     the stage starts from (the count reads the whole vector column; the stage counts otherwise).
+    `pending_where`: a narrower filter that still finds every row without a vector (the caller's
+    own rows, by id), read instead of that whole column.
     """
     started = time.perf_counter()
-    where = "vector IS NULL" if reembed_source is None else f"source = {sql_str(reembed_source)}"
+    where = (pending_where or "vector IS NULL") if reembed_source is None else f"source = {sql_str(reembed_source)}"
     total = tables.chunks.count_rows(where) if pending is None or reembed_source is not None else pending
     if total == 0:
         return EmbedResult(0, 0, 0, 0.0, 0.0)

@@ -311,13 +311,26 @@ def test_small_edit_lands_with_its_vectors_and_skips_the_embed_stage(project: Pa
 
     # Many files at once go through the embed stage as before.
     write_files(project, {f"app/bulk{i}.py": f"def bulk_{i}():\n    return {i}\n" for i in range(12)})
-    with counted_filters() as counted:
+    stage = embed.embed_pending.fn
+    asked: list[str | None] = []
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        asked.append(kwargs.get("pending_where"))
+        return stage(*args, **kwargs)
+
+    with counted_filters() as counted, pytest.MonkeyPatch.context() as spy:
+        spy.setattr(embed.embed_pending, "fn", recording)
+        spy.setattr(embed.embed_pending, "_task", None)
         bulk = cli("run", "index", "--json", cwd=project)
+    embed.embed_pending._task = None
     assert bulk.exit_code == 0 and json.loads(bulk.stdout)["embedded"] >= 12
     assert all(r["vector"] is not None for r in lake_rows(project, CHUNKS_TABLE, ["vector"]))
-    # Counted once, for the state before the stage, which starts from that count; not after it,
-    # which went over every row without a vector.
-    assert counted.count("vector IS NULL") == 1, counted
+    # The lake was fully embedded before: the rows without a vector are among this run's, found
+    # by id (counted once, for the state; the stage starts from that count and reads them by id)
+    # rather than by a scan of every row's vector; nothing is counted after the stage.
+    assert "vector IS NULL" not in counted, counted
+    assert [f for f in counted if f and f.startswith("vector IS NULL AND id IN (")] == [asked[0]], counted
+    assert len(asked) == 1 and asked[0] is not None and asked[0].count("'") >= 2 * 12
     state = IndexState.read(project / ".ctx" / "lake")
     assert state is not None and state.clean and state.pending_vectors == 0
 
