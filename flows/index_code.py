@@ -31,6 +31,7 @@ from ctxlake.tasks.store import (
     indexed_paths,
     open_for_write,
     optimize,
+    sql_list,
     sql_str,
     upsert,
 )
@@ -157,7 +158,7 @@ class Writer:
         or an id already there kept its row). None: scan for them."""
         if not (self.vectors_settled and self.null_ids):
             return None
-        return f"vector IS NULL AND id IN ({', '.join(sql_str(i) for i in self.null_ids)})"
+        return f"vector IS NULL AND id IN {sql_list(self.null_ids)}"
 
     def embed(self, report: IndexReport, force: bool = False, pending: int | None = None) -> None:
         """The embed stage, when rows may lack a vector; `pending`: their number, counted just now."""

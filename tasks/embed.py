@@ -19,7 +19,14 @@ from ctxlake.tasks.heap import give_back_freed_memory
 from ctxlake.tasks.lake import connect, open_table, writing
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.stage import stage
-from ctxlake.tasks.store import KEEP_VERSIONS, LakeTables, ensure_key_index, fragment_count, sql_str
+from ctxlake.tasks.store import (
+    KEEP_VERSIONS,
+    LakeTables,
+    ensure_key_index,
+    fragment_count,
+    sql_list,
+    sql_str,
+)
 
 if TYPE_CHECKING:
     from lancedb.table import Table
@@ -236,7 +243,7 @@ class EmbeddingCache:
 
 
 def _hashes_in(hashes: Iterable[str]) -> str:
-    return f"content_hash IN ({', '.join(sql_str(h) for h in hashes)})"
+    return f"content_hash IN {sql_list(hashes)}"
 
 
 def cached_vectors(hashes: Sequence[str], cache: EmbeddingCache) -> tuple[np.ndarray, np.ndarray]:

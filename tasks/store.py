@@ -96,9 +96,13 @@ def sql_str(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
+def sql_list(values: Iterable[str]) -> str:
+    """`values` as an SQL list of strings, for IN: `('a', 'b')`."""
+    return "(" + ", ".join(sql_str(v) for v in values) + ")"
+
+
 def paths_filter(source: str, paths: Iterable[str]) -> str:
-    listed = ", ".join(sql_str(p) for p in paths)
-    return f"source = {sql_str(source)} AND path IN ({listed})"
+    return f"source = {sql_str(source)} AND path IN {sql_list(paths)}"
 
 
 class UpsertResult(NamedTuple):
@@ -131,7 +135,7 @@ def upsert(
             # A null vector is "not embedded yet", which lancedb calls a bad vector unless told.
             result = tables.chunks.merge_insert("id").when_not_matched_insert_all().execute(chunks, on_bad_vectors="null")
             inserted = result.num_inserted_rows
-        keep = f" AND id NOT IN ({', '.join(sql_str(i) for i in ids)})" if ids else ""
+        keep = f" AND id NOT IN {sql_list(ids)}" if ids else ""
         gone = tables.chunks.delete(where + keep)
         deleted = int(gone.num_deleted_rows)  # type: ignore[attr-defined]  # set at run time; lancedb 0.40's stub lists `version` only
     with writing("the files table"):
