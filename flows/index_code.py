@@ -18,6 +18,7 @@ from ctxlake.tasks.chunk_stage import BatchRows, chunk_files, with_graph
 from ctxlake.tasks.cochange import update_cochange
 from ctxlake.tasks.embed import EmbeddingCache, embed_missing, embed_pending, fill_from_cache
 from ctxlake.tasks.embedders import Embedder, make_embedder
+from ctxlake.tasks.graph import forget_known
 from ctxlake.tasks.graph_store import clear_graph, open_graph, optimize_graph, write_graph
 from ctxlake.tasks.heap import give_back_freed_memory
 from ctxlake.tasks.lake import IndexState, check_model, reset_lake
@@ -257,6 +258,8 @@ def index_code(
         clear_graph(writer.graph, source)
     writer.begin(diff)
     writer.apply(diff, report, force)
+    if len(diff.changed) + len(diff.removed) > INLINE_EMBED_FILES:
+        forget_known(writer.known)  # imports are resolved: its suffix index goes before the embed stage
     # Between the stages the heap's free pages go back (malloc_trim): the chunk stage and the BM25
     # build leave ~0.1-0.25 GB of them on the big repository, under the embed stage's peak.
     give_back_freed_memory()

@@ -191,6 +191,14 @@ def known_paths(paths: Collection[str]) -> Known:
     return found
 
 
+def forget_known(paths: Collection[str]) -> None:
+    """Drop the kept Known of `paths`: a whole-tree run's suffix index (~90 MB and 0.8 s to build
+    for 100,000 paths) is not needed after its chunk stage, and would sit under the embed stage's
+    peak; small runs keep theirs for the next edit."""
+    with _known_lock:
+        _known_kept.pop(frozenset(paths), None)
+
+
 def resolve_import(module: str, path: str, lang: str, known: Collection[str] | Known) -> str | None:
     """The indexed file an import names, when a plain path rule finds exactly one."""
     if not isinstance(known, Known):

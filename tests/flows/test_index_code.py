@@ -108,6 +108,25 @@ def test_an_index_run_bounds_its_heap_and_trims_between_stages(
     assert json.loads(result.stdout)["embedded"] > 0
 
 
+def test_a_big_run_drops_its_import_suffix_index_and_a_small_one_keeps_it(
+    project: Path, cli: Callable[..., Any], fake_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Imports resolve through an index of every path suffix (~90 MB for 100,000 paths, README "One
+    big repository"): a run past the inline-embedding size lets it go before its embed stage; a
+    small edit keeps it for the next one (the service's runs reuse it)."""
+    from ctxlake.tasks import graph
+
+    paths = frozenset({"app/service.py", "app/util.py", "README.md"})
+    graph._known_kept.clear()
+    with monkeypatch.context() as big:
+        big.setattr(index_code, "INLINE_EMBED_FILES", 2)  # three files make a big run here
+        assert cli("run", "index", cwd=project).exit_code == 0
+    assert paths not in graph._known_kept
+    (project / "app" / "util.py").write_text(UTIL + "\n\ndef one_more():\n    return 1\n")
+    assert cli("run", "index", cwd=project).exit_code == 0
+    assert paths in graph._known_kept
+
+
 def test_edit_reembeds_only_that_file_then_delete_removes_its_chunks(
     project: Path, cli: Callable[..., Any], fake_embedder: Any
 ) -> None:
