@@ -1,5 +1,5 @@
 """Store stage for the symbol graph: DEFINITIONS, REFERENCES (table `refs`) and IMPORTS rows of
-changed/removed files -> LanceDB, one merge_insert per table and batch."""
+changed/removed files -> LanceDB, a delete and an append per table and batch."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ DEFINITIONS_TABLE = "definitions"
 REFERENCES_TABLE = "refs"
 IMPORTS_TABLE = "imports"
 
-# Merge keys: a row with the same key is the same fact (kept); other rows of the batch's paths go.
+# Keys of a fact: a batch's rows are deduplicated on them (one row per fact).
 KEYS: dict[str, list[str]] = {
     DEFINITIONS_TABLE: ["source", "path", "qualname", "start_line"],
     REFERENCES_TABLE: ["source", "path", "line", "name", "kind"],
@@ -66,9 +66,6 @@ def dedupe(table: pa.Table, key: Sequence[str]) -> pa.Table:
     return table.take(firsts)
 
 
-SMALL_BATCH_PATHS = 8  # up to this many files, write_graph deletes and appends instead of merging
-
-
 def write_graph(
     tables: GraphTables,
     source: str,
@@ -76,7 +73,14 @@ def write_graph(
     paths: Sequence[str],
     cold: bool,
 ) -> int:
-    """The graph rows of `paths` (changed or removed) replace what the lake held for them."""
+    """The graph rows of `paths` (changed or removed) replace what the lake held for them.
+
+    A delete of those paths' rows, then an append: two commits, so a reader may miss these files'
+    rows for the moment between them (the chunks' upsert does the same). Not a merge on the facts'
+    keys: a merge joins against every row of the table with all its columns, for any number of
+    paths (the big repository's 2.8M graph rows: 1.0 s and +0.73 GB for a batch of 12 files or of
+    241, against 0.15-0.17 s and +12-21 MB this way; README "One big repository").
+    """
     if not paths:
         return 0
     where = paths_filter(source, paths)
@@ -85,25 +89,10 @@ def write_graph(
         new = dedupe(new, KEYS[name])
         written += new.num_rows
         with writing(name):
-            if cold:
-                if new.num_rows:
-                    table.add(new)
-                continue
-            if len(paths) <= SMALL_BATCH_PATHS:
-                # A merge joins against every row of the table (0.16 s for django's 390k
-                # references); a few files' rows are found through the path filter instead. Two
-                # commits: a reader may miss these files' rows for the moment between them.
+            if not cold:
                 table.delete(where)
-                if new.num_rows:
-                    table.add(new)
-                continue
-            (
-                table.merge_insert(KEYS[name])
-                .when_matched_update_all()
-                .when_not_matched_insert_all()
-                .when_not_matched_by_source_delete(where)
-                .execute(new)
-            )
+            if new.num_rows:
+                table.add(new)
     return written
 
 
