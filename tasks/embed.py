@@ -62,11 +62,7 @@ def vector_array(vectors: np.ndarray, dims: int) -> pa.FixedSizeListArray:
 # (rebuilding reads the hashes only). Compacting is left for CACHE_OPTIMIZE_FRAGMENTS fragments:
 # LanceDB's optimize rewrites every fragment under a million rows, which for a growing cache is all
 # of it (1.5M vectors: over two minutes and +0.5 GB, each time). A writer checks every
-# CACHE_CHECK_APPENDS appends, as soon as it has appended CACHE_REINDEX_ROWS rows since its last
-# check, and when its stage ends. Counting appends alone let a cold embed stage, which appends
-# 16,384 rows at a time, leave up to 262k rows outside the index between checks: its lookups
-# (16,384 hashes a window) then scanned them, 0.3 -> 1.5 s and +0.3 GB a window by the end of the
-# big tree's stage (README "One big repository").
+# CACHE_CHECK_APPENDS appends and when its stage ends.
 CACHE_INDEX_ROWS = 10_000
 CACHE_REINDEX_ROWS = 50_000
 CACHE_OPTIMIZE_FRAGMENTS = 256
@@ -96,8 +92,7 @@ class EmbeddingCache:
         db = connect(cache_dir, create=True)
         self.table: Table = self._open(db, self.name)
         self.recent: Table = self._open(db, self.name + "_recent")
-        self._appends = 0  # since the last check
-        self._rows_appended = 0  # likewise
+        self._appends = 0
 
     def _open(self, db: Any, name: str) -> Table:
         table = open_table(db, name)
@@ -141,8 +136,7 @@ class EmbeddingCache:
                 )
             )
         self._appends += 1
-        self._rows_appended += len(hashes)
-        if self._appends >= CACHE_CHECK_APPENDS or self._rows_appended >= CACHE_REINDEX_ROWS:
+        if self._appends % CACHE_CHECK_APPENDS == 0:
             self.maintain()
 
     def replace_many(self, hashes: Sequence[str], vectors: np.ndarray) -> int:
@@ -202,8 +196,9 @@ class EmbeddingCache:
     def maintain_if_appended(self) -> None:
         """The check, when this object appended since its last one: a writer that lives for one
         small batch (the service's watcher makes one per batch) never reaches CACHE_CHECK_APPENDS."""
-        if self._appends:
+        if self._appends % CACHE_CHECK_APPENDS:
             self.maintain()
+            self._appends = 0
 
     def maintain(self) -> bool:
         """Fold or compact the small appends, index content_hash and compact the cache when it needs
@@ -215,7 +210,6 @@ class EmbeddingCache:
         """
         from lancedb.index import BTree
 
-        self._appends = self._rows_appended = 0
         try:
             did = self._fold()
             if fragment_count(self.table) >= CACHE_OPTIMIZE_FRAGMENTS:

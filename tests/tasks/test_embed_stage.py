@@ -97,30 +97,6 @@ def test_the_cache_indexes_and_compacts_itself_as_it_grows(tmp_path: Path, monke
         np.testing.assert_array_equal(found[h], stored[h])
 
 
-def test_big_appends_check_the_cache_index_by_rows_not_only_by_appends(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A cold embed stage appends a window's vectors at a time: counting appends alone left up to
-    CACHE_CHECK_APPENDS windows of rows outside the content_hash index, and every lookup scanned
-    them. A check now also comes once CACHE_REINDEX_ROWS rows were appended since the last."""
-    from ctxlake.tasks import embed
-
-    for name, value in (("CACHE_INDEX_ROWS", 1000), ("CACHE_REINDEX_ROWS", 2000), ("CACHE_CHECK_APPENDS", 16),
-                        ("FOLD_ROWS", 100)):
-        monkeypatch.setattr(embed, name, value)
-    cache = EmbeddingCache(tmp_path / "cache", "fake:hash:8", 8)
-    rng = np.random.default_rng(3)
-    most_outside = 0
-    for i in range(12):
-        cache.put_many([f"w{i}-{j}" for j in range(1000)], rng.standard_normal((1000, 8)).astype(np.float32))
-        index = next((idx for idx in cache.table.list_indices() if idx.columns == ["content_hash"]), None)
-        outside = cache.table.count_rows() if index is None else index.num_unindexed_rows or 0
-        most_outside = max(most_outside, outside)
-    # Twelve appends, fewer than CACHE_CHECK_APPENDS: by appends alone nothing would be indexed.
-    assert index is not None
-    assert most_outside <= 2000 + 1000  # at most one threshold's worth plus the append that crossed it
-
-
 def test_small_appends_wait_in_a_side_table_and_move_to_the_cache_in_bulk(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
