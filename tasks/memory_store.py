@@ -228,14 +228,22 @@ def read_rows(table: Table, column: str, values: Iterable[str], columns: list[st
 def store_sessions(sessions: Table, rows: pa.Table, where: str, cache: EmbeddingCache,
                    embedder: Embedder | None = None) -> StoreResult:
     """SESSIONS rows of the touched sessions -> the lake, replacing every stored segment of them
-    (a re-split session may have fewer); with an `embedder`, small writes are embedded first."""
+    (a re-split session may have fewer); with an `embedder`, small writes are embedded first.
+
+    Delete and append (two commits): a merge by id that also deleted the sessions' other segments
+    joined the whole table (20,000 sessions: 20 ms and up to +0.1 GB a batch of 5, against 11 ms
+    and ~2 MB). A reader between the two misses these sessions for a moment; a crash there leaves
+    them in the touched journal, and the next run summarizes them again.
+    """
     encoded = 0
     if embedder is not None and embeds_inline(rows, embedder):
         rows, encoded = embed_rows(rows, SESSIONS_TABLE, cache, embedder)
     else:
         rows, _ = fill_from_cache(rows, cache)
-    (sessions.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
-     .when_not_matched_by_source_delete(where).execute(rows, on_bad_vectors="null"))
+    if where:
+        sessions.delete(where)
+    if rows.num_rows:
+        sessions.add(rows, on_bad_vectors="null")
     return StoreResult(rows.num_rows, 0, 0, _unembedded(rows, SESSIONS_TABLE, True), encoded)
 
 

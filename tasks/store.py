@@ -121,9 +121,10 @@ def upsert(
     that the batch no longer has are deleted: two commits, because a merge that also deletes by
     source joins against the whole table (on the 577k-chunk big repository, a one-file edit's merge
     took 0.53 s and +0.6 GB; an insert through the id index and a delete took 0.11 s and ~10 MB).
-    Between the two a reader may see a changed file's old and new chunks together; a crash there,
-    or between the chunks and FILES, leaves the batch in the run's journal, and the next run redoes
-    these paths (both steps are idempotent).
+    Between the two a reader may see a changed file's old and new chunks together, and while FILES
+    is replaced, a moment without these paths' rows; a crash there, or between the chunks and
+    FILES, leaves the batch in the run's journal, and the next run redoes these paths (every step
+    is idempotent).
     """
     if not paths:
         return UpsertResult(0, 0)
@@ -139,13 +140,11 @@ def upsert(
         gone = tables.chunks.delete(where + keep)
         deleted = int(gone.num_deleted_rows)  # type: ignore[attr-defined]  # set at run time; lancedb 0.40's stub lists `version` only
     with writing("the files table"):
-        (
-            tables.files.merge_insert(["source", "path"])
-            .when_matched_update_all()
-            .when_not_matched_insert_all()
-            .when_not_matched_by_source_delete(where)
-            .execute(files)
-        )
+        # Delete and append, as for the chunks: a merge by (source, path) joined the whole table
+        # (the big repository's 96k files: 62 ms and +42 MB for a 12-file edit, against 28 ms and +10 MB).
+        tables.files.delete(where)
+        if files.num_rows:
+            tables.files.add(files)
     return UpsertResult(inserted, deleted)
 
 

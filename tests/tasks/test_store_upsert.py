@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 
 from ctxlake.schemas.tables import FILES, chunks_schema
 from ctxlake.tasks.store import append_chunks, ensure_key_index, open_for_write, upsert
@@ -63,3 +64,20 @@ def test_an_upsert_inserts_new_ids_deletes_gone_ones_and_is_idempotent(tmp_path:
     # Every chunk of a file gone: its rows go, other files' stay.
     assert upsert.fn(tables, "project", _chunks([]), _files([]), ["a.py"]) == (0, 2)
     assert set(_rows(tables)) == {"c1"}
+
+
+def test_an_upsert_replaces_its_paths_file_rows_without_a_merge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FILES rows of the batch's paths are replaced (changed ones rewritten, removed ones gone) and
+    the others kept, without a merge by (source, path), which joins the whole table."""
+    tables = open_for_write(tmp_path / "lake", DIMS)
+    append_chunks(tables, _chunks([("a1", "a.py", "def a1"), ("b1", "b.py", "def b1"), ("c1", "c.py", "def c1")]),
+                  _files(["a.py", "b.py", "c.py"]))
+
+    def no_merge(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the files table was merged")
+
+    monkeypatch.setattr(tables.files, "merge_insert", no_merge)
+    changed = _files(["a.py"]).set_column(4, "hash", pa.array(["f-a.py-v2"]))
+    upsert.fn(tables, "project", _chunks([("a2", "a.py", "def a2")]), changed, ["a.py", "b.py"])
+    got = tables.files.search().select(["path", "hash"]).limit(None).to_arrow().to_pylist()
+    assert sorted((r["path"], r["hash"]) for r in got) == [("a.py", "f-a.py-v2"), ("c.py", "f-c.py")]
