@@ -93,33 +93,3 @@ def test_the_service_heap_keeps_two_arenas_however_many_threads_allocate() -> No
         arenas[mode] = sum(line.startswith("Arena ") for line in done.stderr.splitlines())
     assert 1 <= arenas["bound"] <= heap.MALLOC_ARENAS < arenas["free"], arenas
 
-
-MMAPPED = """
-import ctypes, sys
-from ctxlake.tasks.heap import bound_heap
-if sys.argv[1] == "bound" and not bound_heap():
-    sys.exit("bound_heap() did not apply")
-class Mallinfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-libc = ctypes.CDLL("libc.so.6")
-libc.malloc.restype = ctypes.c_void_p
-libc.free.argtypes = [ctypes.c_void_p]
-libc.mallinfo2.restype = Mallinfo2
-libc.free(libc.malloc(8 << 20))  # glibc's own rule raises its threshold to a freed block's size
-held = libc.malloc(4 << 20)  # a buffer the size of a big Arrow column, after that
-print(libc.mallinfo2().hblkhd >> 20)  # MiB in blocks mapped on their own
-"""
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's heap")
-def test_big_blocks_stay_in_their_own_mappings_once_the_heap_is_bound() -> None:
-    """What the service calls at start: a 4 MiB block is mapped on its own (and unmapped when
-    freed) even after an 8 MiB one was freed; unbound, glibc raises its threshold to 8 MiB and the
-    block comes from the heap, which keeps it when freed."""
-    mapped = {}
-    for mode in ("bound", "free"):
-        done = subprocess.run([sys.executable, "-c", MMAPPED, mode], capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, done.stderr
-        mapped[mode] = int(done.stdout.strip())
-    assert mapped == {"bound": 4, "free": 0}
