@@ -92,4 +92,3 @@ def test_the_service_heap_keeps_two_arenas_however_many_threads_allocate() -> No
         assert done.returncode == 0, done.stderr
         arenas[mode] = sum(line.startswith("Arena ") for line in done.stderr.splitlines())
     assert 1 <= arenas["bound"] <= heap.MALLOC_ARENAS < arenas["free"], arenas
-
