@@ -301,6 +301,8 @@ def run_eval(base: Settings, plan: EvalPlan, log: Log | None = None) -> EvalRepo
                             lake, task_query(task, plan.query), mode_all, where, dataclasses.replace(
                                 plan.options, squeeze_logs=options.squeeze_logs, semantic_title=options.semantic_title,
                                 import_neighbours=plan.options.import_neighbours or plan.ablate,
+                                prose_list=plan.options.prose_list or plan.ablate,
+                                title_symbols=plan.options.title_symbols or plan.ablate,
                                 cochange_neighbours=plan.options.cochange_neighbours or plan.ablate))
                         cache[retrieval] = (gathered, time.perf_counter() - t0)
                     evidence, gather_s = cache[retrieval]

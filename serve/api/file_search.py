@@ -19,7 +19,13 @@ from ctxlake.serve.api.queries import (
     keyword_rows,
     semantic_rows,
 )
-from ctxlake.serve.api.query_terms import MAX_ISSUE_CHARS, analyse, bound_query, query_title
+from ctxlake.serve.api.query_terms import (
+    MAX_ISSUE_CHARS,
+    analyse,
+    bound_query,
+    query_prose,
+    query_title,
+)
 from ctxlake.serve.api.ranking import (
     FileKey,
     RankOptions,
@@ -45,9 +51,11 @@ class FileEvidence:
 
     keyword: list[dict[str, Any]] = field(default_factory=list)  # BM25 (or fuzzy) over the whole query
     title: list[dict[str, Any]] = field(default_factory=list)  # BM25 over its first line
+    prose: list[dict[str, Any]] = field(default_factory=list)  # BM25 over its prose (tried)
     identifiers: list[dict[str, Any]] = field(default_factory=list)  # exact code-name occurrences
     semantic: list[dict[str, Any]] = field(default_factory=list)  # vector chunk rows
     symbol: dict[FileKey, float] = field(default_factory=dict)
+    title_symbol: dict[FileKey, float] = field(default_factory=dict)  # files defining the title's names
     path: dict[FileKey, float] = field(default_factory=dict)
     stem: dict[FileKey, float] = field(default_factory=dict)
     folder: dict[FileKey, float] = field(default_factory=dict)
@@ -80,6 +88,10 @@ def file_evidence(
         out.keyword = keyword_rows(lake, query, options.pool, where, squeeze=options.squeeze_logs)
         if options.title_list and title:
             out.title = keyword_rows(lake, title, options.pool, where)
+        if options.prose_list:
+            prose = query_prose(query)
+            if prose:
+                out.prose = keyword_rows(lake, prose, options.pool, where)
     if analysis is not None and options.identifier_list:
         names = [n for n, _ in analysis.identifiers.most_common(options.max_identifiers)]
         out.identifiers, warning = identifier_rows(lake, names, options.pool, where)
@@ -99,6 +111,8 @@ def file_evidence(
     if analysis is not None and (options.symbol_evidence or options.path_evidence or options.stem_evidence):
         catalog = lake.catalog(where)
         out.symbol = symbol_scores(analysis, catalog) if options.symbol_evidence else {}
+        if options.title_symbols and title:
+            out.title_symbol = symbol_scores(analyse(title), catalog)
         out.path = path_scores(analysis, catalog) if options.path_evidence else {}
         if options.stem_evidence:
             out.stem = stem_scores(analysis, catalog)
@@ -127,10 +141,14 @@ def fuse_files(evidence: FileEvidence, options: RankOptions) -> list[tuple[FileK
         lists.append((files(evidence.title), options.title_weight))
     if options.identifier_list:
         lists.append((files(evidence.identifiers), options.identifier_weight))
+    if options.prose_list:
+        lists.append((files(evidence.prose), options.prose_weight))
     k = options.rrf_k
     fused = rrf(lists, k)
     if options.symbol_evidence:
         add_bonus(fused, evidence.symbol, options.symbol_weight, options.symbol_scale, k)
+    if options.title_symbols:
+        add_bonus(fused, evidence.title_symbol, options.symbol_weight, options.symbol_scale, k)
     if options.path_evidence:
         add_bonus(fused, evidence.path, options.path_weight, options.path_scale, k)
     if options.stem_evidence:
@@ -152,7 +170,7 @@ def fuse_files(evidence: FileEvidence, options: RankOptions) -> list[tuple[FileK
 def best_chunks(evidence: FileEvidence) -> dict[FileKey, dict[str, Any]]:
     """Each file's best-scoring chunk across the chunk lists (what a file hit points at)."""
     best: dict[FileKey, dict[str, Any]] = {}
-    for rows in (evidence.keyword, evidence.title, evidence.identifiers, evidence.semantic):
+    for rows in (evidence.keyword, evidence.title, evidence.prose, evidence.identifiers, evidence.semantic):
         for rank, row in enumerate(rows):
             key = (row["source"], row["path"])
             if key not in best or rank < best[key]["_rank"]:

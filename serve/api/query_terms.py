@@ -160,6 +160,29 @@ def query_title(query: str) -> str | None:
     return lines[0]
 
 
+# A line of code, output or log rather than prose: a traceback frame, a prompt, an indented block,
+# or a line that is mostly punctuation.
+_CODE_LINE = re.compile(r'^(?:\s{4,}|\t|>>>|\.\.\.|\$ |In \[\d+\]|Out\[\d+\]|File "|Traceback )')
+
+
+def query_prose(query: str) -> str | None:
+    """The prose of an issue: its text without fenced code blocks and without lines that read as
+    code, output or a log. None when that leaves no words beyond the title."""
+    text = _CODE_FENCE.sub("\n", query)
+    kept = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped or _CODE_LINE.match(line):
+            continue
+        letters = sum(ch.isalpha() or ch.isspace() for ch in stripped)
+        if letters < 0.7 * len(stripped):
+            continue
+        kept.append(stripped)
+    if len(kept) < 2:
+        return None
+    return "\n".join(kept)
+
+
 def dotted_to_paths(name: str) -> list[str]:
     """Module paths a dotted name may live in, longest first: a.b.C.m -> a/b/C/m.py, a/b/C.py, a/b.py ...
 

@@ -57,6 +57,9 @@ class RankOptions:
     squeeze_logs: bool = False  # tried: drop repeated log lines from the keyword query
     file_sum_weight: float = 0.0  # tried: file score = best chunk + this share of its next chunks
     folder_share: float = 0.0  # tried: a folder named like a query word counts this much of a file name
+    prose_list: bool = False  # tried: BM25 of the prose (code blocks and log lines dropped) as a list
+    prose_weight: float = 1.0
+    title_symbols: bool = False  # tried: files defining the names the title mentions gain once more
     file_sum_chunks: int = 3
     rrf_k: int = 60
     keyword_weight: float = 1.0
@@ -97,6 +100,8 @@ class RankOptions:
             "+import_neighbours": {"import_neighbours": True},
             "+cochange": {"cochange_neighbours": True},
             "+title_boost": {"title_weight": 3.0},
+            "+prose_list": {"prose_list": True},
+            "+title_symbols": {"title_symbols": True},
         }
         if name not in changes:
             raise ValueError(f"unknown variant {name!r}; known: {', '.join(changes)}")
@@ -107,12 +112,13 @@ class RankOptions:
         return replace(self, title_list=False, semantic_title=False, identifier_list=False, symbol_evidence=False,
                        path_evidence=False, stem_evidence=False, test_weight=1.0, squeeze_logs=False,
                        file_sum_weight=0.0, folder_share=0.0, import_neighbours=False,
-                       cochange_neighbours=False)
+                       cochange_neighbours=False, prose_list=False, title_symbols=False)
 
 
 TECHNIQUES = ("title_list", "semantic_title", "identifier_list", "symbol_evidence", "path_evidence", "stem_evidence",
               "test_weight", "semantic")
-TRIED = ("squeeze_logs", "file_sum", "folder_names", "import_neighbours", "cochange", "title_boost")
+TRIED = ("squeeze_logs", "file_sum", "folder_names", "import_neighbours", "cochange", "title_boost", "prose_list",
+         "title_symbols")
 VARIANTS = tuple(f"-{t}" for t in TECHNIQUES) + tuple(f"+{t}" for t in TRIED)
 
 

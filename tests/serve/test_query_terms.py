@@ -8,6 +8,7 @@ from ctxlake.serve.api.query_terms import (
     dotted_to_paths,
     is_code_identifier,
     normalise_path,
+    query_prose,
     squeeze_repeats,
 )
 
@@ -58,6 +59,15 @@ def test_repeated_log_lines_are_squeezed() -> None:
     squeezed = squeeze_repeats("intro\n" + log + "\nthe real problem is ignore-paths")
     assert squeezed.count("R2044") == 2
     assert squeezed.startswith("intro") and squeezed.endswith("ignore-paths")
+
+
+def test_prose_drops_code_blocks_prompts_and_log_lines() -> None:
+    prose = query_prose(ISSUE + "\n>>> s.get(url)\n    indented = code()\n{'a': [1, 2], 'b': (3, 4)}\nIt fails on 2.7 too.\n")
+    assert prose is not None
+    assert prose.startswith("`Session.resolve_redirects` copies") and prose.endswith("It fails on 2.7 too.")
+    assert "Traceback" not in prose and "socket.error" not in prose and "self.content" not in prose
+    assert ">>>" not in prose and "indented" not in prose and "{'a'" not in prose
+    assert query_prose("one title line\n```\ncode only\n```") is None
 
 
 def test_code_identifier_shapes() -> None:

@@ -140,3 +140,21 @@ def test_cochange_partners_of_the_top_files_gain() -> None:
     # a (rank 1) has one partner; b (rank 2) shares 1/2 between two, each scaled by its strength
     assert got == pytest.approx({c: 0.5 + 0.25 / 2 / math.sqrt(2), d: 0.75 / 2 / math.sqrt(2)})
     assert cochange_scores(fused, {}, hits=2) == {}
+
+
+def test_prose_list_and_title_symbols_count_only_when_switched_on() -> None:
+    from ctxlake.serve.api.file_search import FileEvidence, fuse_files
+
+    a, b = (P, "a.py"), (P, "b.py")
+    row = {"source": P, "start_line": 1, "end_line": 2, "symbol": None}
+    evidence = FileEvidence(keyword=[{**row, "path": "a.py", "_rank_score": 2.0}],
+                            prose=[{**row, "path": "b.py", "_rank_score": 3.0},
+                                   {**row, "path": "a.py", "_rank_score": 1.0}],
+                            title_symbol={b: 50.0})
+    off = RankOptions(title_list=False, identifier_list=False, semantic_weight=0.0)
+    assert [key for key, _ in fuse_files(evidence, off)] == [a]
+    prose = dict(fuse_files(evidence, off.variant("+prose_list")))
+    k = off.rrf_k
+    assert prose == pytest.approx({a: 1 / (k + 1) + 1 / (k + 2), b: 1 / (k + 1)})
+    named = dict(fuse_files(evidence, off.variant("+title_symbols")))
+    assert named[b] == pytest.approx(50 / 55 / (k + 1)) and named[a] == pytest.approx(1 / (k + 1))
