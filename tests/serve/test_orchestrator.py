@@ -15,7 +15,7 @@ from memlogs import claude, write_jsonl
 
 from ctxlake.schemas.config import load_settings
 from ctxlake.schemas.trust import trust
-from ctxlake.serve.service.orchestrator import Orchestrator, healthy
+from ctxlake.serve.service.orchestrator import SERVER_NICE, Orchestrator, healthy
 from ctxlake.serve.service.schedules import drop_missed_runs, pause_schedule, set_schedule
 
 CONFIG = """
@@ -86,6 +86,9 @@ def test_server_starts_and_serves_default_deployments(service: tuple[Orchestrato
     assert orch.api_url and healthy(orch.api_url)
     assert os.environ["PREFECT_API_URL"] == orch.api_url
     print(f"prefect server start: {orch.server_start_s:.1f} s")
+    # The server and whatever it started yield the CPU to the service's queries.
+    server = psutil.Process(orch._server.pid)
+    assert {p.nice() for p in [server, *server.children(recursive=True)]} == {min(19, os.nice(0) + SERVER_NICE)}
     names = {s["name"]: s for s in orch.schedules()}
     assert names["ingest_conversations"]["kind"] == "interval"
     assert names["ingest_conversations"]["spec"] == "3600s"
