@@ -55,7 +55,8 @@ class FreshnessCache:
 
     In the service, a project its watcher follows needs no watcher of its own per session (ten
     sessions were ten inotify walks of the tree): the scan is redone when that watcher's state
-    moves, and costs a lookup then (serve/api/watched.py)."""
+    moves, and costs a lookup then (serve/api/watched.py). A project it does not follow gets one
+    cache, one watcher and one first scan for all the sessions open on it (`shared_freshness`)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -68,6 +69,8 @@ class FreshnessCache:
         self._scanning = 0
         self._scanned = threading.Event()  # set once the first scan has finished
         self._followed: tuple[int, frozenset[str]] | None = None  # the service watcher's state at the last scan
+        self._began = False
+        self._users = 0  # sessions sharing this cache (shared_freshness)
 
     def get(self) -> Freshness:
         max_age = self.settings.mcp.stale_check_s
@@ -109,6 +112,17 @@ class FreshnessCache:
                 self._scanning -= 1
             self._refreshing = False
 
+    def begin(self) -> None:
+        """Watch the project and scan it once, on daemon threads; later calls do nothing.
+
+        Watch first, so that no change slips in between the first scan and the watch."""
+        with self._lock:
+            if self._began:
+                return
+            self._began = True
+        threading.Thread(target=self.watch, name="ctx-watch", daemon=True).start()
+        threading.Thread(target=self.rescan, name="ctx-first-scan", daemon=True).start()
+
     def watch(self) -> None:
         """Mark the scan dirty on every change under the root (run on a daemon thread)."""
         try:
@@ -131,6 +145,35 @@ class FreshnessCache:
         self._stop.set()
 
 
+# One freshness cache per project and settings for the sessions of this process (the service hosts
+# many), with the number of sessions using it; the last one to close stops its watcher.
+_caches: dict[str, FreshnessCache] = {}
+_caches_lock = threading.Lock()
+
+
+def shared_freshness(settings: Settings) -> FreshnessCache:
+    """The freshness cache of `settings`' project that this process's sessions share."""
+    key = settings.model_dump_json()
+    with _caches_lock:
+        fresh = _caches.get(key)
+        if fresh is None:
+            fresh = _caches[key] = FreshnessCache(settings)
+        fresh._users += 1
+        return fresh
+
+
+def release_freshness(fresh: FreshnessCache) -> None:
+    """A session is done with its cache; the last one stops the watcher."""
+    with _caches_lock:
+        fresh._users -= 1
+        if fresh._users > 0:
+            return
+        for key, cached in list(_caches.items()):
+            if cached is fresh:
+                del _caches[key]
+    fresh.stop()
+
+
 def _service_watch(root: Path) -> tuple[int, frozenset[str]] | None:
     """The service watcher's state of `root` (None: not watched); imported on first use, as the
     freshness check itself is."""
@@ -147,7 +190,8 @@ class ServerState:
         self.settings = settings
         self.options = options
         self.docs = DocsReader(settings.root, settings.docs, settings.mcp.max_response_chars)
-        self.fresh = FreshnessCache(settings)
+        self.fresh = shared_freshness(settings)
+        self._closed = False
         self._lake: Future[Lake] = Future()
         self._lake_lock = threading.Lock()
         self._started = False
@@ -164,10 +208,8 @@ class ServerState:
     def _warm_up(self) -> None:
         watching = self.settings.mcp.stale_check_s > 0 and self.settings.lake_dir.is_dir()
         if watching and _service_watch(self.settings.root) is None:
-            # Watch first, so that no change slips in between the first scan and the watch; the
-            # scan (stat calls, mostly outside the GIL) runs while lancedb imports.
-            threading.Thread(target=self.fresh.watch, name="ctx-watch", daemon=True).start()
-            threading.Thread(target=self.fresh.rescan, name="ctx-first-scan", daemon=True).start()
+            # The scan (stat calls, mostly outside the GIL) runs while lancedb imports.
+            self.fresh.begin()
         self._open()
         if self._lake.exception() is None:
             from ctxlake.serve.api.queries import embedded_fraction, keyword_rows
@@ -222,7 +264,11 @@ class ServerState:
         return self.fresh.rescan()
 
     def close(self) -> None:
-        self.fresh.stop()
+        with self._lake_lock:
+            if self._closed:
+                return
+            self._closed = True
+        release_freshness(self.fresh)
 
 
 def tool_errors(fn: Callable[P, R]) -> Callable[P, R]:

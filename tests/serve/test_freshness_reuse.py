@@ -124,3 +124,45 @@ def test_an_mcp_session_follows_the_service_watcher_instead_of_its_own(
         time.sleep(0.05)
     assert state.freshness().stale_paths == ["app.py"]
     state.close()
+
+
+def test_sessions_on_a_project_nothing_watches_share_one_watcher(
+        make_repo: Callable[..., Path], cli: Callable[..., Any], fake_embedder: Any, watcher: dict[str, Any]) -> None:
+    repo = make_repo({"app.py": "def alpha():\n    return 1\n"})
+    index(cli, repo, watcher)
+    watcher["watched"] = False  # the service does not follow this project: the sessions watch it
+
+    def watchers() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name == "ctx-watch"}
+
+    before = watchers()
+    sessions = [ServerState(load_settings(repo), ServeOptions()) for _ in range(3)]
+    for state in sessions:
+        state.start()
+        state.lake()
+    assert len({id(state.fresh) for state in sessions}) == 1
+    deadline = time.monotonic() + 30
+    while len(watchers() - before) < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    started = watchers() - before
+    assert len(started) == 1, f"{len(started)} watchers for three sessions"
+    assert all(state.freshness().up_to_date for state in sessions)
+
+    (repo / "app.py").write_text("def alpha():\n    return 2\n")  # seen by the one watcher, for all
+    deadline = time.monotonic() + 30
+    while sessions[2].freshness().up_to_date and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [state.freshness().stale_paths for state in sessions] == [["app.py"]] * 3
+
+    sessions[0].close()
+    sessions[0].close()  # twice: still one release
+    time.sleep(0.5)
+    assert all(t.is_alive() for t in started), "the others still use the watcher"
+    for state in sessions[1:]:
+        state.close()
+    for thread in started:
+        thread.join(timeout=10)
+    assert not any(t.is_alive() for t in started), "the last session to close stops the watcher"
+    fresh = ServerState(load_settings(repo), ServeOptions())
+    assert fresh.fresh is not sessions[0].fresh  # a later session starts anew
+    fresh.close()
