@@ -130,8 +130,14 @@ def run(argv: list[str]) -> int:
         return int(reply.get("code", 1))
     out, err = str(reply.get("stdout", "")), str(reply.get("stderr", ""))
     if out:
-        sys.stdout.write(out)
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(out)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            # The reader went away (`| head`, `| grep -q`): end quietly with 1, as the in-process
+            # path does (click's rule), and never with a traceback.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush stays quiet
+            return 1
     if err:
         sys.stderr.write(err)
         sys.stderr.flush()

@@ -506,3 +506,20 @@ def test_the_clients_terminal_width_is_the_one_shutil_tells(monkeypatch: pytest.
     for unset in ("0", "wide"):
         monkeypatch.setenv("COLUMNS", unset)
         assert terminal_columns() == shutil.get_terminal_size(fallback=(80, 24)).columns
+
+
+@pytest.mark.parametrize("through", ["service", "in-process"])
+def test_a_reader_that_closes_the_pipe_early_ends_the_command_quietly(indexed: Path, service: Path,
+                                                                     through: str) -> None:
+    if through == "in-process":
+        assert ctx("down", cwd=indexed).returncode == 0
+    # The reader closes its end before the command writes: the write gets EPIPE.
+    reader_r, reader_w = os.pipe()
+    os.close(reader_r)
+    try:
+        done = subprocess.run([CTX, "search", "invoice total", "--json"], cwd=indexed, stdout=reader_w,
+                              stderr=subprocess.PIPE, text=True, timeout=120, check=False)
+    finally:
+        os.close(reader_w)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
