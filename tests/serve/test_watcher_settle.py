@@ -113,6 +113,22 @@ def test_the_watcher_optimizes_the_fragmented_lake_once_quiet(
     assert hits and hits[0].path == "src/billing/refund.py"
 
 
+def test_one_batch_is_optimized_once_the_project_has_been_idle(
+        watching: tuple[Path, ProjectWatcher], monkeypatch: pytest.MonkeyPatch) -> None:
+    repo, watcher = watching
+    monkeypatch.setattr(watchers, "OPTIMIZE_IDLE_S", 2.0)  # OPTIMIZE_AFTER_BATCHES stays at 24
+    settings = load_settings(repo)
+    (repo / "src" / "billing" / "refund.py").write_text("def refund_once():\n    return 1\n")
+    wait_for(lambda: watcher.batches >= 1 and not watcher.pending, 60, "the batch")
+    assert not watcher.optimize_due  # one batch is far from the busy-lake rule
+    wait_for(lambda: watcher.unoptimized_batches == 0, 30, "the idle-time optimize")
+    state = IndexState.read(settings.lake_dir)
+    assert state is not None and state.unoptimized_rows == 0
+    assert _unindexed(settings.lake_dir) == 0
+    hits = queries.search(queries.Lake(settings), "refund_once", mode="keyword").hits
+    assert hits and hits[0].path == "src/billing/refund.py"
+
+
 def test_a_watcher_batch_resolves_imports_against_the_whole_project(watching: tuple[Path, ProjectWatcher]) -> None:
     from ctxlake.tasks.graph_store import IMPORTS_TABLE
     from ctxlake.tasks.lake import connect
