@@ -167,3 +167,15 @@ def test_the_cache_upkeep_of_a_batch_runs_after_readers_may_go_on(
     assert not any(during_batch), during_batch
     assert _found(queries.search(queries.Lake(load_settings(repo)), "upkeep_after_the_batch", mode="keyword",
                                  check_stale=False), "upkeep_after_the_batch")
+
+
+def test_a_big_project_keeps_to_the_batch_rule_when_idle(
+        watching: tuple[Path, ProjectWatcher], monkeypatch: pytest.MonkeyPatch) -> None:
+    repo, watcher = watching
+    monkeypatch.setattr(watchers, "OPTIMIZE_IDLE_S", 1.0)
+    monkeypatch.setattr(watchers, "OPTIMIZE_IDLE_MAX_FILES", 2)  # this project counts as big
+    (repo / "src" / "billing" / "refund.py").write_text("def refund_big():\n    return 1\n")
+    wait_for(lambda: watcher.batches >= 1 and not watcher.pending, 60, "the batch")
+    time.sleep(3)  # idle for three times OPTIMIZE_IDLE_S
+    assert watcher.unoptimized_batches == 1 and not watcher.optimize_due
+    assert _unindexed(load_settings(repo).lake_dir) > 0
