@@ -19,6 +19,9 @@ _DOTTED = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?![\w(]*\.\w)
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _CODE_FENCE = re.compile(r"```.*?(?:```|\Z)", re.S)
 _BACKTICKS = re.compile(r"`([^`\n]{1,200})`")
+# A line of code, output or log rather than prose: a prompt, an indented block, a traceback (the
+# mostly-punctuation lines are left out by query_prose itself).
+_CODE_LINE = re.compile(r'^(?:\s{4,}|\t|>>>|\.\.\.|\$ |In \[\d+\]|Out\[\d+\]|File "|Traceback )')
 # The lookbehind starts a match only at a word's first character and the possessive quantifiers
 # never give characters back: without them a 200,000-character word took minutes (quadratic).
 _CALL = re.compile(r"(?<!\w)([A-Za-z_]\w*+)\s*+\(")
@@ -158,11 +161,6 @@ def query_title(query: str) -> str | None:
     if len(lines) < 2 or len(lines[0].split()) < 2:
         return None
     return lines[0]
-
-
-# A line of code, output or log rather than prose: a traceback frame, a prompt, an indented block,
-# or a line that is mostly punctuation.
-_CODE_LINE = re.compile(r'^(?:\s{4,}|\t|>>>|\.\.\.|\$ |In \[\d+\]|Out\[\d+\]|File "|Traceback )')
 
 
 def query_prose(query: str) -> str | None:
