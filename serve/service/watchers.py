@@ -8,6 +8,8 @@ per batch so a `ctx run index` elsewhere and the watcher never write at once.
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -39,10 +41,12 @@ OPTIMIZE_QUIET_S = 3.0
 # CPU instead of 6.3 (5.3 once optimized, which took 2.2 s there), so waiting for 24 batches left
 # a lightly edited lake twice as dear to query for as long as it stayed that way.
 OPTIMIZE_IDLE_S = 30.0
-# Measured on django (5,306 files): the idle optimize takes 2-4 s. Not measured on bigger trees,
-# where it holds the writer lock longer (an edit landing then waits): past this many files only
-# the batch and row counts above make a watcher optimize.
+# Measured on django (5,306 files): the idle optimize takes 2-4 s. On the 100,000-file tree one
+# optimize after a one-file edit took 62-256 s and 2.2-2.5 GB (README "One big repository"): past
+# this many files only the batch and row counts above make a watcher optimize, and it runs in a
+# child process, so the service neither holds that memory afterwards nor runs it on its interpreter.
 OPTIMIZE_IDLE_MAX_FILES = 20_000
+CHILD_NICE = 10  # as the service's whole-tree index runs: a big optimize yields the CPU to queries
 # What the watchers' hold on a lake's writer lock says (the service tells them from other writers).
 WATCHER_PURPOSE = "ctx service watcher"
 
@@ -220,29 +224,59 @@ class ProjectWatcher(threading.Thread):
 
     def _optimize(self, settings: Any) -> None:
         """Optimize the project's lake while nothing else writes it (see OPTIMIZE_AFTER_BATCHES);
-        a writer holding the lake just now makes this wait for the next quiet second."""
-        from ctxlake.errors import LockBusyError
-        from ctxlake.tasks.graph_store import open_graph, optimize_graph
-        from ctxlake.tasks.lake import IndexState, WriterLock
-        from ctxlake.tasks.store import open_for_write, optimize
-
-        try:
-            lock = WriterLock(settings.lake_dir, purpose=f"{WATCHER_PURPOSE} (optimize)").acquire()
-        except LockBusyError:
-            return
-        try:
-            state = IndexState.read(settings.lake_dir)
-            if state is None or not state.clean:  # a run is half done: it optimizes as it ends
+        a writer holding the lake just now makes this wait for the next quiet second. A big
+        project's optimize runs in a child process (OPTIMIZE_IDLE_MAX_FILES)."""
+        dims = self.engine.embedder(settings).dims
+        started = time.perf_counter()
+        big = self._tree is not None and len(self._tree[1].entries) > OPTIMIZE_IDLE_MAX_FILES
+        if big:
+            code = (f"import os, sys\nos.nice({CHILD_NICE})\n"
+                    "from ctxlake.serve.service.watchers import optimize_lake\n"
+                    "sys.exit(0 if optimize_lake(sys.argv[1], int(sys.argv[2])) else 3)")
+            try:
+                done = subprocess.run([sys.executable, "-c", code, str(settings.lake_dir), str(dims)],
+                                      capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
+            except OSError as exc:  # no process left to start: the next quiet second tries again
+                self.log(f"could not start the optimize of {self.root}: {exc}")
                 return
-            started = time.perf_counter()
-            optimize(open_for_write(settings.lake_dir, self.engine.embedder(settings).dims))
-            optimize_graph(open_graph(settings.lake_dir))
-            state.unoptimized_rows = 0
-            state.write(settings.lake_dir)
+            if done.returncode not in (0, 3):
+                # Counted as done: a child that fails would otherwise start again every quiet second.
+                self.unoptimized_batches, self.optimize_due = 0, False
+                self.log(f"the optimize of {self.root} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+                return
+            optimized = done.returncode == 0
+        else:
+            optimized = optimize_lake(settings.lake_dir, dims)
+        if optimized:
             self.unoptimized_batches, self.optimize_due = 0, False
-            self.log(f"optimized the lake of {self.root} in {time.perf_counter() - started:.1f} s")
-        finally:
-            lock.release()
+            where = " in a child process" if big else ""
+            self.log(f"optimized the lake of {self.root}{where} in {time.perf_counter() - started:.1f} s")
+
+
+def optimize_lake(lake_dir: Path | str, dims: int) -> bool:
+    """Optimize a project's lake (chunks, files, graph) under its writer lock; False when another
+    writer holds the lock or a run is half done (it optimizes as it ends)."""
+    from ctxlake.errors import LockBusyError
+    from ctxlake.tasks.graph_store import open_graph, optimize_graph
+    from ctxlake.tasks.lake import IndexState, WriterLock
+    from ctxlake.tasks.store import open_for_write, optimize
+
+    lake = Path(lake_dir)
+    try:
+        lock = WriterLock(lake, purpose=f"{WATCHER_PURPOSE} (optimize)").acquire()
+    except LockBusyError:
+        return False
+    try:
+        state = IndexState.read(lake)
+        if state is None or not state.clean:
+            return False
+        optimize(open_for_write(lake, dims))
+        optimize_graph(open_graph(lake))
+        state.unoptimized_rows = 0
+        state.write(lake)
+        return True
+    finally:
+        lock.release()
 
 
 class Watchers:

@@ -19,6 +19,7 @@ from ctxlake.serve.api import queries, watched
 from ctxlake.serve.service import watchers
 from ctxlake.serve.service.engine import EngineCache
 from ctxlake.serve.service.watchers import ProjectWatcher, imports_ready
+from ctxlake.tasks import store
 from ctxlake.tasks.lake import IndexState, WriterLock
 from ctxlake.tasks.store import open_for_write
 
@@ -179,3 +180,25 @@ def test_a_big_project_keeps_to_the_batch_rule_when_idle(
     time.sleep(3)  # idle for three times OPTIMIZE_IDLE_S
     assert watcher.unoptimized_batches == 1 and not watcher.optimize_due
     assert _unindexed(load_settings(repo).lake_dir) > 0
+
+
+def test_a_big_project_is_optimized_in_a_child_process(
+        watching: tuple[Path, ProjectWatcher], monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the 100,000-file tree one optimize took minutes and 2.2-2.5 GB: a big project's runs in a
+    child, so the service's process never runs it (here, doing so would raise)."""
+    repo, watcher = watching
+    monkeypatch.setattr(watchers, "OPTIMIZE_IDLE_MAX_FILES", 2)  # this project counts as big
+    monkeypatch.setattr(watchers, "OPTIMIZE_AFTER_BATCHES", 1)  # one batch makes it due
+    monkeypatch.setattr(watchers, "OPTIMIZE_QUIET_S", 0.5)
+
+    def in_this_process(*_: Any, **__: Any) -> None:
+        raise AssertionError("the service's own process optimized a big project's lake")
+
+    monkeypatch.setattr(store, "optimize", in_this_process)
+    (repo / "src" / "billing" / "refund.py").write_text("def refund_in_child():\n    return 1\n")
+    wait_for(lambda: watcher.batches >= 1 and not watcher.pending, 60, "the batch")
+    wait_for(lambda: watcher.unoptimized_batches == 0 and not watcher.optimize_due, 120, "the optimize")
+    lake = load_settings(repo).lake_dir
+    assert _unindexed(lake) == 0
+    state = IndexState.read(lake)
+    assert state is not None and state.unoptimized_rows == 0
