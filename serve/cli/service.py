@@ -13,6 +13,7 @@ import typer
 
 from ctxlake.errors import InputError, LakeError
 from ctxlake.serve.service import lifecycle
+from ctxlake.serve.service.client import SILENT_SERVICE_ENV
 from ctxlake.serve.service.paths import service_paths
 
 
@@ -20,7 +21,8 @@ def service_status() -> dict[str, Any]:
     """What `ctx status` shows about the service: up/down, pid, uptime, RSS, projects, schedules."""
     paths = service_paths()
     # A listening service answers even when loaded; only a missing socket means down.
-    info = lifecycle.ping(paths, timeout=1.0, reply_timeout=15.0)
+    silent = os.environ.get(SILENT_SERVICE_ENV) == "1"  # it just left this command unanswered
+    info = None if silent else lifecycle.ping(paths, timeout=1.0, reply_timeout=15.0)
     if info is None:
         if lifecycle.lock_is_held(paths):  # alive (holds its lock) but did not answer in time
             return {"up": True, "answering": False, "socket": str(paths.socket)}
@@ -35,7 +37,7 @@ def print_service_status() -> None:
         typer.echo("Service: down (commands run in-process; `ctx up` starts it)")
         return
     if st.get("answering") is False:
-        typer.echo(f"Service: up, but it did not answer within 15 s (busy; see {service_paths().log})")
+        typer.echo(f"Service: up, but it did not answer in time (stopped or busy; see {service_paths().log})")
         return
     mib = st.get("rss_bytes", 0) / 2**20
     typer.echo(f"Service: up, pid {st['pid']}, uptime {_duration(st.get('uptime_s', 0))}, RSS {mib:.0f} MiB, "

@@ -20,6 +20,8 @@ from ctxlake.serve.service.protocol import forwarded_env
 # Run in this process whatever the service state: they manage the service, hold the user's
 # terminal, or are the long-lived process themselves.
 LOCAL_COMMANDS = frozenset({"up", "down", "chat", "ask", "ui"})  # ui: opens this user's browser, may serve in the foreground
+# Set for an in-process run after the service did not answer: `ctx status` says so at once.
+SILENT_SERVICE_ENV = "CTX_SERVICE_SILENT"
 # Interactive unless told not to ask.
 ASKS_UNLESS = {"clean": ("-y", "--yes"), "init": ("-y", "--yes")}
 
@@ -93,10 +95,17 @@ def request(argv: list[str], cwd: str) -> dict[str, Any]:
 
 
 def forward(sock: socket.socket, message: dict[str, Any]) -> dict[str, Any]:
+    """The service's answer to `message`. A command may run for minutes (`ctx run index`): the
+    service says it is at work every few seconds, and silence (a stopped or hung service) ends
+    the wait with TimeoutError instead of holding the user, or an agent's hook, for ever."""
     with sock:
-        sock.settimeout(None)  # `ctx run index` may take minutes; the service answers or dies
+        sock.settimeout(protocol.FIRST_REPLY_S)
         protocol.send(sock, message)
-        return protocol.recv(sock)
+        while True:
+            reply = protocol.recv(sock)
+            if reply.get("op") not in ("accepted", "working"):
+                return reply
+            sock.settimeout(protocol.SILENCE_S)
 
 
 def run(argv: list[str]) -> int:
@@ -119,6 +128,11 @@ def run(argv: list[str]) -> int:
         return in_process(argv)
     try:
         reply = forward(sock, request(argv, cwd))
+    except TimeoutError:
+        print(f"ctx: the service (socket {paths.socket}) did not answer in time: stopped or overloaded "
+              f"(see {paths.log}); running here instead.", file=sys.stderr)
+        os.environ[SILENT_SERVICE_ENV] = "1"  # `ctx status` then reports it without asking again
+        return in_process(argv)
     except (OSError, protocol.ProtocolError) as exc:
         print(f"ctx: the service stopped answering ({exc.__class__.__name__}); running here instead.",
               file=sys.stderr)

@@ -316,7 +316,10 @@ class Service:
             protocol.send(conn, {"op": "stopping", "pid": os.getpid()})
             self.stopping.set()
         elif op == "cli":
-            protocol.send(conn, self.run_cli(message))
+            protocol.send(conn, {"op": "accepted"})
+            with protocol.heartbeat(conn):
+                answer = self.run_cli(message)
+            protocol.send(conn, answer)
         elif op == "watch":
             added = [self.register(Path(p)) for p in message.get("paths", [])]
             protocol.send(conn, {"op": "ok", "watching": added})

@@ -9,9 +9,19 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 MAX_FRAME = 64 * 1024 * 1024  # an answer carries a command's whole output; 64 MiB bounds garbage
+# A `cli` request is answered by an `accepted` frame at once, then a `working` frame every
+# HEARTBEAT_S while the command runs, then its result. A client that hears nothing for
+# FIRST_REPLY_S, then SILENCE_S between frames, takes the service for stopped or hung (SIGSTOP,
+# a deadlock) and runs the command itself instead of waiting for ever.
+HEARTBEAT_S = 5.0
+FIRST_REPLY_S = 10.0
+SILENCE_S = 30.0
 _HEADER = struct.Struct(">I")
 PROTOCOL_VERSION = 1
 
@@ -54,6 +64,28 @@ def recv(sock: socket.socket) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise ProtocolError("frame is not a JSON object")
     return message
+
+
+@contextmanager
+def heartbeat(sock: socket.socket, every: float = HEARTBEAT_S) -> Iterator[None]:
+    """A `working` frame on `sock` every `every` seconds while the block runs (from a thread, which
+    has stopped when the block ends: the frame that follows is the last one)."""
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(every):
+            try:
+                send(sock, {"op": "working"})
+            except OSError:  # the client went away; the command still finishes
+                return
+
+    thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def connect(path: str, timeout: float | None = 2.0) -> socket.socket:

@@ -233,6 +233,23 @@ def test_kill_9_falls_back_then_up_recovers(indexed: Path, service: Path) -> Non
     assert ctx("search", "invoice", "--json", cwd=indexed).returncode == 0
 
 
+def test_a_stopped_service_holds_no_command(indexed: Path, service: Path) -> None:
+    """SIGSTOP: the socket still accepts, nothing answers. Commands (and `ctx status`, which a
+    session hook runs too) say so and run in their own process instead of waiting for ever."""
+    pid = service_pid(service)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        found = ctx("search", "invoice", "--json", cwd=indexed, timeout=90)
+        assert found.returncode == 0 and json.loads(found.stdout)["hits"], found.stderr
+        assert "did not answer in time" in found.stderr
+        status = ctx("status", cwd=indexed, timeout=90)
+        assert "Service: up, but it did not answer in time" in status.stdout, status.stdout + status.stderr
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert ctx("search", "invoice", "--json", cwd=indexed).returncode == 0
+    assert service_pid(service) == pid
+
+
 def test_two_concurrent_ups_start_one_service(indexed: Path, ctx_home: Path) -> None:
     procs = [subprocess.Popen([CTX, "up"], cwd=indexed, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
