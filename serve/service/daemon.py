@@ -498,7 +498,8 @@ class Service:
             self._cli_lock.release()
 
     def _index_root(self, argv: list[str]) -> Path | None:
-        """The project a `ctx run index` argv names (resolved from the request's folder)."""
+        """The project a `ctx run index` argv names (resolved from the request's folder) as the run
+        resolves it: a project's first run has no .ctx/ yet, and its root is still known."""
         if argv[:2] != ["run", "index"]:
             return None
         from ctxlake.schemas.config import resolve_root
@@ -513,7 +514,7 @@ class Service:
             elif not arg.startswith("-"):
                 positional.append(arg)
         try:
-            return resolve_root(Path(positional[0]) if positional else None, for_write=False)
+            return resolve_root(Path(positional[0]) if positional else None, for_write=True)
         except Exception:
             return None
 

@@ -192,6 +192,17 @@ def test_the_first_run_of_an_unwatched_project_runs_in_a_child_then_runs_stay(in
     assert service_pid(service) == pid
 
 
+def test_a_projects_first_run_without_a_path_is_watched_after(
+        make_repo: Callable[..., Path], indexed: Path, service: Path) -> None:
+    """`ctx run index` in a new project (no .ctx/ yet, no path given) through the service: once it
+    succeeds the project is watched, like one named by its path."""
+    fresh = make_repo({"tool.py": "def sharpen_the_pencil():\n    return 1\n"}, name="fresh")
+    assert not (fresh / ".ctx").exists()
+    assert ctx("run", "index", cwd=fresh).returncode == 0
+    watching = json.loads(ctx("status", "--json", cwd=fresh).stdout)["service"]["watching"]
+    assert str(fresh.resolve()) in watching, watching
+
+
 def test_thin_client_imports_nothing_heavy(indexed: Path, service: Path) -> None:
     run = subprocess.run([sys.executable, "-X", "importtime", "-m", "ctxlake.serve.service.client", "search",
                           "invoice"], cwd=indexed, capture_output=True, text=True, timeout=60, check=False)
