@@ -121,6 +121,7 @@ def stop(paths: ServicePaths, timeout_s: float = 30.0) -> int | None:
     except (OSError, protocol.ProtocolError):
         pass
     if not answered and not lock_is_held(paths):
+        reap_prefect_server(paths)  # no service, perhaps a server a killed one left
         return None
     deadline = time.monotonic() + timeout_s
     sig = signal.SIGTERM
@@ -137,7 +138,48 @@ def stop(paths: ServicePaths, timeout_s: float = 30.0) -> int | None:
     # The lock is released just before the process exits: wait for the exit itself.
     while pid is not None and _alive(pid) and time.monotonic() < deadline + 10.0:
         time.sleep(0.05)
+    if not lock_is_held(paths):
+        reap_prefect_server(paths)  # a service killed here had no chance to stop its server
     return pid
+
+
+def record_prefect_server(paths: ServicePaths, pid: int) -> None:
+    """Note the Prefect server just started (0600), for reap_prefect_server."""
+    import psutil
+
+    tmp = paths.prefect_server.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"pid": pid, "started": psutil.Process(pid).create_time()}), encoding="utf-8")
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, paths.prefect_server)
+
+
+def reap_prefect_server(paths: ServicePaths, grace_s: float = 10.0) -> int | None:
+    """Stop the Prefect server a service started and did not stop (it died by kill -9, or was
+    killed by `ctx down` while it hung): the server leads its own session, so the signal to the
+    service's group missed it, and each `ctx up` after would have left one more. Only the process
+    recorded (same pid and start time, a `prefect server` command line) is stopped. Returns its pid
+    when one was stopped."""
+    import psutil
+
+    try:
+        record = json.loads(paths.prefect_server.read_text(encoding="utf-8"))
+        pid, started = int(record["pid"]), float(record["started"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    stopped = None
+    try:
+        server = psutil.Process(pid)
+        if abs(server.create_time() - started) < 1.0 and "prefect" in " ".join(server.cmdline()):
+            os.killpg(pid, signal.SIGTERM)
+            stopped = pid
+            try:
+                server.wait(grace_s)
+            except psutil.TimeoutExpired:
+                os.killpg(pid, signal.SIGKILL)
+    except (psutil.Error, ProcessLookupError, PermissionError):
+        pass  # gone already, or a pid reused by someone else's process: nothing of ours to stop
+    paths.prefect_server.unlink(missing_ok=True)
+    return stopped
 
 
 def _alive(pid: int) -> bool:

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from ctxlake.errors import CtxError
 from ctxlake.schemas.config import Settings
+from ctxlake.serve.service.lifecycle import reap_prefect_server, record_prefect_server
+from ctxlake.serve.service.paths import ServicePaths
 
 if TYPE_CHECKING:
     from prefect.deployments.runner import RunnerDeployment
@@ -130,12 +132,17 @@ class Orchestrator:
         env.pop("PREFECT_API_URL", None)
         # The scheduler plans runs every 60 s by default: a new or changed schedule would wait that long.
         env.setdefault("PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS", "5")
+        paths = ServicePaths(self.home)
+        if stale := reap_prefect_server(paths):  # the service holds its lock: that one's owner died
+            self.trigger_errors.append(f"stopped the Prefect server (pid {stale}) a dead service had left")
         log = open(prefect_home / "server.log", "ab")  # noqa: SIM115 - the child keeps it open
         started = time.perf_counter()
         self._server = subprocess.Popen(
             [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
+        with contextlib.suppress(OSError, ProcessLookupError):
+            record_prefect_server(paths, self._server.pid)
         lower_priority(self._server.pid, SERVER_NICE)
         url = f"http://127.0.0.1:{port}/api"
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -241,6 +248,7 @@ class Orchestrator:
             self._server.wait(5)
         with contextlib.suppress(ProcessLookupError):  # uvicorn workers left in the group
             os.killpg(pgid, signal.SIGKILL)
+        ServicePaths(self.home).prefect_server.unlink(missing_ok=True)
 
     def _kill_children(self) -> None:
         """Flow-run processes the runner started and did not reap (a run killed mid-way).

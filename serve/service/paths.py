@@ -71,6 +71,12 @@ class ServicePaths:
         """The watched projects' roots, so that the next `ctx up` watches them again."""
         return self.dir / "watched.json"
 
+    @property
+    def prefect_server(self) -> Path:
+        """The Prefect server the service started (pid, start time): found and stopped by the next
+        `ctx up` or `ctx down` when the service died without stopping it (kill -9)."""
+        return self.dir / "prefect-server.json"
+
     def ensure_dir(self) -> Path:
         """Create the folder 0700 (and tighten it if someone loosened it)."""
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -524,6 +524,44 @@ def test_service_runs_the_schedules_and_stops_them_with_it(
     assert not alive, f"left running after ctx down: {alive}"
 
 
+def test_a_killed_services_prefect_server_is_stopped_by_the_next_up_and_by_down(
+        indexed: Path, ctx_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Prefect server runs in its own session: a `kill -9` of the service leaves it running.
+    The next `ctx up` stops it before starting its own, and `ctx down` stops what it can find."""
+    monkeypatch.setenv("CTX_SERVICE_SCHEDULES", "true")
+    record = service_dir(ctx_home) / "prefect-server.json"
+
+    def server_started(other_than: int = 0) -> int:
+        deadline, pid = time.monotonic() + 120, 0
+        while time.monotonic() < deadline and pid in (0, other_than):
+            with contextlib.suppress(OSError, ValueError):
+                pid = int(json.loads(record.read_text())["pid"])
+            time.sleep(0.5)
+        assert pid not in (0, other_than), "the service recorded no Prefect server of its own"
+        return pid
+
+    assert ctx("up", cwd=indexed).returncode == 0
+    try:
+        first = server_started()
+        os.kill(service_pid(ctx_home), signal.SIGKILL)
+        time.sleep(1.0)
+        assert psutil.pid_exists(first)  # the orphan this test is about
+        assert ctx("up", cwd=indexed).returncode == 0
+        second = server_started(other_than=first)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and psutil.pid_exists(first):
+            time.sleep(0.2)
+        assert not psutil.pid_exists(first), "the dead service's Prefect server is still running"
+        os.kill(service_pid(ctx_home), signal.SIGKILL)
+        time.sleep(1.0)
+    finally:
+        assert ctx("down", cwd=indexed).returncode == 0
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and psutil.pid_exists(second):
+        time.sleep(0.2)
+    assert not psutil.pid_exists(second), "ctx down left the Prefect server of a killed service running"
+
+
 def test_the_clients_terminal_width_is_the_one_shutil_tells(monkeypatch: pytest.MonkeyPatch) -> None:
     import shutil
 
