@@ -28,7 +28,7 @@ from typing import IO, Any, TypeVar
 
 from ctxlake import __version__
 from ctxlake.serve.service import capture, protocol
-from ctxlake.serve.service.paths import ServicePaths, service_paths
+from ctxlake.serve.service.paths import ServicePaths, ctx_home, service_paths
 from ctxlake.serve.service.protocol import Busy
 from ctxlake.serve.service.watchers import WATCHER_PURPOSE, imports_ready
 from ctxlake.tasks.heap import bound_heap
@@ -485,7 +485,13 @@ class Service:
                 os.environ.pop(key, None)
             os.environ.update(env)
             os.environ["COLUMNS"] = str(int(message.get("columns", 80)))
-            os.environ["CTX_HOME"] = str(self.paths.home)  # the socket's home is the request's home
+            # The socket's home is the request's home. Set only when the client set it or the default
+            # would differ: what a command reads as the user's CTX_HOME goes into files meant to be
+            # committed (`ctx init`'s .mcp.json, the hooks), which must not name this machine's folders.
+            if "CTX_HOME" not in env:
+                os.environ.pop("CTX_HOME", None)
+                if ctx_home() != self.paths.home:
+                    os.environ["CTX_HOME"] = str(self.paths.home)
             try:
                 os.chdir(str(message.get("cwd", "")))
                 yield

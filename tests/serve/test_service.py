@@ -6,12 +6,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import stat
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -201,6 +203,30 @@ def test_a_projects_first_run_without_a_path_is_watched_after(
     assert ctx("run", "index", cwd=fresh).returncode == 0
     watching = json.loads(ctx("status", "--json", cwd=fresh).stdout)["service"]["watching"]
     assert str(fresh.resolve()) in watching, watching
+
+
+def test_files_written_through_the_service_name_no_ctx_home_the_user_did_not_set(
+        indexed: Path) -> None:
+    """`ctx init` through the service writes the same .mcp.json as in-process: with CTX_HOME unset
+    it names no folder of this machine (the service's own home must not leak into it)."""
+    home = Path(tempfile.mkdtemp(prefix="ctx-h"))  # short: the socket's path must fit sun_path
+    env = {k: v for k, v in os.environ.items() if k not in ("CTX_HOME", "XDG_DATA_HOME")}
+    env.update(HOME=str(home), CTX_SERVICE_SCHEDULES="false")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([CTX, *args], cwd=indexed, env=env, capture_output=True, text=True, timeout=120,
+                              check=False)
+
+    assert run("up").returncode == 0
+    try:
+        assert "Service: up" in run("status").stdout
+        made = run("init", "--client", "claude", "--yes")
+        assert made.returncode == 0, made.stderr
+        entry = json.loads((indexed / ".mcp.json").read_text())["mcpServers"]["ctx"]
+        assert "CTX_HOME" not in json.dumps(entry), entry
+    finally:
+        run("down")
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def test_thin_client_imports_nothing_heavy(indexed: Path, service: Path) -> None:
