@@ -421,7 +421,9 @@ def run(argv: list[str] | None = None, started_at: float | None = None, reuse: b
 
     try:
         # Non-standalone typer returns an exit code for Exit, and turns Ctrl-C into Exit(130).
-        code = _command()(args=argv, standalone_mode=False) if reuse else app(args=argv, standalone_mode=False)
+        # prog_name: in the service, argv[0] is the daemon's module, and help and usage errors named it.
+        code = (_command()(args=argv, prog_name="ctx", standalone_mode=False) if reuse
+                else app(args=argv, prog_name="ctx", standalone_mode=False))
     except CtxError as exc:
         typer.echo(f"ctx: error: {exc.message}", err=True)
         if exc.hint:

@@ -33,6 +33,8 @@ def runs_locally(argv: list[str]) -> bool:
     command = argv[0]
     if command in LOCAL_COMMANDS or "--watch" in argv:
         return True
+    if "-v" in argv or "--verbose" in argv:  # Prefect's logs: the service's Prefect keeps them quiet
+        return True
     if command in ASKS_UNLESS and not any(flag in argv for flag in ASKS_UNLESS[command]):
         return True
     return "-" in argv[1:]  # reads stdin, e.g. `ctx remember -`

@@ -655,6 +655,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # Measured on django (one watcher batch, a hybrid search, five edits): 443-458 -> 396-410 MB.
     bound_heap()
+    # Before Prefect is first imported (it reads these once): the flows that commands run here
+    # keep Prefect's INFO lines out of the output they hand back, as they do in-process.
+    # (`-v` commands run in their client: client.runs_locally.)
+    from ctxlake.serve.cli.base import _prefect_quietly
+
+    _prefect_quietly(verbose=False)
     paths = service_paths()
     service = Service(paths, list(args.watch))
     try:

@@ -128,6 +128,8 @@ class Orchestrator:
             "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{prefect_home / 'prefect.db'}",
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "PREFECT_SERVER_API_HOST": "127.0.0.1",
+            # Its own log file keeps its warnings (the service's quiet default is for command output).
+            "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
         })
         env.pop("PREFECT_API_URL", None)
         # The scheduler plans runs every 60 s by default: a new or changed schedule would wait that long.

@@ -229,6 +229,26 @@ def test_files_written_through_the_service_name_no_ctx_home_the_user_did_not_set
         shutil.rmtree(home, ignore_errors=True)
 
 
+def test_help_and_flow_output_through_the_service_are_as_in_process(indexed: Path, service: Path) -> None:
+    """Help and usage errors name `ctx`, not the daemon's module, and a flow run here hands back
+    no Prefect INFO lines."""
+    helped = ctx("search", "--help", cwd=indexed)
+    assert helped.returncode == 0 and "Usage: ctx search" in helped.stdout, helped.stdout
+    assert "Usage: ctx search" in ctx("search", cwd=indexed).stderr
+    # A service started without the test session's quiet Prefect settings, as a user's is.
+    assert ctx("down", cwd=indexed).returncode == 0
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_LOGGING")}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([CTX, *args], cwd=indexed, env=env, capture_output=True, text=True, timeout=120,
+                              check=False)
+
+    assert run("up").returncode == 0
+    ingested = run("run", "ingest")
+    assert ingested.returncode == 0, ingested.stderr
+    assert "INFO" not in ingested.stderr and "Task run" not in ingested.stderr, ingested.stderr
+
+
 def test_thin_client_imports_nothing_heavy(indexed: Path, service: Path) -> None:
     run = subprocess.run([sys.executable, "-X", "importtime", "-m", "ctxlake.serve.service.client", "search",
                           "invoice"], cwd=indexed, capture_output=True, text=True, timeout=60, check=False)
