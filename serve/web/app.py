@@ -240,18 +240,32 @@ def _split(value: str | None) -> list[str]:
     return [v.strip() for v in (value or "").split(",") if v.strip()]
 
 
+def _number(request: Request, name: str, default: int | None, low: int, high: int | None = None) -> int | None:
+    """A whole-number query parameter clamped to [low, high]; a value that is no number is the
+    caller's mistake (400 with its name), never a 500."""
+    raw = (request.query_params.get(name) or "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InputError(f"{name} must be a whole number, got {raw[:40]!r}") from None
+    return max(low, value if high is None else min(value, high))
+
+
 # -- page builders (server-rendered data) -----------------------------------------------------------
 
 def sessions_page(request: Request, ctx: UiContext, root: str) -> dict[str, Any]:
     from ctxlake.serve.api.context import list_sessions, parse_when
 
     q = request.query_params
+    limit = _number(request, "limit", 100, 1, 500) or 100
     settings = ctx.settings(root)
     lake = ctx.memory(settings)
     if lake.sessions is None:
         return {"sessions": [], "by_tool": {}, "ingested": False, "filters": dict(q)}
     tools = _split(q.get("tool"))
-    found = list_sessions(lake, limit=min(int(q.get("limit") or 100), 500), tools=tools or None,
+    found = list_sessions(lake, limit=limit, tools=tools or None,
                           all_projects=q.get("all") == "1", after=parse_when(q.get("after"), "after"),
                           before=parse_when(q.get("before"), "before"))
     by_tool: dict[str, list[Any]] = {}
@@ -265,7 +279,7 @@ def session_page(request: Request, ctx: UiContext, root: str) -> dict[str, Any]:
     from ctxlake.serve.api.handoff import build_brief
 
     ref = request.path_params["ref"]
-    offset = max(0, int(request.query_params.get("offset") or 0))
+    offset = _number(request, "offset", 0, 0) or 0
     lake = ctx.memory(ctx.settings(root))
     detail = session_detail(lake, ref, offset=offset, limit=MESSAGES_PAGE)
     brief = build_brief(lake, ref=detail.session.session_ref)
@@ -412,7 +426,7 @@ def api_search(request: Request) -> dict[str, Any]:
     if kind not in ("all", "code", "conversations", "knowledge"):
         raise InputError(f"unknown record type {kind!r}", hint="all, code, conversations or knowledge")
     mode = q.get("mode") or "hybrid"
-    limit = min(max(int(q.get("limit") or 20), 1), 100)
+    limit = _number(request, "limit", 20, 1, 100) or 20
     out: dict[str, Any] = {"query": query, "mode": mode, "kind": kind, "code": None, "context": None, "warnings": []}
     if not query:
         return out
@@ -455,8 +469,8 @@ def api_file(request: Request) -> dict[str, Any]:
     ctx = _ctx(request)
     settings = ctx.settings(_root(request))
     path = q.get("path") or ""
-    start = int(q["start"]) if q.get("start") else None
-    end = int(q["end"]) if q.get("end") else None
+    start = _number(request, "start", None, 1)
+    end = _number(request, "end", None, 1)
     if start is not None and end is None:
         end = start + 399
     return file_context(ctx.lake(settings), path, start, end).model_dump()
@@ -471,7 +485,8 @@ def api_files(request: Request) -> dict[str, Any]:
     text = (q.get("q") or "").strip()
     if not text:
         raise InputError("paste an issue or a question first")
-    return search_files(ctx.lake(settings), text, limit=min(int(q.get("limit") or 10), 50)).model_dump()
+    limit = _number(request, "limit", 10, 1, 50) or 10
+    return search_files(ctx.lake(settings), text, limit=limit).model_dump()
 
 
 def api_knowledge_create(request: Request, body: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,56 @@
+"""The UI's answers to odd input over plain HTTP (Starlette's TestClient, no browser, no index): a
+query parameter that is no number is a 400 that names it, never a 500."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from starlette.testclient import TestClient
+
+from ctxlake.serve.web.app import UiContext, create_app
+
+PORT = 8765  # only checked against the Host header: nothing listens
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    repo = tmp_path / "proj"
+    (repo / ".ctx").mkdir(parents=True)
+    return repo
+
+
+@pytest.fixture
+def client(project: Path, tmp_path: Path) -> Iterator[TestClient]:
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "CTX_EMBED_PROVIDER": "fake", "CTX_EMBED_MODEL": "hash"}
+    ctx = UiContext(projects=lambda: [str(project)], env=env, mode="standalone")
+    with TestClient(create_app(ctx, lambda: PORT), base_url=f"http://127.0.0.1:{PORT}") as test_client:
+        yield test_client
+
+
+@pytest.mark.parametrize(("path", "name"), [
+    ("/api/search?q=x&limit=abc", "limit"),
+    ("/api/files?q=x&limit=abc", "limit"),
+    ("/api/file?path=README.md&start=abc", "start"),
+    ("/api/file?path=README.md&start=1&end=2x", "end"),
+])
+def test_a_parameter_that_is_no_number_is_a_json_400(client: TestClient, path: str, name: str) -> None:
+    res = client.get(path)
+    assert res.status_code == 400, res.text
+    assert res.json()["error"].startswith(f"{name} must be a whole number")
+
+
+@pytest.mark.parametrize("path", ["/sessions?limit=abc", "/sessions/x?offset=abc"])
+def test_a_page_with_a_parameter_that_is_no_number_is_an_html_400(client: TestClient, path: str) -> None:
+    res = client.get(path)
+    assert res.status_code == 400 and res.headers["content-type"].startswith("text/html")
+    assert "must be a whole number" in res.text
+
+
+def test_out_of_range_numbers_are_clamped(client: TestClient) -> None:
+    assert client.get("/sessions?limit=-5").status_code == 200
+    assert client.get("/sessions?limit=99999999999999999999").status_code == 200
+    res = client.get("/api/search?q=refund&limit=-3&kind=code")  # not indexed: a warning, not an error
+    assert res.status_code == 200 and res.json()["warnings"]
