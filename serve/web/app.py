@@ -583,6 +583,8 @@ def create_app(ctx: UiContext, port_of: Callable[[], int]) -> Guard:
     """The ASGI app behind the guard. `port_of` gives the bound port (for the Host/Origin checks)."""
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.globals["qs"] = _qs
+    # Values shown as JSON keep their own characters (a path with accents, a bullet); <, >, & and ' are still escaped.
+    templates.env.policies["json.dumps_kwargs"] = {"sort_keys": True, "ensure_ascii": False}
     routes = [
         Route("/", _page("overview")),
         Route("/search", _page("search")),

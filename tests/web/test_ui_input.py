@@ -1,9 +1,11 @@
-"""The UI's answers to odd input over plain HTTP (Starlette's TestClient, no browser, no index): a
-query parameter that is no number is a 400 that names it, never a 500."""
+"""The UI's answers over plain HTTP (Starlette's TestClient, no browser, no index): a query parameter
+that is no number is a 400 that names it, never a 500; Settings hides secrets and nothing else."""
 
 from __future__ import annotations
 
+import html
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,3 +56,17 @@ def test_out_of_range_numbers_are_clamped(client: TestClient) -> None:
     assert client.get("/sessions?limit=99999999999999999999").status_code == 200
     res = client.get("/api/search?q=refund&limit=-3&kind=code")  # not indexed: a warning, not an error
     assert res.status_code == 200 and res.json()["warnings"]
+
+
+def test_settings_hide_secrets_only_and_show_the_mask_as_text(project: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "CTX_EMBED_PROVIDER": "openai",
+           "OPENAI_API_KEY": "sk-test-" + "a" * 40}
+    ctx = UiContext(projects=lambda: [str(project)], env=env, mode="standalone")
+    with TestClient(create_app(ctx, lambda: PORT), base_url=f"http://127.0.0.1:{PORT}") as test_client:
+        page = test_client.get("/settings").text
+    cells = {m.group(1): html.unescape(re.sub(r"<[^>]+>", "", m.group(2)))
+             for m in re.finditer(r'<th scope="row"[^>]*>(\w+)</th><td class="wrap">(.*?)</td>', page)}
+    assert cells["max_tokens"].isdigit() and cells["prompt_tokens"].isdigit()
+    assert cells["secret_files"] == '"skip"'
+    assert cells["api_key"] == "•••• (set, hidden)" and "sk-test" not in page
+    assert cells["llm_api_key"] == "not set"
