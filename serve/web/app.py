@@ -32,6 +32,11 @@ MESSAGES_PAGE = 50
 ANALYTICS_TOP = 12  # bars per ranked chart
 WARM_DELAY_S = 2.0  # after a project's first page, before its Analytics figures are computed
 CONTEXT_TYPES = {"conversations": ["message", "session"], "knowledge": ["knowledge"]}
+# The Knowledge page shows a record whole up to what a record may hold when written (tasks/knowledge.py);
+# longer ones (written by hand) are cut with a note, and 500 long records share this many characters.
+KNOWLEDGE_TITLE_CHARS = 200
+KNOWLEDGE_BODY_CHARS = 20_000
+KNOWLEDGE_PAGE_CHARS = 1_000_000
 
 
 class Schedules:
@@ -296,10 +301,25 @@ def knowledge_page(request: Request, ctx: UiContext, root: str) -> dict[str, Any
     lake = ctx.memory(ctx.settings(root))
     found = project_knowledge(lake, kind, text, limit=500, include_superseded=q.get("history") == "1")
     records = [r for r in found.records if not tag or tag in r.tags]
-    by_id = {r.id: r for r in found.records}
+    # Each body gets an equal share of the page once the records would overflow it (at least 2,000 characters).
+    share = max(2_000, min(KNOWLEDGE_BODY_CHARS, KNOWLEDGE_PAGE_CHARS // max(1, len(records))))
+    cut: dict[str, int] = {}  # record id -> characters left out of its title and body
+    shown = []
+    for r in records:
+        left_out = max(0, len(r.title) - KNOWLEDGE_TITLE_CHARS) + max(0, len(r.body) - share)
+        if left_out:
+            cut[r.id] = left_out
+            r = r.model_copy(update={"title": _shorten(r.title, KNOWLEDGE_TITLE_CHARS), "body": _shorten(r.body, share)})
+        shown.append(r)
+    by_id = {r.id: r if len(r.title) <= KNOWLEDGE_TITLE_CHARS else
+             r.model_copy(update={"title": _shorten(r.title, KNOWLEDGE_TITLE_CHARS)}) for r in found.records}
     tags = sorted({t for r in found.records for t in r.tags})
-    return {"records": records, "by_id": by_id, "inbox": found.inbox, "kinds": KNOWLEDGE_KINDS, "tags": tags,
+    return {"records": shown, "cut": cut, "by_id": by_id, "inbox": found.inbox, "kinds": KNOWLEDGE_KINDS, "tags": tags,
             "filters": {"type": kind or "", "q": text or "", "tag": tag, "history": q.get("history") == "1"}}
+
+
+def _shorten(text: str, chars: int) -> str:
+    return text if len(text) <= chars else text[:chars].rstrip() + " …"
 
 
 def sources_page(request: Request, ctx: UiContext, root: str) -> dict[str, Any]:

@@ -70,3 +70,25 @@ def test_settings_hide_secrets_only_and_show_the_mask_as_text(project: Path, tmp
     assert cells["secret_files"] == '"skip"'
     assert cells["api_key"] == "•••• (set, hidden)" and "sk-test" not in page
     assert cells["llm_api_key"] == "not set"
+
+
+def test_the_knowledge_page_shortens_a_huge_record_with_a_note(client: TestClient, project: Path) -> None:
+    from datetime import UTC, datetime
+
+    from ctxlake.tasks.knowledge import Record, render
+
+    folder = project / ".ctx" / "knowledge" / "insights"
+    folder.mkdir(parents=True)
+    huge = Record(id="insight-20260101-00000001", type="insight", title="A" * 100_000, body="B" * 10_000_000,
+                  created_at=datetime(2026, 1, 1, tzinfo=UTC), path="")
+    small = Record(id="insight-20260101-00000002", type="insight", title="Exports batch rows", body="Ten thousand a batch.",
+                   created_at=datetime(2026, 1, 2, tzinfo=UTC), path="")
+    for record in (huge, small):
+        (folder / f"{record.id}.md").write_text(render(record), encoding="utf-8")
+    res = client.get("/knowledge")
+    assert res.status_code == 200 and len(res.text) < 100_000
+    assert f"{99_800 + 9_980_000:,} more characters are in <code>.ctx/knowledge/insights/{huge.id}.md" in res.text
+    assert "Ten thousand a batch." in res.text
+    # The shortened record cannot be edited here (the form would save the shortened text); the other can.
+    assert 'data-edit="insight-20260101-00000001"' not in res.text
+    assert 'data-edit="insight-20260101-00000002"' in res.text
