@@ -66,7 +66,7 @@ def set_(
     every: Annotated[str | None, typer.Option("--every", help="interval: 30s, 10m, 2h, 1d")] = None,
     cron: Annotated[str | None, typer.Option("--cron", help='five-field cron, e.g. "0 3 * * *"')] = None,
 ) -> None:
-    """Change a schedule on the running service (until its next start; `[schedule]` in config sets defaults)."""
+    """Change a schedule on the running service (until its next start; `\\[schedule]` in config sets defaults)."""
     from ctxlake.serve.service.schedules import parse_cron, parse_every, set_schedule
 
     # Bad input is refused before looking for the service.
