@@ -52,7 +52,7 @@ def docs(
     from ctxlake.serve.cli.render import print_json
 
     settings = load_settings(resolve_root(None, for_write=True))
-    reader = DocsReader(settings.root, settings.docs, settings.mcp.max_response_chars)
+    reader = DocsReader(settings.root, settings.docs, settings.mcp.max_response_chars, lister="`ctx docs`")
     if path is None:
         pages, cursor = [], None
         while True:

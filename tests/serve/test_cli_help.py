@@ -1,9 +1,10 @@
-"""`ctx --help` texts survive Rich: a config section named in help (`[ui] port`) is escaped, or Rich
-reads it as a style tag and drops it."""
+"""What the CLI tells a person: `ctx --help` texts survive Rich (a config section named in help, `[ui]
+port`, is escaped, or Rich reads it as a style tag and drops it), and hints name CLI commands."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -38,3 +39,13 @@ def test_the_rendered_help_shows_the_config_sections() -> None:
                         (["schedule", "set", "--help"], "[schedule]")]:
         result = runner.invoke(app, args, env={"COLUMNS": "250", "NO_COLOR": "1"})
         assert result.exit_code == 0 and words in " ".join(result.output.split()), (args, result.output)
+
+
+def test_ctx_docs_hints_name_the_cli_command_not_the_mcp_tool(cli: Callable[..., Any], tmp_path: Path) -> None:
+    (tmp_path / ".ctx").mkdir()
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "guide.md").write_text("# Guide\n")
+    for path in ("nosuch.md", "docs/release-checklist-for-mobile.md", "docs/.hidden.md"):
+        result = cli("docs", path, cwd=tmp_path)
+        assert result.exit_code == 2 and "`ctx docs`" in result.stderr, (path, result.stderr)
+        assert "docs_index" not in result.stderr
