@@ -549,13 +549,14 @@ def api_source_add(request: Request, body: dict[str, Any]) -> dict[str, Any]:
     validate_name(name)
     if not origin:
         raise InputError("give the source's origin: a git URL, a folder or a docs URL")
-    argv = ["add-docs" if body.get("docs") else "add", name, origin]
+    argv = ["add-docs" if body.get("docs") else "add", "--json"]
     kind = str(body.get("type") or "")
     if kind:
-        argv += ["--type", kind]
+        argv.append(f"--type={kind}")  # one token: a value starting with '-' stays the value
     if body.get("ref"):
-        argv += ["--ref", str(body["ref"])]
-    job = ctx.jobs.start(f"add {name}", [*argv, "--json"], Path(root), env=_child_env(ctx))
+        argv.append(f"--ref={body['ref']}")
+    # After `--`, an origin such as `--help` is the origin, never an option of `ctx add`.
+    job = ctx.jobs.start(f"add {name}", [*argv, "--", name, origin], Path(root), env=_child_env(ctx))
     return job.as_dict()
 
 

@@ -92,3 +92,21 @@ def test_the_knowledge_page_shortens_a_huge_record_with_a_note(client: TestClien
     # The shortened record cannot be edited here (the form would save the shortened text); the other can.
     assert 'data-edit="insight-20260101-00000001"' not in res.text
     assert 'data-edit="insight-20260101-00000002"' in res.text
+
+
+def test_a_source_origin_that_looks_like_an_option_is_the_origin(client: TestClient) -> None:
+    import time
+
+    page = client.get("/sources")
+    token = re.search(r'name="csrf-token" content="([0-9a-f]+)"', page.text)
+    assert token
+    res = client.post("/api/sources", json={"name": "opt", "origin": "--help", "ref": "--version"},
+                      headers={"X-CSRF-Token": token.group(1)})
+    assert res.status_code == 200, res.text
+    job = res.json()
+    deadline = time.monotonic() + 120
+    while job["state"] not in ("done", "failed") and time.monotonic() < deadline:
+        time.sleep(0.2)
+        job = client.get(f"/api/jobs/{job['id']}").json()
+    assert job["lines"][0] == "$ ctx add --json --ref=--version -- opt --help"
+    assert job["state"] == "failed" and "Usage:" not in job["output"]  # `ctx add` tried the origin; no help text
