@@ -32,6 +32,13 @@ if TYPE_CHECKING:
 INBOX = "inbox"
 FRONT = re.compile(r"\A---\s*\n(?P<front>.*?)\n---\s*\n?(?P<body>.*)\Z", re.S)
 WriteStatus = Literal["created", "superseded", "duplicate"]
+# What one record written by a person or an agent may hold (`ctx remember`, the MCP save_* tools, the UI):
+# a record is read back whole by project_knowledge and the Knowledge page, so a 10 MB body would be a 10 MB
+# answer. A title is a line; details go in the body; the rest is a short list.
+TITLE_MAX_CHARS = 200
+BODY_MAX_CHARS = 20_000
+LIST_MAX_ITEMS = 50  # files, tags
+ITEM_MAX_CHARS = 500  # one file path or tag; the source tool and session too
 
 
 @dataclass
@@ -53,6 +60,26 @@ class Record:
     @property
     def text(self) -> str:
         return f"{self.title}\n\n{self.body}".strip()
+
+
+def check_size(title: str, body: str, files: Sequence[str] = (), tags: Sequence[str] = (),
+               source_tool: str | None = None, source_session: str | None = None) -> None:
+    """InputError naming the first field over the limits above (its size and the limit)."""
+    if len(title) > TITLE_MAX_CHARS:
+        raise InputError(f"the title is {len(title):,} characters; at most {TITLE_MAX_CHARS} are allowed",
+                         hint="keep the title to one line and put the details in the body")
+    if len(body) > BODY_MAX_CHARS:
+        raise InputError(f"the body is {len(body):,} characters; at most {BODY_MAX_CHARS:,} are allowed",
+                         hint="record the gist and name the files that hold the rest")
+    for name, values in (("files", files), ("tags", tags)):
+        if len(values) > LIST_MAX_ITEMS:
+            raise InputError(f"{len(values)} {name}; at most {LIST_MAX_ITEMS} are allowed")
+        long = next((v for v in values if len(v) > ITEM_MAX_CHARS), None)
+        if long is not None:
+            raise InputError(f"one of the {name} is {len(long):,} characters; at most {ITEM_MAX_CHARS} are allowed")
+    for name, value in (("source_tool", source_tool), ("source_session", source_session)):
+        if value is not None and len(value) > ITEM_MAX_CHARS:
+            raise InputError(f"{name} is {len(value):,} characters; at most {ITEM_MAX_CHARS} are allowed")
 
 
 def record_id(kind: str, when: datetime, text: str) -> str:
@@ -244,7 +271,10 @@ def write_record(
     `pool`: the records to compare with, shared by a run's writes (default: read them now)."""
     if kind not in KNOWLEDGE_TYPES:
         raise InputError(f"unknown knowledge type {kind!r}", hint=f"one of {', '.join(KNOWLEDGE_TYPES)}")
-    title, body = redact_text(" ".join(title.split())), redact_text(body.strip())
+    title, body = " ".join(title.split()), body.strip()
+    if not inbox:  # extraction's candidates are cut to size where they are made
+        check_size(title, body, files, tags, source_tool, source_session)
+    title, body = redact_text(title), redact_text(body)
     if not title:
         raise InputError("a knowledge record needs a title (its first line)")
     when = when or datetime.now(UTC)

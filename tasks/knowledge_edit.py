@@ -12,6 +12,7 @@ from ctxlake.errors import InputError
 from ctxlake.tasks.knowledge import (
     Record,
     WriteResult,
+    check_size,
     decide,
     heads,
     load_records,
@@ -49,7 +50,9 @@ def revise_record(
     record being edited is not compared with itself.
     """
     old = find_record(knowledge_dir, root, record)
-    title, body = redact_text(" ".join(title.split())), redact_text(body.strip())
+    title, body = " ".join(title.split()), body.strip()
+    check_size(title, body, files or (), tags or ())
+    title, body = redact_text(title), redact_text(body)
     if not title:
         raise InputError("a knowledge record needs a title")
     if title == old.title and body == old.body.strip() and files is None and tags is None:

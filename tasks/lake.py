@@ -145,6 +145,19 @@ def write_atomic(path: Path, text: str | bytes) -> None:
         raise LakeError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
+def remove_empty_folders(folder: Path, root: Path) -> None:
+    """Remove `folder` and then its parents while they are empty, stopping at `root` (kept): what a
+    generated file's removal leaves behind (`.cursor/`, `.claude/skills/NAME/`) goes with it."""
+    root = root.resolve()
+    folder = folder.resolve()
+    while folder != root and folder.is_relative_to(root):
+        try:
+            folder.rmdir()  # only ever an empty folder
+        except OSError:
+            return
+        folder = folder.parent
+
+
 class WriterLock:
     """One writer per lake: an flock on `.ctx/lake/writer.lock` holding the owner's pid.
 

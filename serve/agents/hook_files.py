@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from ctxlake.errors import ConfigError, InputError
 from ctxlake.serve.agents.clients import read_config, read_json_object
-from ctxlake.tasks.lake import write_atomic
+from ctxlake.tasks.lake import remove_empty_folders, write_atomic
 
 Style = Literal["nested", "cursor", "copilot", "plugin"]
 
@@ -223,8 +223,11 @@ def uninstall_json(spec: HookClient, root: Path) -> HookChange:
         return HookChange(spec.name, str(path), "absent", "no ctx hooks in it")
     if not hooks:
         del data["hooks"]
-    if spec.style == "copilot" and set(data) <= {"version"}:
-        path.unlink()  # the file is ours alone (.github/hooks/ctx.json)
+    # Nothing left but what install put there ({} or Cursor's and Copilot's {"version": 1}): the file (and a
+    # folder it leaves empty) goes, rather than staying behind as a stub; anything else in it is kept.
+    if set(data) <= ({"version"} if spec.style in ("cursor", "copilot") else set()):
+        path.unlink()
+        remove_empty_folders(path.parent, root)
         return HookChange(spec.name, str(path), "removed", "file deleted", events=removed)
     write_atomic(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
     return HookChange(spec.name, str(path), "removed", "hooks " + ", ".join(removed), events=removed)
@@ -282,6 +285,7 @@ def uninstall_plugin(spec: HookClient, root: Path) -> HookChange:
     if not _read_to_merge(path, errors="replace").startswith(PLUGIN_MARK):
         return HookChange(spec.name, str(path), "absent", "not ctx's plugin; left alone")
     path.unlink()
+    remove_empty_folders(path.parent, root)
     return HookChange(spec.name, str(path), "removed", "plugin deleted", events=[spec.end_event])
 
 
@@ -323,6 +327,7 @@ def uninstall_section(client: str, file: str, root: Path) -> HookChange:
         write_atomic(path, new)
     else:
         path.unlink()
+        remove_empty_folders(path.parent, root)
     return HookChange(client, str(path), "removed", "hand-off section")
 
 

@@ -521,6 +521,8 @@ def project_knowledge(lake: MemoryLake, kind: str | None = None, query: str | No
     """This project's knowledge records (current ones unless asked), newest first, or the best matches for `query`."""
     if kind is not None and kind not in KNOWLEDGE_KINDS:
         raise InputError(f"unknown knowledge type {kind!r}", hint=f"one of {', '.join(KNOWLEDGE_KINDS)}")
+    if limit < 1:
+        raise InputError(f"limit must be at least 1, got {limit}")
     inbox = len(inbox_records(lake.settings.knowledge_dir, lake.settings.root))
     pending, replaced = _pending_files(lake, kind, query)
     if lake.knowledge is None or lake.knowledge.count_rows() == 0:

@@ -97,8 +97,10 @@ def docs_sources(root: Path, docs: DocsSettings) -> list[DocsSource]:
 class DocsReader:
     """Lists and reads the documents of the configured docs folders in bounded pieces."""
 
-    def __init__(self, root: Path, docs: DocsSettings, max_chars: int = 60_000) -> None:
+    def __init__(self, root: Path, docs: DocsSettings, max_chars: int = 60_000, lister: str = "docs_index") -> None:
+        """`lister`: what lists the documents, in the face's words (the MCP tool, or `ctx docs`) for the hints."""
         self.settings = docs
+        self.lister = lister
         self.root = root
         self.sources = docs_sources(root, docs)
         self.extensions = {e.lower() if e.startswith(".") else "." + e.lower() for e in docs.extensions}
@@ -206,9 +208,9 @@ class DocsReader:
         else:
             names = ", ".join(f"{s.name}/" for s in self.sources) or "none configured"
             raise InputError(f"{path!r} is not inside a docs folder ({names})",
-                             hint="use a path from docs_index")
+                             hint=f"use a path from {self.lister}")
         if any(part.startswith(".") for part in rel.split("/")):
-            raise InputError(f"hidden files are not served: {path!r}", hint="use a path from docs_index")
+            raise InputError(f"hidden files are not served: {path!r}", hint=f"use a path from {self.lister}")
         allowed = ", ".join(sorted(self.extensions))
         if not self._allowed(rel):
             raise InputError(f"file type not allowed: {path!r}", hint=f"the docs reader reads {allowed}")
@@ -220,7 +222,7 @@ class DocsReader:
             known = [d.path for d in self._walk(src)] if src.folder.is_dir() else []
             close = difflib.get_close_matches(clean, known, n=3, cutoff=0.6)
             raise InputError(f"no such document: {clean!r}",
-                             hint=f"did you mean {', '.join(close)}?" if close else "call docs_index to list documents")
+                             hint=f"did you mean {', '.join(close)}?" if close else f"{self.lister} lists the documents")
         return clean, src, rel, target
 
     def _chunks(self, lines: list[str]) -> list[tuple[int, int]]:
@@ -253,7 +255,7 @@ class DocsReader:
             raise InputError(f"{clean!r} is {exc.size:,} bytes, over the docs reader's limit of {limit:,}",
                              hint="raise [docs] max_file_bytes") from None
         except (FileNotFoundError, NotADirectoryError):
-            raise InputError(f"no such document: {clean!r}", hint="call docs_index to list documents") from None
+            raise InputError(f"no such document: {clean!r}", hint=f"{self.lister} lists the documents") from None
         if b"\0" in data[:8192]:
             raise InputError(f"{clean!r} is not a text file")
         warnings: list[str] = []

@@ -58,6 +58,7 @@ class SessionDetail(BaseModel):
     total: int = Field(description="messages in the session")
     offset: int
     next_offset: int | None = Field(None, description="pass as offset for the next page; null at the end")
+    warnings: list[str] = Field(default_factory=list, description="e.g. long texts shortened to keep the answer small")
 
 
 class ContextHit(BaseModel):
@@ -101,6 +102,7 @@ class KnowledgeOut(BaseModel):
 class KnowledgeList(BaseModel):
     records: list[KnowledgeOut]
     inbox: int = Field(0, description="candidates waiting for review in .ctx/knowledge/inbox/")
+    warnings: list[str] = Field(default_factory=list, description="e.g. long texts shortened to keep the answer small")
 
 
 class RememberResult(BaseModel):

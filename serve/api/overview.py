@@ -4,6 +4,7 @@ with where each value came from, and a project's headline (status + sources); us
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
     from ctxlake.serve.api.context import MemoryLake
 
 MASK = "•••• (set, hidden)"
+# A key that names a secret: the last word(s) of its name (api_key, llm_api_key, token, password), never a
+# word inside it, so max_tokens, prompt_tokens and secret_files (a policy, not a secret) are shown.
+SECRET_KEY = re.compile(r"(?:^|_)(?:key|token|secret|password|passwd|credentials?)$")
 
 
 class ToolIngestion(BaseModel):
@@ -50,6 +54,7 @@ class ConfigValue(BaseModel):
     origin: str = Field(description="flag | env | file | default")
     detail: str = Field("", description="the variable or file that set it")
     description: str = ""
+    hidden: bool = Field(False, description="a secret: value is MASK when it is set, None when not")
 
 
 def tool_ingestion(lake: MemoryLake) -> Ingestion:
@@ -82,7 +87,7 @@ def tool_ingestion(lake: MemoryLake) -> Ingestion:
 
 def _secret(section: type, key: str) -> bool:
     info = section.model_fields[key]  # type: ignore[attr-defined]
-    return bool(info.exclude) or "key" in key or "token" in key or "secret" in key
+    return bool(info.exclude) or bool(SECRET_KEY.search(key))
 
 
 def effective_settings(settings: Settings, env: Mapping[str, str] | None = None,
@@ -108,14 +113,15 @@ def effective_settings(settings: Settings, env: Mapping[str, str] | None = None,
             else:
                 origin, detail = "default", ""
             value = getattr(current, key)
-            if _secret(section, key):
+            hidden = _secret(section, key)
+            if hidden:
                 value = MASK if value else None
             elif isinstance(value, Path):
                 value = str(value)
             elif hasattr(value, "model_dump"):
                 value = value.model_dump()
             out.append(ConfigValue(section=name, key=key, value=value, origin=origin, detail=detail,
-                                   description=info.description or ""))
+                                   description=info.description or "", hidden=hidden))
     return out
 
 

@@ -180,7 +180,7 @@ def sessions(
 
 @session_app.command("show")
 def session_show(
-    ref: Annotated[str, typer.Argument(help="session ref (tool:id[#n]) or a unique prefix of it or of the id")],
+    ref: Annotated[str, typer.Argument(help="session ref (tool:id\\[#n]) or a unique prefix of it or of the id")],
     offset: Annotated[int, typer.Option("--offset", min=0, help="first message to show")] = 0,
     limit: Annotated[int, typer.Option("-n", "--limit", min=1, help="messages per page")] = 50,
     as_json: JsonOpt = False,

@@ -47,12 +47,12 @@ def docs(
     source: Annotated[str | None, typer.Option("--source", help="list one docs folder ('.' = top-level files)")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """List the project's documentation ([docs] paths plus top-level README, CHANGES ...), or read one."""
+    """List the project's documentation (\\[docs] paths plus top-level README, CHANGES ...), or read one."""
     from ctxlake.serve.api.docs import DocsReader
     from ctxlake.serve.cli.render import print_json
 
     settings = load_settings(resolve_root(None, for_write=True))
-    reader = DocsReader(settings.root, settings.docs, settings.mcp.max_response_chars)
+    reader = DocsReader(settings.root, settings.docs, settings.mcp.max_response_chars, lister="`ctx docs`")
     if path is None:
         pages, cursor = [], None
         while True:

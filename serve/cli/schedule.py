@@ -63,10 +63,10 @@ def list_(as_json: JsonOpt = False) -> None:
 @schedule_app.command("set")
 def set_(
     name: Annotated[str, typer.Argument(help="schedule name (see `ctx schedule list`)")],
-    every: Annotated[str | None, typer.Option("--every", help="interval: 30s, 10m, 2h, 1d")] = None,
+    every: Annotated[str | None, typer.Option("--every", help="interval of at least 1m: 90s, 10m, 2h, 1d")] = None,
     cron: Annotated[str | None, typer.Option("--cron", help='five-field cron, e.g. "0 3 * * *"')] = None,
 ) -> None:
-    """Change a schedule on the running service (until its next start; `[schedule]` in config sets defaults)."""
+    """Change a schedule on the running service (until its next start; `\\[schedule]` in config sets defaults)."""
     from ctxlake.serve.service.schedules import parse_cron, parse_every, set_schedule
 
     # Bad input is refused before looking for the service.

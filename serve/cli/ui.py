@@ -17,7 +17,7 @@ def ui(
     no_open: Annotated[bool, typer.Option("--no-open", help="print the address, do not open a browser")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")] = False,
     standalone: Annotated[bool, typer.Option("--standalone", help="serve this project here, without the service")] = False,
-    port: Annotated[int | None, typer.Option("--port", min=0, max=65535, help="port for --standalone (default [ui] port)")] = None,
+    port: Annotated[int | None, typer.Option("--port", min=0, max=65535, help="port for --standalone (default \\[ui] port)")] = None,
 ) -> None:
     """The web UI: overview, search, sessions, knowledge, sources and settings, on 127.0.0.1."""
     paths = service_paths()

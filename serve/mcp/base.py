@@ -291,7 +291,8 @@ ToolGroup = Callable[[MCPServer, ServerState], None]
 
 
 def response_size(result: Any) -> int:
-    """Characters a tool answer puts on the wire (structured content plus its JSON text mirror)."""
+    """Characters a tool answer puts on the wire: its structured content plus its JSON text mirror, which
+    the SDK indents (two spaces a level: a deep answer's mirror is much longer than its content)."""
     import pydantic_core
 
-    return 2 * len(pydantic_core.to_json(result))
+    return len(pydantic_core.to_json(result)) + len(pydantic_core.to_json(result, indent=2))

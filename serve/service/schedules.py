@@ -12,14 +12,21 @@ from ctxlake.schemas.config import check_cron
 
 _EVERY = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d)?$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# Each run is a process of its own (imports alone take seconds): a shorter interval would keep the
+# service busy starting runs, and with two parallel runs, queue them without end.
+MIN_EVERY_S = 60
 
 
 def parse_every(text: str) -> timedelta:
-    """'90s', '10m', '2h', '1d' (a bare number is seconds)."""
+    """'90s', '10m', '2h', '1d' (a bare number is seconds); at least MIN_EVERY_S."""
     match = _EVERY.match(text.strip().lower())
     if not match or float(match.group(1)) <= 0:
-        raise InputError(f"invalid interval {text!r}", hint="use e.g. 30s, 10m, 2h, 1d")
-    return timedelta(seconds=float(match.group(1)) * _UNIT_S[match.group(2) or "s"])
+        raise InputError(f"invalid interval {text!r}", hint="use e.g. 90s, 10m, 2h, 1d")
+    every = timedelta(seconds=float(match.group(1)) * _UNIT_S[match.group(2) or "s"])
+    if every.total_seconds() < MIN_EVERY_S:
+        raise InputError(f"interval {text!r} is too short: a schedule runs at most once every {MIN_EVERY_S} s",
+                         hint="use 1m or more; the file watchers already catch edits as they happen")
+    return every
 
 
 def parse_cron(text: str) -> str:

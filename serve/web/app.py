@@ -32,6 +32,11 @@ MESSAGES_PAGE = 50
 ANALYTICS_TOP = 12  # bars per ranked chart
 WARM_DELAY_S = 2.0  # after a project's first page, before its Analytics figures are computed
 CONTEXT_TYPES = {"conversations": ["message", "session"], "knowledge": ["knowledge"]}
+# The Knowledge page shows a record whole up to what a record may hold when written (tasks/knowledge.py);
+# longer ones (written by hand) are cut with a note, and 500 long records share this many characters.
+KNOWLEDGE_TITLE_CHARS = 200
+KNOWLEDGE_BODY_CHARS = 20_000
+KNOWLEDGE_PAGE_CHARS = 1_000_000
 
 
 class Schedules:
@@ -240,18 +245,32 @@ def _split(value: str | None) -> list[str]:
     return [v.strip() for v in (value or "").split(",") if v.strip()]
 
 
+def _number(request: Request, name: str, default: int | None, low: int, high: int | None = None) -> int | None:
+    """A whole-number query parameter clamped to [low, high]; a value that is no number is the
+    caller's mistake (400 with its name), never a 500."""
+    raw = (request.query_params.get(name) or "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InputError(f"{name} must be a whole number, got {raw[:40]!r}") from None
+    return max(low, value if high is None else min(value, high))
+
+
 # -- page builders (server-rendered data) -----------------------------------------------------------
 
 def sessions_page(request: Request, ctx: UiContext, root: str) -> dict[str, Any]:
     from ctxlake.serve.api.context import list_sessions, parse_when
 
     q = request.query_params
+    limit = _number(request, "limit", 100, 1, 500) or 100
     settings = ctx.settings(root)
     lake = ctx.memory(settings)
     if lake.sessions is None:
         return {"sessions": [], "by_tool": {}, "ingested": False, "filters": dict(q)}
     tools = _split(q.get("tool"))
-    found = list_sessions(lake, limit=min(int(q.get("limit") or 100), 500), tools=tools or None,
+    found = list_sessions(lake, limit=limit, tools=tools or None,
                           all_projects=q.get("all") == "1", after=parse_when(q.get("after"), "after"),
                           before=parse_when(q.get("before"), "before"))
     by_tool: dict[str, list[Any]] = {}
@@ -265,7 +284,7 @@ def session_page(request: Request, ctx: UiContext, root: str) -> dict[str, Any]:
     from ctxlake.serve.api.handoff import build_brief
 
     ref = request.path_params["ref"]
-    offset = max(0, int(request.query_params.get("offset") or 0))
+    offset = _number(request, "offset", 0, 0) or 0
     lake = ctx.memory(ctx.settings(root))
     detail = session_detail(lake, ref, offset=offset, limit=MESSAGES_PAGE)
     brief = build_brief(lake, ref=detail.session.session_ref)
@@ -282,10 +301,25 @@ def knowledge_page(request: Request, ctx: UiContext, root: str) -> dict[str, Any
     lake = ctx.memory(ctx.settings(root))
     found = project_knowledge(lake, kind, text, limit=500, include_superseded=q.get("history") == "1")
     records = [r for r in found.records if not tag or tag in r.tags]
-    by_id = {r.id: r for r in found.records}
+    # Each body gets an equal share of the page once the records would overflow it (at least 2,000 characters).
+    share = max(2_000, min(KNOWLEDGE_BODY_CHARS, KNOWLEDGE_PAGE_CHARS // max(1, len(records))))
+    cut: dict[str, int] = {}  # record id -> characters left out of its title and body
+    shown = []
+    for r in records:
+        left_out = max(0, len(r.title) - KNOWLEDGE_TITLE_CHARS) + max(0, len(r.body) - share)
+        if left_out:
+            cut[r.id] = left_out
+            r = r.model_copy(update={"title": _shorten(r.title, KNOWLEDGE_TITLE_CHARS), "body": _shorten(r.body, share)})
+        shown.append(r)
+    by_id = {r.id: r if len(r.title) <= KNOWLEDGE_TITLE_CHARS else
+             r.model_copy(update={"title": _shorten(r.title, KNOWLEDGE_TITLE_CHARS)}) for r in found.records}
     tags = sorted({t for r in found.records for t in r.tags})
-    return {"records": records, "by_id": by_id, "inbox": found.inbox, "kinds": KNOWLEDGE_KINDS, "tags": tags,
+    return {"records": shown, "cut": cut, "by_id": by_id, "inbox": found.inbox, "kinds": KNOWLEDGE_KINDS, "tags": tags,
             "filters": {"type": kind or "", "q": text or "", "tag": tag, "history": q.get("history") == "1"}}
+
+
+def _shorten(text: str, chars: int) -> str:
+    return text if len(text) <= chars else text[:chars].rstrip() + " …"
 
 
 def sources_page(request: Request, ctx: UiContext, root: str) -> dict[str, Any]:
@@ -412,7 +446,7 @@ def api_search(request: Request) -> dict[str, Any]:
     if kind not in ("all", "code", "conversations", "knowledge"):
         raise InputError(f"unknown record type {kind!r}", hint="all, code, conversations or knowledge")
     mode = q.get("mode") or "hybrid"
-    limit = min(max(int(q.get("limit") or 20), 1), 100)
+    limit = _number(request, "limit", 20, 1, 100) or 20
     out: dict[str, Any] = {"query": query, "mode": mode, "kind": kind, "code": None, "context": None, "warnings": []}
     if not query:
         return out
@@ -455,8 +489,8 @@ def api_file(request: Request) -> dict[str, Any]:
     ctx = _ctx(request)
     settings = ctx.settings(_root(request))
     path = q.get("path") or ""
-    start = int(q["start"]) if q.get("start") else None
-    end = int(q["end"]) if q.get("end") else None
+    start = _number(request, "start", None, 1)
+    end = _number(request, "end", None, 1)
     if start is not None and end is None:
         end = start + 399
     return file_context(ctx.lake(settings), path, start, end).model_dump()
@@ -471,7 +505,8 @@ def api_files(request: Request) -> dict[str, Any]:
     text = (q.get("q") or "").strip()
     if not text:
         raise InputError("paste an issue or a question first")
-    return search_files(ctx.lake(settings), text, limit=min(int(q.get("limit") or 10), 50)).model_dump()
+    limit = _number(request, "limit", 10, 1, 50) or 10
+    return search_files(ctx.lake(settings), text, limit=limit).model_dump()
 
 
 def api_knowledge_create(request: Request, body: dict[str, Any]) -> dict[str, Any]:
@@ -514,13 +549,14 @@ def api_source_add(request: Request, body: dict[str, Any]) -> dict[str, Any]:
     validate_name(name)
     if not origin:
         raise InputError("give the source's origin: a git URL, a folder or a docs URL")
-    argv = ["add-docs" if body.get("docs") else "add", name, origin]
+    argv = ["add-docs" if body.get("docs") else "add", "--json"]
     kind = str(body.get("type") or "")
     if kind:
-        argv += ["--type", kind]
+        argv.append(f"--type={kind}")  # one token: a value starting with '-' stays the value
     if body.get("ref"):
-        argv += ["--ref", str(body["ref"])]
-    job = ctx.jobs.start(f"add {name}", [*argv, "--json"], Path(root), env=_child_env(ctx))
+        argv.append(f"--ref={body['ref']}")
+    # After `--`, an origin such as `--help` is the origin, never an option of `ctx add`.
+    job = ctx.jobs.start(f"add {name}", [*argv, "--", name, origin], Path(root), env=_child_env(ctx))
     return job.as_dict()
 
 
@@ -568,6 +604,8 @@ def create_app(ctx: UiContext, port_of: Callable[[], int]) -> Guard:
     """The ASGI app behind the guard. `port_of` gives the bound port (for the Host/Origin checks)."""
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.globals["qs"] = _qs
+    # Values shown as JSON keep their own characters (a path with accents, a bullet); <, >, & and ' are still escaped.
+    templates.env.policies["json.dumps_kwargs"] = {"sort_keys": True, "ensure_ascii": False}
     routes = [
         Route("/", _page("overview")),
         Route("/search", _page("search")),

@@ -39,6 +39,12 @@ def test_invalid_cron_in_config_is_a_config_error(cli: Callable[..., Any], tmp_p
     assert result.exit_code == 3 and "schedule.sync_cron" in result.stderr
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("45", 45), ("30s", 30), ("10m", 600), ("2h", 7200), ("1d", 86400)])
+@pytest.mark.parametrize(("text", "seconds"), [("60", 60), ("90s", 90), ("10m", 600), ("2h", 7200), ("1d", 86400)])
 def test_parse_every(text: str, seconds: int) -> None:
     assert parse_every(text).total_seconds() == seconds
+
+
+def test_an_interval_under_a_minute_is_refused(cli: Callable[..., Any], tmp_path: Path) -> None:
+    for every in ("1s", "59", "0.5m"):
+        result = cli("schedule", "set", "ingest_conversations", "--every", every, cwd=tmp_path)
+        assert result.exit_code == 2 and "too short" in result.stderr and "60 s" in result.stderr, every

@@ -60,7 +60,12 @@ def test_effective_settings_say_where_each_value_came_from(project: Path, monkey
     assert (values["search", "mode"].value, values["search", "mode"].origin) == ("keyword", "env")
     assert values["search", "mode"].detail == "CTX_SEARCH_MODE"
     assert values["search", "rrf_k"].origin == "default"
-    assert values["embed", "api_key"].value == MASK
+    assert values["embed", "api_key"].value == MASK and values["embed", "api_key"].hidden
+    # Only secret names are hidden, not every name with "token" or "secret" in it.
+    assert values["embed", "max_tokens"].value == settings.embed.max_tokens and not values["embed", "max_tokens"].hidden
+    assert values["agents", "prompt_tokens"].value == settings.agents.prompt_tokens
+    assert values["index", "secret_files"].value == settings.index.secret_files
+    assert values["memory", "llm_api_key"].hidden and values["memory", "llm_api_key"].value is None  # not set
     assert "sk-test" not in repr([v.model_dump() for v in values.values()])
     flagged = effective_settings(settings, flags={"search": {"limit": 3}})
     assert next(v for v in flagged if (v.section, v.key) == ("search", "limit")).origin == "flag"

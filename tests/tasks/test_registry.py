@@ -146,7 +146,17 @@ def test_section_keeps_other_content_and_file_without_manifest_is_a_conflict(tmp
     sync(tmp_path)
     assert (tmp_path / "CLAUDE.md").read_text(encoding="utf-8").strip() == "# My notes\n\nKeep this."
     assert not (tmp_path / ".github/instructions/py-style.instructions.md").exists()
+    assert not (tmp_path / ".github").exists()  # the folders it made for that file went with it
     assert (tmp_path / ".cursor/rules/py-style.mdc").read_text() == "mine\n"
+
+
+def test_a_deleted_skill_takes_its_folder_with_it(project: Path) -> None:
+    sync(project)
+    (project / ".ctx/registry/skills/release-notes.md").unlink()
+    deleted = {c.path for c in sync(project).changes if c.action == "delete"}
+    assert deleted == {".claude/skills/release-notes/SKILL.md"}
+    assert not (project / ".claude/skills").exists()
+    assert (project / ".claude/commands/review.md").is_file()
 
 
 def _write_native(root: Path) -> None:

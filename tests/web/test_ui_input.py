@@ -1,0 +1,112 @@
+"""The UI's answers over plain HTTP (Starlette's TestClient, no browser, no index): a query parameter
+that is no number is a 400 that names it, never a 500; Settings hides secrets and nothing else."""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from starlette.testclient import TestClient
+
+from ctxlake.serve.web.app import UiContext, create_app
+
+PORT = 8765  # only checked against the Host header: nothing listens
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    repo = tmp_path / "proj"
+    (repo / ".ctx").mkdir(parents=True)
+    return repo
+
+
+@pytest.fixture
+def client(project: Path, tmp_path: Path) -> Iterator[TestClient]:
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "CTX_EMBED_PROVIDER": "fake", "CTX_EMBED_MODEL": "hash"}
+    ctx = UiContext(projects=lambda: [str(project)], env=env, mode="standalone")
+    with TestClient(create_app(ctx, lambda: PORT), base_url=f"http://127.0.0.1:{PORT}") as test_client:
+        yield test_client
+
+
+@pytest.mark.parametrize(("path", "name"), [
+    ("/api/search?q=x&limit=abc", "limit"),
+    ("/api/files?q=x&limit=abc", "limit"),
+    ("/api/file?path=README.md&start=abc", "start"),
+    ("/api/file?path=README.md&start=1&end=2x", "end"),
+])
+def test_a_parameter_that_is_no_number_is_a_json_400(client: TestClient, path: str, name: str) -> None:
+    res = client.get(path)
+    assert res.status_code == 400, res.text
+    assert res.json()["error"].startswith(f"{name} must be a whole number")
+
+
+@pytest.mark.parametrize("path", ["/sessions?limit=abc", "/sessions/x?offset=abc"])
+def test_a_page_with_a_parameter_that_is_no_number_is_an_html_400(client: TestClient, path: str) -> None:
+    res = client.get(path)
+    assert res.status_code == 400 and res.headers["content-type"].startswith("text/html")
+    assert "must be a whole number" in res.text
+
+
+def test_out_of_range_numbers_are_clamped(client: TestClient) -> None:
+    assert client.get("/sessions?limit=-5").status_code == 200
+    assert client.get("/sessions?limit=99999999999999999999").status_code == 200
+    res = client.get("/api/search?q=refund&limit=-3&kind=code")  # not indexed: a warning, not an error
+    assert res.status_code == 200 and res.json()["warnings"]
+
+
+def test_settings_hide_secrets_only_and_show_the_mask_as_text(project: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "CTX_EMBED_PROVIDER": "openai",
+           "OPENAI_API_KEY": "sk-test-" + "a" * 40}
+    ctx = UiContext(projects=lambda: [str(project)], env=env, mode="standalone")
+    with TestClient(create_app(ctx, lambda: PORT), base_url=f"http://127.0.0.1:{PORT}") as test_client:
+        page = test_client.get("/settings").text
+    cells = {m.group(1): html.unescape(re.sub(r"<[^>]+>", "", m.group(2)))
+             for m in re.finditer(r'<th scope="row"[^>]*>(\w+)</th><td class="wrap">(.*?)</td>', page)}
+    assert cells["max_tokens"].isdigit() and cells["prompt_tokens"].isdigit()
+    assert cells["secret_files"] == '"skip"'
+    assert cells["api_key"] == "•••• (set, hidden)" and "sk-test" not in page
+    assert cells["llm_api_key"] == "not set"
+
+
+def test_the_knowledge_page_shortens_a_huge_record_with_a_note(client: TestClient, project: Path) -> None:
+    from datetime import UTC, datetime
+
+    from ctxlake.tasks.knowledge import Record, render
+
+    folder = project / ".ctx" / "knowledge" / "insights"
+    folder.mkdir(parents=True)
+    huge = Record(id="insight-20260101-00000001", type="insight", title="A" * 100_000, body="B" * 10_000_000,
+                  created_at=datetime(2026, 1, 1, tzinfo=UTC), path="")
+    small = Record(id="insight-20260101-00000002", type="insight", title="Exports batch rows", body="Ten thousand a batch.",
+                   created_at=datetime(2026, 1, 2, tzinfo=UTC), path="")
+    for record in (huge, small):
+        (folder / f"{record.id}.md").write_text(render(record), encoding="utf-8")
+    res = client.get("/knowledge")
+    assert res.status_code == 200 and len(res.text) < 100_000
+    assert f"{99_800 + 9_980_000:,} more characters are in <code>.ctx/knowledge/insights/{huge.id}.md" in res.text
+    assert "Ten thousand a batch." in res.text
+    # The shortened record cannot be edited here (the form would save the shortened text); the other can.
+    assert 'data-edit="insight-20260101-00000001"' not in res.text
+    assert 'data-edit="insight-20260101-00000002"' in res.text
+
+
+def test_a_source_origin_that_looks_like_an_option_is_the_origin(client: TestClient) -> None:
+    import time
+
+    page = client.get("/sources")
+    token = re.search(r'name="csrf-token" content="([0-9a-f]+)"', page.text)
+    assert token
+    res = client.post("/api/sources", json={"name": "opt", "origin": "--help", "ref": "--version"},
+                      headers={"X-CSRF-Token": token.group(1)})
+    assert res.status_code == 200, res.text
+    job = res.json()
+    deadline = time.monotonic() + 120
+    while job["state"] not in ("done", "failed") and time.monotonic() < deadline:
+        time.sleep(0.2)
+        job = client.get(f"/api/jobs/{job['id']}").json()
+    assert job["lines"][0] == "$ ctx add --json --ref=--version -- opt --help"
+    assert job["state"] == "failed" and "Usage:" not in job["output"]  # `ctx add` tried the origin; no help text
