@@ -31,6 +31,7 @@ from ctxlake.serve.cli import stats as cli_stats
 from ctxlake.serve.cli.base import (
     _prefect_quietly,
     bound_writer_heap,
+    start_prefect_shielded,
     ensure_project,
     without_heartbeats,
 )
@@ -169,6 +170,7 @@ def _run_flow(settings: Settings, *, force: bool, embed: bool, verbose: bool, wa
         rich.start("prefect", None, "starting")
         from ctxlake.flows.index_code import index_code
 
+        start_prefect_shielded()
         rich.finish("prefect")
         if watch:
             from ctxlake.flows.watch_code import watch_code

@@ -39,6 +39,31 @@ def _prefect_quietly(verbose: bool) -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 
+def start_prefect_shielded() -> None:
+    """Start Prefect's temporary API server now (when no server is configured), with SIGINT
+    blocked in it. Prefect starts it in the terminal's process group, so a Ctrl-C reached it too:
+    the flow's last state updates then retried against a dead server, and `ctx run index --watch`
+    hung after Ctrl-C (or ended in an httpx traceback). The server still stops with this process
+    (Prefect stops it at exit, with SIGTERM)."""
+    import signal
+
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()  # the one instance Prefect's clients use
+    if server.running:
+        return
+    # A blocked signal stays blocked across fork and exec; a Ctrl-C meanwhile waits for this process.
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        server.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def bound_writer_heap() -> None:
     """At most two malloc arenas for a run that writes the lake in this process (`ctx run index`,
     `ctx run ingest`; the resident service sets the same at its start). Call it before Prefect

@@ -110,7 +110,7 @@ def _pending(settings: Settings) -> bool:
 
 
 def _run_flow(settings: Settings, roots: dict[str, list[Path]], *, embed: bool, optimize: bool, verbose: bool) -> Any:
-    from ctxlake.serve.cli.base import _prefect_quietly, bound_writer_heap, without_heartbeats
+    from ctxlake.serve.cli.base import _prefect_quietly, bound_writer_heap, start_prefect_shielded, without_heartbeats
     from ctxlake.serve.cli.render import RichReporter
     from ctxlake.tasks.progress import use_reporter
 
@@ -120,6 +120,7 @@ def _run_flow(settings: Settings, roots: dict[str, list[Path]], *, embed: bool, 
         rich.start("prefect", None, "starting")
         from ctxlake.flows.ingest_conversations import ingest_conversations
 
+        start_prefect_shielded()
         rich.finish("prefect")
         with without_heartbeats():
             return ingest_conversations(settings, roots, embed=embed, optimize=optimize)

@@ -39,7 +39,7 @@ def _split(values: list[str] | None) -> list[str]:
 
 def _sync(settings: Settings, specs: list[SourceSpec], wait: float, verbose: bool) -> list[SyncReport]:
     """Run the sync-sources flow under the lake's writer lock."""
-    from ctxlake.serve.cli.base import _prefect_quietly
+    from ctxlake.serve.cli.base import _prefect_quietly, start_prefect_shielded
     from ctxlake.serve.cli.render import RichReporter
     from ctxlake.tasks.lake import WriterLock
     from ctxlake.tasks.progress import use_reporter
@@ -56,6 +56,7 @@ def _sync(settings: Settings, specs: list[SourceSpec], wait: float, verbose: boo
             rich.start("prefect", None, "starting")
             from ctxlake.flows.sync_sources import sync_sources
 
+            start_prefect_shielded()
             rich.finish("prefect")
             return sync_sources(settings, specs)
     finally:

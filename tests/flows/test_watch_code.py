@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from helpers import git, write_files
 
@@ -147,3 +148,31 @@ def test_watch_subprocess_holds_the_lock_and_stops_on_ctrl_c(make_repo: Callable
     assert out.startswith("Watched ")
     assert json.loads(subprocess.run([ctx, "status", "--json"], cwd=repo, env=env, capture_output=True,
                                      text=True).stdout)["writer"] is None
+
+
+def test_ctrl_c_in_a_terminal_after_a_batch_ends_the_watcher_cleanly(make_repo: Callable[..., Path]) -> None:
+    """A terminal's Ctrl-C signals the whole process group, Prefect's temporary server included.
+    After a batch was applied, the watcher used to hang (its last state updates retried against
+    the dead server) or end in a traceback; it must end as after a plain SIGINT, leaving nothing."""
+    repo = make_repo({"a.py": "def a():\n    return 1\n"})
+    env = {**os.environ, "CTX_EMBED_PROVIDER": "fake", "CTX_EMBED_MODEL": "hash"}
+    ctx = str(Path(sys.executable).parent / "ctx")
+    proc = subprocess.Popen([ctx, "run", "index", "--watch"], cwd=repo, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(lambda: (repo / ".ctx" / "lake" / "state.json").exists(), "first index", timeout=240)
+        (repo / "b.py").write_text("def ctrl_c_marker():\n    return 2\n")
+        wait_for(lambda: "b.py" in paths_indexed(repo), "the edit applied", timeout=120)
+        group = [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))]
+        os.killpg(proc.pid, signal.SIGINT)  # what the terminal does
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    # 0 with its summary, or 130 ("interrupted") when the signal came in the middle of a batch.
+    assert proc.returncode in (0, 130), err
+    assert "Traceback" not in err and "Error" not in err, err
+    assert out.startswith("Watched ") or "interrupted" in err, out + err
+    time.sleep(0.5)
+    left = [p for p in group if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"left running: {left}"
