@@ -31,8 +31,8 @@ from ctxlake.serve.cli import stats as cli_stats
 from ctxlake.serve.cli.base import (
     _prefect_quietly,
     bound_writer_heap,
-    start_prefect_shielded,
     ensure_project,
+    start_prefect_shielded,
     without_heartbeats,
 )
 from ctxlake.serve.cli.schedule import schedule_app

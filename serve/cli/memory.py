@@ -110,7 +110,12 @@ def _pending(settings: Settings) -> bool:
 
 
 def _run_flow(settings: Settings, roots: dict[str, list[Path]], *, embed: bool, optimize: bool, verbose: bool) -> Any:
-    from ctxlake.serve.cli.base import _prefect_quietly, bound_writer_heap, start_prefect_shielded, without_heartbeats
+    from ctxlake.serve.cli.base import (
+        _prefect_quietly,
+        bound_writer_heap,
+        start_prefect_shielded,
+        without_heartbeats,
+    )
     from ctxlake.serve.cli.render import RichReporter
     from ctxlake.tasks.progress import use_reporter
 
