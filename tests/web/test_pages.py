@@ -145,7 +145,7 @@ def test_adding_a_local_folder_shows_progress_then_the_source(site: Site, page: 
     page.get_by_role("button", name="Add").click()
     job = page.locator("#job")
     expect(job).to_be_visible()
-    expect(page.locator("#job-lines")).to_contain_text("ctx add vendored")
+    expect(page.locator("#job-lines")).to_contain_text("-- vendored")
     expect(job).to_have_attribute("data-state", "done", timeout=180_000)
     row = page.locator("tr[data-source=vendored]")
     expect(row).to_be_visible(timeout=DEADLINE_MS)  # the page reloads with the new source
