@@ -1,5 +1,6 @@
-"""Trust for a project's `.ctx/config.toml`: the settings in it that run commands are ignored until
-the user trusts that exact file content (`ctx trust`), the way direnv's `allow` works.
+"""Trust for a project's `.ctx/config.toml`: the settings in it that run commands (or read folders
+outside the project) are ignored until the user trusts that exact file content (`ctx trust`), the
+way direnv's `allow` works; and for `.ctx/sources.toml`'s sources that read outside the project.
 
 A committed config arrives with `git clone`, so a repository's author would otherwise choose what
 runs on the machine of whoever indexes it. The user's own settings (CTX_* environment, CLI flags)
@@ -12,6 +13,7 @@ import hashlib
 import json
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,20 +47,25 @@ class TrustState:
     trusted: bool
     sha256: str = ""
     gated_keys: list[str] = field(default_factory=list)
+    # sources.toml entries that read outside the project and are not trusted (filled by the caller)
+    untrusted_sources: list[str] = field(default_factory=list)
 
     @property
     def summary(self) -> str:
+        sources = (f"; sources.toml: not reading {', '.join(self.untrusted_sources)} (outside the project; "
+                   "`ctx trust` after reviewing it)") if self.untrusted_sources else ""
         if not self.exists:
-            return "no project config"
+            return "no project config" + sources
         if self.trusted:
-            return "trusted (`ctx trust --revoke` to undo)"
+            return "trusted (`ctx trust --revoke` to undo)" + sources
         if not self.gated_keys:
-            return "not trusted; sets no command settings"
-        return f"not trusted: ignoring {', '.join(self.gated_keys)} (`ctx trust` after reviewing it)"
+            return "not trusted; sets no command settings" + sources
+        return f"not trusted: ignoring {', '.join(self.gated_keys)} (`ctx trust` after reviewing it)" + sources
 
     def as_dict(self) -> dict[str, Any]:
         return {"path": self.path, "exists": self.exists, "trusted": self.trusted,
-                "sha256": self.sha256, "gated_keys": self.gated_keys}
+                "sha256": self.sha256, "gated_keys": self.gated_keys,
+                "untrusted_sources": self.untrusted_sources}
 
 
 def store_path(home: Path) -> Path:
@@ -115,6 +122,42 @@ def revoke(config_path: Path, home: Path) -> bool:
         return False
     _save(home, entries)
     return True
+
+
+# .ctx/sources.toml arrives with `git clone` as well. A source that reads this machine outside the
+# project (a local folder, a git repository by path or file://) is trusted entry by entry, for its
+# exact type and origin: `ctx add` trusts what the user adds, and `ctx trust` every such entry the
+# file declares now. A per-file hash would do for config.toml, but here the user's own `ctx add`
+# edits the file too, and trusting its new content whole would trust whatever came with the clone.
+def _source_key(registry: Path, name: str) -> str:
+    return f"{_key(registry)}#{name}"
+
+
+def _source_digest(kind: str, origin: str) -> str:
+    return digest(f"{kind}\0{origin}".encode())
+
+
+def source_trusted(registry: Path, name: str, kind: str, origin: str, home: Path) -> bool:
+    return _load(home).get(_source_key(registry, name)) == _source_digest(kind, origin)
+
+
+def trust_sources(registry: Path, home: Path, sources: Sequence[tuple[str, str, str]]) -> None:
+    """Trust each (name, type, origin) of the sources.toml at `registry`."""
+    entries = _load(home)
+    entries.update({_source_key(registry, name): _source_digest(kind, origin) for name, kind, origin in sources})
+    _save(home, entries)
+
+
+def revoke_sources(registry: Path, home: Path, name: str | None = None) -> int:
+    """Forget one source's trust (or every source's of that file); how many were trusted."""
+    entries = _load(home)
+    prefix = _source_key(registry, "")
+    gone = [k for k in entries if (k == _source_key(registry, name) if name is not None else k.startswith(prefix))]
+    for key in gone:
+        del entries[key]
+    if gone:
+        _save(home, entries)
+    return len(gone)
 
 
 def state(config_path: Path, data: dict[str, Any], home: Path) -> TrustState:
