@@ -305,7 +305,14 @@ def _fetch_and_checkout(spec: SourceSpec, tree: Path, remote: RemoteRef, limits:
         fetch.append("--filter=blob:none")  # blobs come on checkout, for the sparse paths only
     run_git([*fetch, "origin", remote.fetch], tree, timeout)
     listed = run_git(["ls-tree", "-r", "--name-only", "FETCH_HEAD", "--", *spec.paths], tree, timeout)
-    n_files = sum(1 for ln in listed.splitlines() if ln)
+    names = [ln for ln in listed.splitlines() if ln]
+    # A mistyped --paths entry matches nothing: an error naming it, as a local source gives, not
+    # a source of 0 files reported ok.
+    missing = [p for p in spec.paths if not any(n == p or n.startswith(p + "/") for n in names)]
+    if missing:
+        raise SourceError(f"--paths {', '.join(map(repr, missing))} not found in {spec.origin} at {spec.ref or 'its default branch'}",
+                          hint="check the paths (they are relative to the repository root)")
+    n_files = len(names)
     if n_files > limits.max_files:
         raise SourceError(
             f"{spec.origin} has {n_files:,} files{' under --paths' if spec.paths else ''}, over the limit of "

@@ -153,9 +153,12 @@ def test_failed_add_leaves_nothing_and_inputs_are_checked(
     assert errors == [f"ctx: error: cannot add gone: `git ls-remote` failed: '{tmp_path}/missing.git' "
                       "does not appear to be a git repository"]
     assert "Traceback" not in missing.stderr
+    badpath = cli("add", "badpath", url, "--paths", "does/not/exist", cwd=project)
+    assert badpath.exit_code == 9 and "--paths 'does/not/exist' not found" in badpath.stderr
     badref = cli("add", "lib", url, "--ref", "no-such-branch", cwd=project)
     assert badref.exit_code == 2 and "no branch or tag 'no-such-branch'" in badref.stderr
     assert "gone" not in (project / ".ctx" / "sources.toml").read_text()
+    assert "badpath" not in (project / ".ctx" / "sources.toml").read_text()
     assert ok_json(cli("list", "--json", cwd=project))["sources"] == []
     assert not list((ctx_home / "sources" / "git").glob("*/tree"))
     assert cli("add", "../evil", url, cwd=project).exit_code == 2

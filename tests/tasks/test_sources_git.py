@@ -99,6 +99,18 @@ def test_sparse_paths_check_out_only_those(remote: tuple[Path, str], tmp_path: P
     assert include == ["/libs/core", "/libs/core/**"]
 
 
+def test_a_missing_paths_entry_is_an_error_for_git_as_for_local(remote: tuple[Path, str], tmp_path: Path) -> None:
+    """A mistyped --paths made a git source of 0 files with status ok; a local one failed."""
+    _, url = remote
+    with pytest.raises(SourceError, match=r"--paths 'does/not/exist', 'lib' not found in .* at its default branch"):
+        fetch(spec(url, paths=["libs/core", "does/not/exist", "lib"]), tmp_path / "home")
+    assert not (storage_dir(tmp_path / "home", spec(url, paths=["libs/core", "does/not/exist", "lib"])) / "tree").exists()
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    with pytest.raises(SourceError, match=r"--paths 'does/not/exist' not found in"):
+        fetch_local.fn(SourceSpec(name="n", type="local", origin=str(notes), paths=["does/not/exist"]), tmp_path)
+
+
 def test_update_after_new_commit_touches_only_changed_files(remote: tuple[Path, str], tmp_path: Path) -> None:
     work, url = remote
     home = tmp_path / "home"
