@@ -415,17 +415,21 @@ def _parse_toml(path: Path, content: bytes) -> dict[str, Any]:
 
 
 def read_project_config(root: Path, home: Path) -> dict[str, Any]:
-    """The project's config.toml, less the command settings its content is not trusted for.
+    """The project's config.toml, less the command settings its content is not trusted for."""
+    return _read_project_config(root, home)[0]
 
-    Read once as bytes: the content parsed is the content whose hash is checked.
-    """
+
+def _read_project_config(root: Path, home: Path) -> tuple[dict[str, Any], bool]:
+    """(the filtered config, whether its content is trusted). Read once as bytes: the content
+    parsed is the content whose hash is checked."""
     from ctxlake.schemas import trust
 
     path = root / CTX_DIR / CONFIG_FILE
     if not path.is_file():
-        return {}
+        return {}, False
     content = path.read_bytes()
-    return trust.filter_untrusted(_parse_toml(path, content), path, content, home)
+    data = trust.filter_untrusted(_parse_toml(path, content), path, content, home)
+    return data, trust.is_trusted(path, content, home)
 
 
 def _env_layer(env: dict[str, str]) -> dict[str, dict[str, Any]]:
@@ -462,7 +466,7 @@ def load_settings(
     """Settings for the project at `root`: flags > CTX_* environment > .ctx/config.toml > defaults."""
     env = dict(os.environ) if env is None else env
     config_path = root / CTX_DIR / CONFIG_FILE
-    from_file = read_project_config(root, default_home(env))
+    from_file, trusted = _read_project_config(root, default_home(env))
     unknown = sorted(set(from_file) - set(SECTIONS))
     loose = [key for key in unknown if not isinstance(from_file[key], dict)]
     if loose:
@@ -475,7 +479,18 @@ def load_settings(
             f"unknown section(s) {', '.join(unknown)} in {config_path}",
             hint=f"known sections: {', '.join(SECTIONS)}",
         )
-    data = _merge(_merge(from_file, _env_layer(env)), overrides or {})
+    env_layer = _env_layer(env)
+    data = _merge(_merge(from_file, env_layer), overrides or {})
+    if not any("paths" in layer.get("docs", {}) for layer in (env_layer, overrides or {})):
+        # Docs folders from the file (or the default `docs`, which a clone can make a symlink)
+        # stay inside the project unless the file is trusted; the user's own env and flags are not gated.
+        from ctxlake.schemas import trust
+
+        paths = data.get("docs", {}).get("paths", DocsSettings.model_fields["paths"].get_default(call_default_factory=True))
+        if isinstance(paths, list):
+            kept = trust.filter_docs_paths([str(p) for p in paths], root, config_path, trusted)
+            if kept != paths:
+                data = _merge(data, {"docs": {"paths": kept}})
     provider = str(data.get("embed", {}).get("provider", "local"))
     key_env = API_KEY_ENV.get(provider)
     if key_env and env.get(key_env):

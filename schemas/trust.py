@@ -160,12 +160,51 @@ def revoke_sources(registry: Path, home: Path, name: str | None = None) -> int:
     return len(gone)
 
 
+def outside_docs(paths: Any, root: Path) -> list[str]:
+    """The [docs] paths entries that lead out of the project: absolute, `~`, `..`, or a symlink out."""
+    if not isinstance(paths, list):
+        return []
+    real_root = root.resolve()
+    out = []
+    for entry in paths:
+        try:
+            folder = (real_root / Path(str(entry)).expanduser()).resolve()
+        except (OSError, RuntimeError, ValueError):  # a link loop, a NUL byte: not a folder of the project
+            out.append(str(entry))
+            continue
+        if folder != real_root and real_root not in folder.parents:
+            out.append(str(entry))
+    return out
+
+
+def filter_docs_paths(paths: list[str], root: Path, config_path: Path, trusted: bool) -> list[str]:
+    """[docs] paths less the folders outside the project, unless they come from a trusted file.
+
+    The docs reader serves whatever these folders hold to any MCP client, so a cloned config (or a
+    committed `docs` symlink) must not point it at the user's other folders. Warns once per process.
+    """
+    outside = [] if trusted else outside_docs(paths, root)
+    if not outside:
+        return paths
+    seen = (str(config_path), "docs:" + "\0".join(outside))
+    if seen not in _warned:
+        _warned.add(seen)
+        sys.stderr.write(f"ctx: warning: ignoring [docs] paths {', '.join(map(repr, outside))}: outside the "
+                         f"project, and {config_path} is not trusted (review it, then run `ctx trust`; or set "
+                         "CTX_DOCS_PATHS)\n")
+    return [p for p in paths if p not in outside]
+
+
 def state(config_path: Path, data: dict[str, Any], home: Path) -> TrustState:
     if not config_path.is_file():
         return TrustState(path=str(config_path), exists=False, trusted=False)
     content = config_path.read_bytes()
+    gated = gated_keys(data)
+    docs = data.get("docs")
+    if isinstance(docs, dict) and outside_docs(docs.get("paths"), config_path.parent.parent):
+        gated.append("docs.paths")
     return TrustState(path=str(config_path), exists=True, trusted=is_trusted(config_path, content, home),
-                      sha256=digest(content), gated_keys=gated_keys(data))
+                      sha256=digest(content), gated_keys=gated)
 
 
 def filter_untrusted(data: dict[str, Any], config_path: Path, content: bytes, home: Path) -> dict[str, Any]:
