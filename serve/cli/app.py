@@ -79,10 +79,12 @@ def run_index(
     provider: Annotated[str | None, typer.Option("--provider", help="local, openai, gemini")] = None,
     as_json: JsonOpt = False,
     verbose: Annotated[bool, typer.Option("-v", "--verbose", help="show Prefect's logs")] = False,
+    allow_home: Annotated[bool, typer.Option(
+        "--allow-home", help="index even when the folder is your home folder or a filesystem root")] = False,
 ) -> None:
     """Index the project (incremental: only changed files are chunked and embedded)."""
     started = time.perf_counter()
-    root = resolve_root(path, for_write=True)
+    root = resolve_root(path, for_write=True, allow_home=allow_home)
     if ensure_project(root):
         typer.echo(f"Created {root / CTX_DIR}/ (config.toml, knowledge/; the lake is gitignored).", err=True)
     settings = load_settings(root, _overrides(embed={"model": model, "provider": provider}))
