@@ -15,7 +15,7 @@ from ctxlake.schemas.sources import SourceSpec
 from ctxlake.tasks import freshness
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.source_store import SyncReport, read_sources, record_source, source_row
-from ctxlake.tasks.sources import Fetched, fetch_git, fetch_local, storage_dir
+from ctxlake.tasks.sources import Fetched, check_access, fetch_git, fetch_local, storage_dir
 from ctxlake.tasks.webdocs import fetch_web
 
 
@@ -28,12 +28,15 @@ def sync_sources(settings: Settings, specs: list[SourceSpec]) -> list[SyncReport
 
 
 def _fetch(settings: Settings, spec: SourceSpec) -> Fetched:
+    # Every sync (add, update, the schedule) passes here: no system folder, nothing outside the
+    # project that a cloned sources.toml declares until the user trusts it.
+    check_access(spec, settings.root, settings.home)
     folder = storage_dir(settings.home, spec)
     if spec.type == "git":
         return fetch_git(spec, folder, settings.sources, settings.root)
     if spec.type == "web":
         return fetch_web(spec, folder, settings.sources, settings.root)
-    return fetch_local(spec)
+    return fetch_local(spec, settings.root)
 
 
 def _sync_one(settings: Settings, spec: SourceSpec, previous: dict[str, Any] | None) -> SyncReport:

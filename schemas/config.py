@@ -45,6 +45,9 @@ class IndexSettings(_Section):
                             "skip = not indexed, counted; mask = indexed with every assigned value masked")
     graph: bool = Field(True, description="build the symbol graph (definitions, refs, imports) for ctx "
                                           "def/refs/related/outline; off: those tables are emptied")
+    # Filled at load time, never from config.toml: ctxlake's own data folders (embedding cache,
+    # clones, the trust store), skipped wherever they sit in an indexed tree.
+    skip_dirs: list[str] = Field(default_factory=list, exclude=True)
 
 
 class EmbedSettings(_Section):
@@ -376,11 +379,20 @@ def git_toplevel(start: Path) -> Path | None:
     return Path(out.stdout.strip()).resolve() if out.returncode == 0 and out.stdout.strip() else None
 
 
-def resolve_root(path: Path | None, *, for_write: bool) -> Path:
+def _refuse_broad(root: Path, allow_home: bool) -> Path:
+    if not allow_home and (root == Path(root.anchor) or root == Path.home().resolve()):
+        # Almost always a mistake (a terminal left in ~ or /, a path typed short), and a very long one.
+        raise InputError(f"refusing to index {root}: it is {'your home folder' if root != Path(root.anchor) else 'a filesystem root'}",
+                         hint=f"run `ctx run index {root} --allow-home` if you really mean it")
+    return root
+
+
+def resolve_root(path: Path | None, *, for_write: bool, allow_home: bool = False) -> Path:
     """The project root for a command.
 
     An explicit path is the root itself. Otherwise: the nearest ancestor with .ctx/, else (when
-    the command creates an index) the enclosing git work tree, else the current folder.
+    the command creates an index) the enclosing git work tree, else the current folder. A new
+    index of the home folder or a filesystem root needs `allow_home`, whichever way it was named.
     """
     if path is not None:
         if not path.exists():
@@ -388,18 +400,15 @@ def resolve_root(path: Path | None, *, for_write: bool) -> Path:
         if not path.is_dir():
             raise InputError(f"not a folder: {path}", hint="ctx indexes folders")
         found = find_root(path)
-        return found if (found is not None and not for_write) else path.resolve()
+        if found is not None and not for_write:
+            return found
+        return _refuse_broad(path.resolve(), allow_home) if for_write else path.resolve()
     cwd = Path.cwd()
     found = find_root(cwd)
     if found is not None:
         return found
     if for_write:
-        root = git_toplevel(cwd) or cwd.resolve()
-        if root == Path(root.anchor) or root == Path.home().resolve():
-            # Almost always a mistake (a terminal left in ~ or /), and a very long one.
-            raise InputError(f"refusing to index {root} without an explicit path",
-                             hint=f"run `ctx run index {root}` if you really mean it")
-        return root
+        return _refuse_broad(git_toplevel(cwd) or cwd.resolve(), allow_home)
     # "Not indexed" whether .ctx/ is missing or only its lake is: one exit code for one meaning.
     raise NotIndexedError(
         f"no ctxlake index in {cwd} or any parent folder (looked for {CTX_DIR}/)",
@@ -415,17 +424,21 @@ def _parse_toml(path: Path, content: bytes) -> dict[str, Any]:
 
 
 def read_project_config(root: Path, home: Path) -> dict[str, Any]:
-    """The project's config.toml, less the command settings its content is not trusted for.
+    """The project's config.toml, less the command settings its content is not trusted for."""
+    return _read_project_config(root, home)[0]
 
-    Read once as bytes: the content parsed is the content whose hash is checked.
-    """
+
+def _read_project_config(root: Path, home: Path) -> tuple[dict[str, Any], bool]:
+    """(the filtered config, whether its content is trusted). Read once as bytes: the content
+    parsed is the content whose hash is checked."""
     from ctxlake.schemas import trust
 
     path = root / CTX_DIR / CONFIG_FILE
     if not path.is_file():
-        return {}
+        return {}, False
     content = path.read_bytes()
-    return trust.filter_untrusted(_parse_toml(path, content), path, content, home)
+    data = trust.filter_untrusted(_parse_toml(path, content), path, content, home)
+    return data, trust.is_trusted(path, content, home)
 
 
 def _env_layer(env: dict[str, str]) -> dict[str, dict[str, Any]]:
@@ -462,7 +475,7 @@ def load_settings(
     """Settings for the project at `root`: flags > CTX_* environment > .ctx/config.toml > defaults."""
     env = dict(os.environ) if env is None else env
     config_path = root / CTX_DIR / CONFIG_FILE
-    from_file = read_project_config(root, default_home(env))
+    from_file, trusted = _read_project_config(root, default_home(env))
     unknown = sorted(set(from_file) - set(SECTIONS))
     loose = [key for key in unknown if not isinstance(from_file[key], dict)]
     if loose:
@@ -475,15 +488,33 @@ def load_settings(
             f"unknown section(s) {', '.join(unknown)} in {config_path}",
             hint=f"known sections: {', '.join(SECTIONS)}",
         )
-    data = _merge(_merge(from_file, _env_layer(env)), overrides or {})
+    env_layer = _env_layer(env)
+    data = _merge(_merge(from_file, env_layer), overrides or {})
+    if not any("paths" in layer.get("docs", {}) for layer in (env_layer, overrides or {})):
+        # Docs folders from the file (or the default `docs`, which a clone can make a symlink)
+        # stay inside the project unless the file is trusted; the user's own env and flags are not gated.
+        from ctxlake.schemas import trust
+
+        paths = data.get("docs", {}).get("paths", DocsSettings.model_fields["paths"].get_default(call_default_factory=True))
+        if isinstance(paths, list):
+            kept = trust.filter_docs_paths([str(p) for p in paths], root, config_path, trusted)
+            if kept != paths:
+                data = _merge(data, {"docs": {"paths": kept}})
     provider = str(data.get("embed", {}).get("provider", "local"))
     key_env = API_KEY_ENV.get(provider)
     if key_env and env.get(key_env):
         data = _merge(data, {"embed": {"api_key": env[key_env]}})
     if str(data.get("memory", {}).get("llm", "off")) == "openai" and env.get("OPENAI_API_KEY"):
         data = _merge(data, {"memory": {"llm_api_key": env["OPENAI_API_KEY"]}})
+    home = default_home(env)
+    from platformdirs import user_data_dir
+
+    # Wherever an indexed tree holds them (an index of ~, a project that contains CTX_HOME): never
+    # the embedding cache's Lance files, the clones or the trust store.
+    skip = sorted({str(home), str(Path(user_data_dir("ctxlake", appauthor=False)).resolve())})
+    data = _merge(data, {"index": {"skip_dirs": skip}})
     try:
-        return Settings(root=root.resolve(), home=default_home(env), **data)
+        return Settings(root=root.resolve(), home=home, **data)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()

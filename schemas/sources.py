@@ -8,6 +8,7 @@ import tempfile
 import tomllib
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
+from urllib.parse import unquote
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -107,8 +108,70 @@ class SourceSpec(BaseModel):
         return base.model_copy(update={"include": include, "exclude": list(self.exclude)})
 
 
+# A git origin that names a remote (scheme://..., or scp-like host:path); anything else is a path here.
+_REMOTE_RE = re.compile(r"^(?:[a-z][a-z0-9+.-]*://|[^/]+:)", re.IGNORECASE)
+
+
+def _origin_on_disk(spec: SourceSpec) -> str | None:
+    """The origin as a path on this machine, as written (None for a remote or web source)."""
+    if spec.type == "web":
+        return None
+    if spec.type == "git":
+        if spec.origin[:7].lower() == "file://":
+            return unquote(spec.origin[7:])
+        if _REMOTE_RE.match(spec.origin):
+            return None
+    return spec.origin
+
+
+def origin_path(spec: SourceSpec, root: Path) -> Path | None:
+    """The folder a local source indexes, or the repository a git source clones from this machine
+    (a path or file://), resolved: `~` is the user's home, a relative origin is relative to the
+    project root (the folder holding .ctx/), never to the current folder. None for remote sources."""
+    text = _origin_on_disk(spec)
+    return None if text is None else (root / Path(text).expanduser()).resolve()
+
+
+def reads_outside(spec: SourceSpec, root: Path) -> Path | None:
+    """The path outside the project a source would read on this machine, or None. Such a source
+    declared in a cloned sources.toml is read only once the user trusts it (schemas/trust.py)."""
+    text = _origin_on_disk(spec)
+    if text is None:
+        return None
+    path = (root / Path(text).expanduser()).resolve()
+    real_root = root.resolve()
+    # git resolves a relative remote from its clone's folder, not from here: always outside.
+    relative_git = spec.type == "git" and not Path(text).expanduser().is_absolute()
+    if not relative_git and (path == real_root or real_root in path.parents):
+        return None
+    return path
+
+
 def registry_path(root: Path) -> Path:
     return root / CTX_DIR / SOURCES_FILE
+
+
+def is_trusted(spec: SourceSpec, root: Path, home: Path) -> bool:
+    """Whether the project's sources.toml may make ctx read what `spec` reads: anything inside the
+    project or remote, and outside folders the user added or trusted (`ctx add`, `ctx trust`)."""
+    from ctxlake.schemas import trust
+
+    return reads_outside(spec, root) is None or trust.source_trusted(
+        registry_path(root), spec.name, spec.type, spec.origin, home)
+
+
+def untrusted_sources(root: Path, home: Path) -> list[SourceSpec]:
+    """The declared sources that read outside the project and are not trusted."""
+    return [spec for spec in load_registry(root).values() if not is_trusted(spec, root, home)]
+
+
+def trust_sources(root: Path, home: Path, specs: list[SourceSpec]) -> None:
+    """Trust these sources, as declared now, to read outside the project (those that do)."""
+    from ctxlake.schemas import trust
+
+    chosen = [(s.name, s.type, s.origin) for s in specs if reads_outside(s, root) is not None]
+    if chosen:
+        trust.trust_sources(registry_path(root), home, chosen)
 
 
 def load_registry(root: Path) -> dict[str, SourceSpec]:

@@ -475,6 +475,11 @@ def walk_files(
 ) -> Iterator[tuple[str, os.stat_result]]:
     """Every file under root that the rules keep, as (posix relative path, lstat); no symlinks."""
     rules = _Rules(root, index)
+    real_root = os.path.realpath(root)
+    # ctxlake's own data folders, as paths relative to root (only those inside it); folders are
+    # never reached through links here, so the listing's path is the real one.
+    private = {os.path.relpath(p, real_root).replace(os.sep, "/") for p in map(os.path.realpath, index.skip_dirs)
+               if p.startswith(real_root.rstrip("/") + "/")}
     # Each item: (absolute folder, relative folder, the .gitignore matchers in force there).
     pending: list[tuple[str, str, list[tuple[str, _Matcher]]]] = [(str(root), "", [])]
     while pending:
@@ -504,7 +509,7 @@ def walk_files(
                     stats.symlinks += 1
                     continue
                 if item.is_dir(follow_symlinks=False):
-                    if rules.ignored(rel, True, stack):
+                    if rel in private or rules.ignored(rel, True, stack):
                         stats.ignored += 1
                     else:
                         subfolders.append((item.path, rel, stack))

@@ -139,10 +139,18 @@ _DS_TRIGGERS: dict[type[RegexBasedDetector], tuple[str, ...] | list[tuple[str, .
 }
 
 
+# Library patterns we replace. detect-secrets' JWT pattern ends in a lazy `[...]*?`, which `finditer`
+# stops at the second dot: header and payload were masked and the signature left in the text.
+_DS_PATTERNS: dict[type[RegexBasedDetector], list[re.Pattern[str]]] = {
+    JwtTokenDetector: [re.compile(r"eyJ[A-Za-z0-9_=-]+\.[A-Za-z0-9_=-]+(?:\.[A-Za-z0-9_+/=-]+){0,3}")],
+}
+
+
 def _library_detectors() -> list[Detector]:
     out = []
     for plugin, spec in _DS_TRIGGERS.items():
-        patterns = list(cast("Iterable[re.Pattern[str]]", plugin.denylist))  # a class attribute, typed as a property
+        # a class attribute, typed as a property
+        patterns = _DS_PATTERNS.get(plugin) or list(cast("Iterable[re.Pattern[str]]", plugin.denylist))
         per_pattern = spec if isinstance(spec, list) else [spec] * len(patterns)
         assert len(per_pattern) == len(patterns), f"{plugin.__name__}: one trigger tuple per pattern"
         out += [Detector(_kind_of(plugin), pattern, triggers) for pattern, triggers in zip(patterns, per_pattern, strict=True)]

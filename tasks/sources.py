@@ -15,9 +15,9 @@ from typing import NamedTuple
 
 import xxhash
 
-from ctxlake.errors import InputError, SourceError
+from ctxlake.errors import ConfigError, InputError, SourceError
 from ctxlake.schemas.config import IndexSettings, Settings, SourcesSettings
-from ctxlake.schemas.sources import SourceSpec
+from ctxlake.schemas.sources import SourceSpec, is_trusted, origin_path
 from ctxlake.tasks import freshness
 from ctxlake.tasks.stage import stage
 
@@ -59,6 +59,21 @@ def refuse_system_folder(real: Path) -> None:
         what = "your home folder" if real == home else "a system folder"
         raise InputError(f"{text} is {what}: it cannot be a source",
                          hint="add the project or docs folder you mean, e.g. ~/code/lib")
+
+
+def check_access(spec: SourceSpec, root: Path, home: Path) -> None:
+    """Before a source is read on this machine: InputError for a system folder, ConfigError for a
+    folder outside the project that the project's sources.toml declares and the user never trusted
+    (a clone's sources.toml is the repository author's choice, like its config.toml)."""
+    path = origin_path(spec, root)
+    if path is None:
+        return
+    refuse_system_folder(path)
+    if not is_trusted(spec, root, home):
+        raise ConfigError(
+            f"source {spec.name!r} reads {path}, outside the project, and .ctx/sources.toml is not "
+            "trusted for it (it may have come with the clone)",
+            hint="review .ctx/sources.toml, then run `ctx trust`; or `ctx remove " + spec.name + "`")
 
 
 def classify_origin(origin: str, docs: bool = False) -> tuple[str, str]:
@@ -103,7 +118,7 @@ def storage_dir(home: Path, spec: SourceSpec) -> Path:
 def source_root(settings: Settings, spec: SourceSpec) -> Path:
     """The folder that is indexed (and linked into agent sandboxes) for a source."""
     if spec.type == "local":
-        return Path(spec.origin)
+        return origin_path(spec, settings.root) or Path(spec.origin)
     sub = TREE_DIR if spec.type == "git" else PAGES_DIR
     return storage_dir(settings.home, spec) / sub
 
@@ -290,7 +305,14 @@ def _fetch_and_checkout(spec: SourceSpec, tree: Path, remote: RemoteRef, limits:
         fetch.append("--filter=blob:none")  # blobs come on checkout, for the sparse paths only
     run_git([*fetch, "origin", remote.fetch], tree, timeout)
     listed = run_git(["ls-tree", "-r", "--name-only", "FETCH_HEAD", "--", *spec.paths], tree, timeout)
-    n_files = sum(1 for ln in listed.splitlines() if ln)
+    names = [ln for ln in listed.splitlines() if ln]
+    # A mistyped --paths entry matches nothing: an error naming it, as a local source gives, not
+    # a source of 0 files reported ok.
+    missing = [p for p in spec.paths if not any(n == p or n.startswith(p + "/") for n in names)]
+    if missing:
+        raise SourceError(f"--paths {', '.join(map(repr, missing))} not found in {spec.origin} at {spec.ref or 'its default branch'}",
+                          hint="check the paths (they are relative to the repository root)")
+    n_files = len(names)
     if n_files > limits.max_files:
         raise SourceError(
             f"{spec.origin} has {n_files:,} files{' under --paths' if spec.paths else ''}, over the limit of "
@@ -310,15 +332,18 @@ def _fetch_and_checkout(spec: SourceSpec, tree: Path, remote: RemoteRef, limits:
 
 
 @stage("fetch-local")
-def fetch_local(spec: SourceSpec) -> Fetched:
-    """Local SourceSpec -> the folder itself (indexed in place, never copied)."""
-    root = Path(spec.origin)
+def fetch_local(spec: SourceSpec, project: Path) -> Fetched:
+    """Local SourceSpec -> the folder itself (indexed in place, never copied); a relative origin is
+    relative to the `project` root."""
+    root = origin_path(spec, project) or Path(spec.origin)
+    refuse_system_folder(root)  # whatever wrote the spec (`ctx add --type local`, an edited sources.toml)
     if not root.is_dir():
         raise SourceError(f"the folder of source {spec.name!r} is gone: {root}",
                           hint=f"restore it, or `ctx remove {spec.name}`")
-    for path in spec.paths:
-        if not (root / path).exists():
-            raise SourceError(f"{path!r} does not exist in {root}")
+    missing = [path for path in spec.paths if not (root / path).exists()]
+    if missing:
+        raise SourceError(f"--paths {', '.join(map(repr, missing))} not found in {root}",
+                          hint=f"check the paths of {spec.name!r} in .ctx/sources.toml")
     # Nothing is fetched: whether it changed is the Merkle diff's call.
     return Fetched(root, None, None, "ok", None, False)
 

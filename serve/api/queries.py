@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import pyarrow as pa
 
-from ctxlake.errors import InputError, ModelMismatchError, NotIndexedError
+from ctxlake.errors import ConfigError, InputError, ModelMismatchError, NotIndexedError
 from ctxlake.schemas.config import Settings
 from ctxlake.serve.api.handles import memo_schema
 from ctxlake.serve.api.models import Hit, SearchMode, SearchResult, Status, hit_tokens
@@ -780,12 +781,15 @@ def _config_trust(settings: Settings) -> dict[str, Any]:
     import tomllib
 
     from ctxlake.schemas import trust
+    from ctxlake.schemas.sources import untrusted_sources
 
     try:
         parsed = tomllib.loads(settings.config_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         parsed = {}  # absent (reported as such) or unparsable (load_settings already said so)
     st = trust.state(settings.config_path, parsed, settings.home)
+    with contextlib.suppress(ConfigError):  # a broken sources.toml is reported by the commands that use it
+        st.untrusted_sources = [s.name for s in untrusted_sources(settings.root, settings.home)]
     return {**st.as_dict(), "summary": st.summary}
 
 

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ctxlake.errors import EmbedderError, InputError, ModelMismatchError, NotIndexedError
 from ctxlake.schemas.config import Settings
-from ctxlake.schemas.sources import SourceSpec, load_registry
+from ctxlake.schemas.sources import SourceSpec, is_trusted, load_registry
 from ctxlake.schemas.tables import PROJECT_SOURCE
 from ctxlake.serve.api.models_sources import AskResult, SourceInfo, SourceList
 from ctxlake.tasks.agents import PromptHit, SourceLink, ask_agent
 from ctxlake.tasks.source_store import read_sources, source_counts
-from ctxlake.tasks.sources import source_root
+from ctxlake.tasks.sources import check_access, source_root
 
 if TYPE_CHECKING:
     from ctxlake.serve.api.queries import Lake
@@ -154,6 +154,10 @@ def resolve_links(settings: Settings, names: Sequence[str] | None) -> list[Sourc
         if spec is None:
             raise InputError(f"unknown source {name!r}",
                              hint=f"known: {', '.join([PROJECT_SOURCE, *sorted(registry)])} (see `ctx list`)")
+        if not is_trusted(spec, settings.root, settings.home):
+            if names:
+                check_access(spec, settings.root, settings.home)  # raises its one clear error
+            continue  # "all sources": an untrusted folder is never linked into a sandbox
         root = source_root(settings, spec)
         if not root.is_dir():
             if names:

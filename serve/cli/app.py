@@ -80,10 +80,12 @@ def run_index(
     provider: Annotated[str | None, typer.Option("--provider", help="local, openai, gemini")] = None,
     as_json: JsonOpt = False,
     verbose: Annotated[bool, typer.Option("-v", "--verbose", help="show Prefect's logs")] = False,
+    allow_home: Annotated[bool, typer.Option(
+        "--allow-home", help="index even when the folder is your home folder or a filesystem root")] = False,
 ) -> None:
     """Index the project (incremental: only changed files are chunked and embedded)."""
     started = time.perf_counter()
-    root = resolve_root(path, for_write=True)
+    root = resolve_root(path, for_write=True, allow_home=allow_home)
     if ensure_project(root):
         typer.echo(f"Created {root / CTX_DIR}/ (config.toml, knowledge/; the lake is gitignored).", err=True)
     settings = load_settings(root, _overrides(embed={"model": model, "provider": provider}))
@@ -348,41 +350,61 @@ def trust(
     revoke: Annotated[bool, typer.Option("--revoke", help="stop trusting it")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Trust this project's .ctx/config.toml as it is now, so its commands may run (like direnv allow)."""
+    """Trust this project's .ctx/config.toml as it is now, so its commands may run (like direnv allow),
+    and the sources in .ctx/sources.toml that read folders outside the project."""
     from ctxlake.schemas import trust as trust_store
     from ctxlake.schemas.config import default_home, read_project_config
+    from ctxlake.schemas.sources import (
+        load_registry,
+        registry_path,
+        trust_sources,
+        untrusted_sources,
+    )
 
     if show and revoke:
         raise InputError("--show and --revoke cannot be used together")
     root = resolve_root(None, for_write=False)
     home = default_home()
     path = root / CTX_DIR / "config.toml"
-    if not path.is_file():
+    registry = registry_path(root)
+    if not path.is_file() and not registry.is_file():
         raise ConfigError(f"no config file at {path}", hint="`ctx run index` writes one")
     import tomllib
 
-    content = path.read_bytes()  # one read: the bytes shown and hashed are the same
+    content = path.read_bytes() if path.is_file() else b""  # one read: the bytes shown and hashed are the same
     try:
         parsed = tomllib.loads(content.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError):
         read_project_config(root, home)  # raises the loader's one-line parse error
         raise
+    sources = load_registry(root)
     message = ""
     if revoke:
         message = "Revoked" if trust_store.revoke(path, home) else "Was not trusted"
         message += f": {path}; its command settings are ignored."
+        if trust_store.revoke_sources(registry, home):
+            message += f" Sources in {registry} that read outside the project are no longer read."
     elif not show:
-        # A file that cannot load is not left recorded as reviewed.
-        digest = trust_store.trust(path, home, content)
-        try:
-            load_settings(root)
-        except CtxError:
-            trust_store.revoke(path, home)
-            raise
-        message = f"Trusted {path} (sha256 {digest[:12]}); any change to the file untrusts it."
+        messages = []
+        if path.is_file():
+            # A file that cannot load is not left recorded as reviewed.
+            digest = trust_store.trust(path, home, content)
+            try:
+                load_settings(root)
+            except CtxError:
+                trust_store.revoke(path, home)
+                raise
+            messages.append(f"Trusted {path} (sha256 {digest[:12]}); any change to the file untrusts it.")
+        outside = untrusted_sources(root, home)
+        if outside:
+            trust_sources(root, home, outside)
+            messages.append(f"Trusted source(s) {', '.join(s.name for s in outside)} of {registry} to read "
+                            "outside the project; a changed origin untrusts it.")
+        message = "\n".join(messages)
     if message and not as_json:
         typer.echo(message)
     st = trust_store.state(path, parsed, home)
+    st.untrusted_sources = [s.name for s in untrusted_sources(root, home)]
     if as_json:
         from ctxlake.serve.cli.render import print_json
 
@@ -392,6 +414,8 @@ def trust(
         for key in st.gated_keys:
             section, name = key.split(".", 1)
             typer.echo(f"  {key} = {parsed[section][name]!r}")
+        for name in st.untrusted_sources:
+            typer.echo(f"  sources.{name}: {sources[name].type} origin = {sources[name].origin!r}")
 
 
 @app.command()

@@ -14,9 +14,12 @@ from ctxlake.schemas.sources import (
     SourceSpec,
     drop_source,
     load_registry,
+    registry_path,
     save_source,
+    trust_sources,
     validate_name,
 )
+from ctxlake.schemas.trust import revoke_sources
 
 if TYPE_CHECKING:
     from ctxlake.serve.api.models_sources import SourceList
@@ -66,12 +69,16 @@ def _sync(settings: Settings, specs: list[SourceSpec], wait: float, verbose: boo
 def _update(settings: Settings, specs: list[SourceSpec], wait: float, verbose: bool) -> list[SyncReport]:
     """Sync the sources that may have changed; the rest are reported up to date without a flow."""
     from ctxlake.tasks.source_store import SyncReport, read_sources
-    from ctxlake.tasks.sources import is_current, source_root
+    from ctxlake.tasks.sources import check_access, is_current, source_root
 
     rows = read_sources(settings.lake_dir)
     current: dict[str, SyncReport] = {}
     for spec in specs:
         row = rows.get(spec.name, {})
+        try:
+            check_access(spec, settings.root, settings.home)
+        except CtxError:
+            continue  # not even a freshness scan: the sync reports the refusal as that source's failure
         root = source_root(settings, spec)
         if is_current(spec, root, settings.lake_dir, spec.index_settings(settings.index), row.get("status"),
                       float(settings.sources.git_timeout_s)):
@@ -99,6 +106,7 @@ def _forget(settings: Settings, name: str, spec: SourceSpec | None, wait: float)
         storage = "deleted" if release_storage(folder, settings.root) else (
             "kept (another project uses it)" if folder.exists() else None)
     declared = drop_source(settings.root, name)
+    revoke_sources(registry_path(settings.root), settings.home, name)
     return {"name": name, "chunks": chunks, "files": files, "storage": storage, "declared": declared}
 
 
@@ -155,7 +163,7 @@ def _print_sources(result: SourceList) -> None:
 def _add(name: str, origin: str, ref: str | None, paths: list[str] | None, exclude: list[str] | None,
          type_: str | None, docs: bool, wait: float, as_json: bool, verbose: bool) -> None:
     from ctxlake.serve.cli.base import ensure_project
-    from ctxlake.tasks.sources import classify_origin
+    from ctxlake.tasks.sources import classify_origin, refuse_system_folder
 
     root = resolve_root(None, for_write=True)
     validate_name(name)
@@ -168,6 +176,7 @@ def _add(name: str, origin: str, ref: str | None, paths: list[str] | None, exclu
         kind = type_
         if kind == "local":
             normalised = str(Path(origin).expanduser().resolve())
+            refuse_system_folder(Path(normalised))
     if ref and kind != "git":
         raise InputError("--ref applies to git sources only")
     if paths and kind == "web":
@@ -178,11 +187,14 @@ def _add(name: str, origin: str, ref: str | None, paths: list[str] | None, exclu
         typer.echo(f"Created {root / '.ctx'}/ (config.toml, knowledge/; the lake is gitignored).", err=True)
     settings = load_settings(root)
     save_source(root, spec)
+    # The user named this folder: theirs to read, unlike one a cloned sources.toml declares.
+    trust_sources(root, settings.home, [spec])
     typer.echo(f"Adding {name} ({kind}: {normalised}{' @ ' + ref if ref else ''}) …", err=True)
     try:
         reports = _sync(settings, [spec], wait, verbose)
     except LockBusyError:
         drop_source(root, name)  # nothing was fetched or written yet
+        revoke_sources(registry_path(root), settings.home, name)
         raise
     except BaseException:
         _forget(settings, name, spec, wait=30)

@@ -153,9 +153,12 @@ def test_failed_add_leaves_nothing_and_inputs_are_checked(
     assert errors == [f"ctx: error: cannot add gone: `git ls-remote` failed: '{tmp_path}/missing.git' "
                       "does not appear to be a git repository"]
     assert "Traceback" not in missing.stderr
+    badpath = cli("add", "badpath", url, "--paths", "does/not/exist", cwd=project)
+    assert badpath.exit_code == 9 and "--paths 'does/not/exist' not found" in badpath.stderr
     badref = cli("add", "lib", url, "--ref", "no-such-branch", cwd=project)
     assert badref.exit_code == 2 and "no branch or tag 'no-such-branch'" in badref.stderr
     assert "gone" not in (project / ".ctx" / "sources.toml").read_text()
+    assert "badpath" not in (project / ".ctx" / "sources.toml").read_text()
     assert ok_json(cli("list", "--json", cwd=project))["sources"] == []
     assert not list((ctx_home / "sources" / "git").glob("*/tree"))
     assert cli("add", "../evil", url, cwd=project).exit_code == 2
@@ -290,3 +293,57 @@ def test_ask_and_chat_with_a_stub_agent(
     seen = read_record(tmp_path / "record.json")
     assert seen["argv"][1:] == ["--interactive"] and "# Question" not in seen["prompt"]
     assert "| lib | git |" in seen["prompt"]
+
+
+def test_a_cloned_sources_toml_reads_nothing_outside_the_project_until_trusted(
+    make_repo: Callable[..., Path], cli: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A committed sources.toml is the repository author's: it synced /etc and /proc/self with exit 0.
+    Now system folders are refused always, and outside folders wait for `ctx trust`."""
+    monkeypatch.setenv("HOME", str(tmp_path / "userhome"))
+    write_files(tmp_path, {"notes/n.md": "# Notes\n\nwidget notes\n", "userhome/private/p.md": "# Private\n\nwidget\n"})
+    declared = ('[sources.etc]\ntype = "local"\norigin = "/etc"\n[sources.procsrc]\ntype = "local"\norigin = "/proc/self"\n'
+                '[sources.relsrc]\ntype = "local"\norigin = "../notes"\n[sources.home]\ntype = "local"\norigin = "~/private"\n'
+                '[sources.vendored]\ntype = "local"\norigin = "vendor/lib"\n')
+    upstream = make_repo({**PROJECT, "vendor/lib/v.md": "# Vendored widget\n", ".ctx/sources.toml": declared},
+                         name="upstream")
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(upstream), str(clone))
+    assert cli("run", "index", cwd=clone).exit_code == 0
+
+    first = cli("update", "--json", cwd=clone / "app")
+    assert first.exit_code == 9
+    reports = {r["name"]: r for r in json.loads(first.stdout)["sources"]}
+    assert {n: r["status"] for n, r in reports.items()} == {
+        "etc": "failed", "procsrc": "failed", "relsrc": "failed", "home": "failed", "vendored": "ok"}
+    assert "system folder" in reports["etc"]["message"] and "system folder" in reports["procsrc"]["message"]
+    assert "not trusted" in reports["relsrc"]["message"] and "ctx trust" in reports["relsrc"]["hint"]
+    for name in ("etc", "procsrc", "relsrc", "home"):
+        assert rows(clone, FILES_TABLE, ["path"], name) == []
+    status = ok_json(cli("status", "--json", cwd=clone))["config_trust"]
+    assert status["untrusted_sources"] == ["etc", "procsrc", "relsrc", "home"] and "relsrc" in status["summary"]
+    shown = cli("trust", "--show", cwd=clone)
+    assert "sources.relsrc: local origin = '../notes'" in shown.stdout, shown.stdout
+
+    trusted = cli("trust", cwd=clone)
+    assert trusted.exit_code == 0 and "relsrc, home" in trusted.stdout, trusted.stderr
+    # Relative to the project root (not the current folder), `~` expanded.
+    again = cli("update", "--json", cwd=clone / "app")
+    reports = {r["name"]: r for r in json.loads(again.stdout)["sources"]}
+    assert reports["relsrc"]["status"] == reports["home"]["status"] == "ok"
+    assert reports["relsrc"]["root"] == str((tmp_path / "notes").resolve())
+    assert {r["path"] for r in rows(clone, FILES_TABLE, ["path"], "home")} == {"p.md"}
+    assert reports["etc"]["status"] == "failed", "trust never opens a system folder"
+    assert ok_json(cli("status", "--json", cwd=clone))["config_trust"]["untrusted_sources"] == []
+    # A pull that points a trusted name elsewhere is untrusted again.
+    registry = clone / ".ctx" / "sources.toml"
+    registry.write_text(registry.read_text().replace('"../notes"', '"../userhome/private"'))
+    moved = cli("update", "relsrc", "--json", cwd=clone)
+    assert moved.exit_code == 9 and "not trusted" in json.loads(moved.stdout)["sources"][0]["message"]
+
+
+def test_add_refuses_a_system_folder_even_as_type_local(project: Path, cli: Callable[..., Any]) -> None:
+    for origin in ("/etc", "/proc/self"):
+        refused = cli("add", "sys", origin, "--type", "local", cwd=project)
+        assert refused.exit_code == 2 and "system folder" in refused.stderr
+    assert not (project / ".ctx" / "sources.toml").exists() or "sys" not in (project / ".ctx" / "sources.toml").read_text()

@@ -182,3 +182,24 @@ def test_flow_runs_a_command_waits_on_have_no_heartbeat_thread() -> None:
         assert FlowRunEngine(flow=noop).heartbeat_seconds is None
         assert get_current_settings().flows.heartbeat_frequency is None
     assert get_current_settings().flows.heartbeat_frequency is not None
+
+
+def test_an_explicit_home_or_root_is_refused_without_allow_home(cli: Callable[..., Any], tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ctx run index` in ~ was refused, but `ctx run index ~` (or `/`) indexed the whole folder."""
+    home = tmp_path / "home"
+    (home / "code").mkdir(parents=True)
+    (home / "code" / "app.py").write_text("def total(xs):\n    return sum(xs)\n")
+    monkeypatch.setenv("HOME", str(home))
+    for target, what in ((home, "your home folder"), (Path("/"), "a filesystem root")):
+        refused = cli("run", "index", str(target), cwd=tmp_path)
+        assert refused.exit_code == 2 and f"refusing to index {target.resolve()}: it is {what}" in refused.stderr
+        assert "--allow-home" in refused.stderr
+    assert not (home / ".ctx").exists()
+    monkeypatch.setenv("CTX_HOME", str(home / ".local" / "share" / "ctxlake"))
+    (home / ".local" / "share" / "ctxlake").mkdir(parents=True)
+    (home / ".local" / "share" / "ctxlake" / "trusted-configs.json").write_text("{}\n")
+    done = cli("run", "index", str(home), "--allow-home", "--json", cwd=tmp_path)
+    assert done.exit_code == 0, done.stderr
+    assert cli("files", "trusted configs", "--json", cwd=home).stdout.count("trusted-configs") == 0
+    assert json.loads(cli("files", "total", "--json", cwd=home).stdout)["files"][0]["path"] == "code/app.py"

@@ -16,7 +16,7 @@ from stub_agent import install_stub, read_record
 
 from ctxlake.schemas import trust
 from ctxlake.schemas.config import Settings, default_home, load_settings
-from ctxlake.schemas.sources import SourceSpec, save_source
+from ctxlake.schemas.sources import SourceSpec, registry_path, save_source, trust_sources
 from ctxlake.serve.mcp.sources import register_source_tools
 
 CONFIG = """[agents]
@@ -41,7 +41,9 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "tools.md").write_text("# Tools\n\nmake_tool builds a tool.\n")
-    save_source(root, SourceSpec(name="notes", type="local", origin=str(notes)))
+    spec = SourceSpec(name="notes", type="local", origin=str(notes))
+    save_source(root, spec)
+    trust_sources(root, default_home(), [spec])  # as `ctx add` does: a folder outside the project
     return load_settings(root)
 
 
@@ -116,3 +118,14 @@ def test_mcp_ask_path_never_imports_prefect(project: Settings, tmp_path: Path) -
                           env={**os.environ, "CTX_HOME": str(project.home)})  # where the config is trusted
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"error": False, "prefect": False}
+
+
+def test_an_untrusted_outside_folder_is_never_linked_into_a_sandbox(project: Settings) -> None:
+    from ctxlake.errors import ConfigError
+    from ctxlake.serve.api.source_queries import resolve_links
+
+    assert [link.name for link in resolve_links(project, None)] == ["project", "notes"]
+    trust.revoke_sources(registry_path(project.root), project.home)  # as a clone's sources.toml is
+    assert [link.name for link in resolve_links(project, None)] == ["project"]
+    with pytest.raises(ConfigError, match="not trusted"):
+        resolve_links(project, ["notes"])

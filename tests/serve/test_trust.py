@@ -177,3 +177,45 @@ def test_a_dask_address_that_is_no_scheduler_is_one_clear_error(tmp_path: Path, 
     with pytest.raises(ConfigError, match=r"run\.dask_address") as error:
         load_settings(tmp_path, overrides={"run": {"executor": "dask", "dask_address": address}})
     assert "local:N" in str(error.value.message)
+
+
+def test_docs_folders_outside_the_project_are_served_only_from_a_trusted_config(
+        cli: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`[docs] paths = ["/etc"]` in a cloned config made `ctx docs` and docs_content serve /etc."""
+    private = tmp_path / "private"
+    private.mkdir()
+    (private / "diary.md").write_text("# Private\n")
+    (tmp_path / "up").mkdir()
+    (tmp_path / "up" / "secret.md").write_text("# Up\n")
+    root = tmp_path / "p"
+    (root / "docs").mkdir(parents=True)
+    (root / "docs" / "guide.md").write_text("# Guide\n")
+    (root / "linked").symlink_to(private)
+    (root / ".ctx").mkdir()
+    config = root / ".ctx" / "config.toml"
+    config.write_text(f'[docs]\npaths = ["docs", "{private}", "../up", "linked", "~/x"]\n'
+                      'extensions = [".md", ".conf"]\n')
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    listed = cli("docs", "--json", cwd=root)
+    assert listed.exit_code == 0, listed.stderr
+    assert json.loads(listed.stdout)["sources"] == ["docs"]
+    assert [d["path"] for d in json.loads(listed.stdout)["documents"]] == ["docs/guide.md"]
+    assert "ignoring [docs] paths" in listed.stderr and "ctx trust" in listed.stderr
+    read = cli("docs", "private/diary.md", cwd=root)
+    assert read.exit_code == 2 and "Private" not in read.stdout
+    assert "docs.paths" in json.loads(cli("status", "--json", cwd=root).stdout)["config_trust"]["gated_keys"]
+    # A committed `docs` symlink out of the project is no way around it, config or none.
+    (root / "docs" / "guide.md").unlink()
+    (root / "docs").rmdir()
+    (root / "docs").symlink_to(private)
+    config.unlink()
+    assert load_settings(root).docs.paths == []
+    monkeypatch.setenv("CTX_DOCS_PATHS", str(private))  # the user's own setting is theirs
+    assert load_settings(root).docs.paths == [str(private)]
+    monkeypatch.delenv("CTX_DOCS_PATHS")
+
+    config.write_text(f'[docs]\npaths = ["{private}", "linked"]\n')
+    trust.trust(config, default_home())
+    assert load_settings(root).docs.paths == [str(private), "linked"]
+    trusted = cli("docs", "private/diary.md", cwd=root)
+    assert trusted.exit_code == 0 and "# Private" in trusted.stdout

@@ -333,3 +333,21 @@ def test_a_removed_file_and_an_added_one_are_not_the_same_tree(tmp_path: Path) -
     (tmp_path / "c.py").write_text("b")  # as many files as before, same content, another name
     second = scan(tmp_path, previous=first)
     assert diff_trees(first, second) == Diff(["c.py"], [], ["b.py"])
+
+
+def test_ctxlakes_own_data_folder_is_never_indexed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An index of ~ took in the embedding cache's Lance files, the clones and trusted-configs.json."""
+    from ctxlake.schemas.config import load_settings
+
+    home = tmp_path / "home"
+    data = home / ".local" / "share" / "ctxlake"
+    write_files(home, {"code/app.py": "x = 1\n", ".local/share/other/keep.txt": "kept\n"})
+    write_files(data, {"embeddings/m.lance/_versions/1.manifest": "lance\n", "trusted-configs.json": "{}\n",
+                       "sources/git/lib-1/tree/a.py": "a = 1\n"})
+    monkeypatch.setenv("CTX_HOME", str(data))
+    settings = load_settings(home)
+    tree, _ = scan_tree(home, settings.index)
+    assert set(tree.entries) == {"code/app.py", ".local/share/other/keep.txt"}
+    # A source's settings (its own excludes) keep the rule; the config file never shows it.
+    assert settings.index.model_copy(update={"exclude": ["x"]}).skip_dirs == settings.index.skip_dirs
+    assert "skip_dirs" not in settings.index.model_dump()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
 from datetime import UTC, datetime
 
 import pytest
@@ -66,3 +69,21 @@ def test_scraped_rows_titles_and_tool_inputs_are_redacted_and_cut() -> None:
     assert GITHUB not in msg.text and OPENAI not in msg.tool_calls[0]["input"] and SLACK not in out.meta[("claude", "s")].title
     assert report.masked == 3
     assert msg.text.startswith("Set GITHUB_TOKEN=[REDACTED:") and "more characters]" in msg.text and len(msg.text) < 260
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def test_a_bare_jwt_is_masked_whole_signature_included() -> None:
+    """detect-secrets' lazy JWT pattern stopped at the payload and left the signature in the text."""
+    header = _b64url(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+    payload = _b64url(json.dumps({"sub": "1234567890", "name": "John Doe", "iat": 1516239022}).encode())
+    signature = _b64url(hashlib.sha256(b"not a real key").digest())
+    assert len(signature) == 43
+    token = f"{header}.{payload}.{signature}"
+    for text in (f"jwt {token}", f"Authorization: {token}\n", f'{{"id_token": "{token}"}}', f"token={token}."):
+        out = redact_text(text)
+        assert signature[:10] not in out and payload[:10] not in out, out
+        assert "[REDACTED:" in out
+    assert redact_text(f"jwt {token} then more") == "jwt [REDACTED:json_web_token] then more"

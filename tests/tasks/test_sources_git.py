@@ -9,10 +9,17 @@ from pathlib import Path
 import pytest
 from helpers import git, write_files
 
-from ctxlake.errors import InputError, SourceError
+from ctxlake.errors import ConfigError, InputError, SourceError
 from ctxlake.schemas.config import IndexSettings, SourcesSettings
-from ctxlake.schemas.sources import SourceSpec, clean_path, validate_name
+from ctxlake.schemas.sources import (
+    SourceSpec,
+    clean_path,
+    origin_path,
+    trust_sources,
+    validate_name,
+)
 from ctxlake.tasks.sources import (
+    check_access,
     classify_origin,
     fetch_git,
     fetch_local,
@@ -92,6 +99,18 @@ def test_sparse_paths_check_out_only_those(remote: tuple[Path, str], tmp_path: P
     assert include == ["/libs/core", "/libs/core/**"]
 
 
+def test_a_missing_paths_entry_is_an_error_for_git_as_for_local(remote: tuple[Path, str], tmp_path: Path) -> None:
+    """A mistyped --paths made a git source of 0 files with status ok; a local one failed."""
+    _, url = remote
+    with pytest.raises(SourceError, match=r"--paths 'does/not/exist', 'lib' not found in .* at its default branch"):
+        fetch(spec(url, paths=["libs/core", "does/not/exist", "lib"]), tmp_path / "home")
+    assert not (storage_dir(tmp_path / "home", spec(url, paths=["libs/core", "does/not/exist", "lib"])) / "tree").exists()
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    with pytest.raises(SourceError, match=r"--paths 'does/not/exist' not found in"):
+        fetch_local.fn(SourceSpec(name="n", type="local", origin=str(notes), paths=["does/not/exist"]), tmp_path)
+
+
 def test_update_after_new_commit_touches_only_changed_files(remote: tuple[Path, str], tmp_path: Path) -> None:
     work, url = remote
     home = tmp_path / "home"
@@ -167,10 +186,10 @@ def test_local_source_and_origin_classification(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="not a folder"):
         classify_origin(str(tmp_path / "file.txt"))
     local = SourceSpec(name="notes", type="local", origin=str(notes))
-    assert fetch_local.fn(local).root == notes
+    assert fetch_local.fn(local, tmp_path).root == notes
     os.rmdir(notes)
     with pytest.raises(SourceError, match="is gone"):
-        fetch_local.fn(local)
+        fetch_local.fn(local, tmp_path)
 
 
 @pytest.mark.parametrize("name", ["../x", "a/b", "project", ".hidden", "", "x" * 65, "a b"])
@@ -183,3 +202,46 @@ def test_source_names_are_one_safe_path_component(name: str) -> None:
 def test_paths_cannot_leave_the_source(path: str) -> None:
     with pytest.raises(InputError):
         clean_path(path)
+
+
+def test_a_local_source_never_reads_a_system_folder_whoever_declared_it(tmp_path: Path) -> None:
+    """`ctx add x /etc` was refused, but the same folder written into sources.toml was synced."""
+    project, home = tmp_path / "p", tmp_path / "home"
+    (project / ".ctx").mkdir(parents=True)
+    for origin in ("/etc", "/proc/self", "/", "../../../../../../../etc"):
+        local = SourceSpec(name="sys", type="local", origin=origin)
+        with pytest.raises(InputError, match="system folder"):
+            fetch_local.fn(local, project)
+        trust_sources(project, home, [local])  # not even a trusted entry reads them
+        with pytest.raises(InputError, match="system folder"):
+            check_access(local, project, home)
+
+
+def test_a_declared_folder_outside_the_project_is_read_once_trusted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   remote: tuple[Path, str]) -> None:
+    project, home = tmp_path / "p", tmp_path / "home"
+    write_files(project, {".ctx/config.toml": "", "vendor/lib/a.md": "# A\n", "src/app.py": "x = 1\n"})
+    write_files(tmp_path, {"notes/n.md": "# N\n", "userhome/private/p.md": "# P\n"})
+    monkeypatch.setenv("HOME", str(tmp_path / "userhome"))
+    monkeypatch.chdir(project / "src")  # the current folder plays no part
+    inside = SourceSpec(name="vendored", type="local", origin="vendor/lib")
+    relative = SourceSpec(name="notes", type="local", origin="../notes")
+    tilde = SourceSpec(name="private", type="local", origin="~/private")
+    by_path = SourceSpec(name="lib", type="git", origin=remote[1])
+    assert origin_path(relative, project) == (tmp_path / "notes").resolve()
+    assert origin_path(tilde, project) == (tmp_path / "userhome" / "private").resolve()
+    assert fetch_local.fn(relative, project).root == (tmp_path / "notes").resolve()
+    assert fetch_local.fn(tilde, project).root == (tmp_path / "userhome" / "private").resolve()
+    check_access(inside, project, home)  # inside the project: nothing to trust
+    assert origin_path(SourceSpec(name="gh", type="git", origin="https://github.com/o/r"), project) is None
+    for spec in (relative, tilde, by_path):
+        with pytest.raises(ConfigError, match=f"source '{spec.name}' reads .*not trusted") as refused:
+            check_access(spec, project, home)
+        assert "ctx trust" in str(refused.value)
+    trust_sources(project, home, [relative, tilde, by_path])
+    for spec in (relative, tilde, by_path):
+        check_access(spec, project, home)
+    # A pull that points a trusted name somewhere else is a new, untrusted entry.
+    moved = relative.model_copy(update={"origin": "../../elsewhere"})
+    with pytest.raises(ConfigError, match="not trusted"):
+        check_access(moved, project, home)
