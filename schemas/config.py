@@ -123,7 +123,8 @@ class UiSettings(_Section):
     """The web UI the service serves on 127.0.0.1 (`ctx ui`)."""
 
     enabled: bool = Field(True, description="the service serves the web UI")
-    port: int = Field(8765, ge=0, le=65535, description="preferred port (a free one is taken when it is busy; 0 = any)")
+    # Not `ctx serve --http`'s 8765: with the service up, that command would find its port taken.
+    port: int = Field(8766, ge=0, le=65535, description="preferred port (a free one is taken when it is busy; 0 = any)")
 
 
 class SourcesSettings(_Section):

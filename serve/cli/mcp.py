@@ -59,11 +59,25 @@ def serve(
     options = ServeOptions(allow_index=allow_index, allow_agents=allow_agents, allow_writes=allow_writes,
                            log_level=level)
     if http:
+        _check_port_free(settings.mcp.port)
         typer.echo(f"ctx serve: MCP over streamable HTTP at http://127.0.0.1:{settings.mcp.port}/mcp "
                    f"for {project}", err=True)
         run_http(settings, options, settings.mcp.port)
     else:
         run_stdio(settings, options)
+
+
+def _check_port_free(port: int) -> None:
+    """A clear error before the server starts, instead of uvicorn's `[Errno 98]` line after it
+    announced its address. MCP clients are configured with the URL, so no other port is taken."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise InputError(f"port {port} on 127.0.0.1 is in use ({exc.strerror})",
+                             hint="pass --port N, or set [mcp] port in .ctx/config.toml") from exc
 
 
 def init(

@@ -220,3 +220,19 @@ def test_streamable_http_on_localhost_only(indexed: Path) -> None:
 def test_serve_rejects_a_port_without_http(indexed: Path, cli: Callable[..., Any]) -> None:
     result = cli("serve", "--port", "9000", cwd=indexed)
     assert result.exit_code == 2 and "--port needs --http" in result.stderr
+
+
+def test_http_on_a_busy_port_is_a_clear_error(indexed: Path, cli: Callable[..., Any]) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = cli("serve", "--http", "--port", str(port), "--root", str(indexed), cwd=indexed)
+    assert result.exit_code == 2 and f"port {port} on 127.0.0.1 is in use" in result.stderr, result.stderr
+    assert "--port" in result.stderr  # the hint
+
+
+def test_the_ui_and_mcp_over_http_default_to_different_ports() -> None:
+    from ctxlake.schemas.config import McpSettings, UiSettings
+
+    assert McpSettings().port != UiSettings().port
