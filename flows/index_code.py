@@ -196,7 +196,11 @@ class Writer:
         # Clean only when no other source's run is left unfinished (its journal entry remains).
         self.state.clean = not freshness.read_journal(self.lake)
         self.state.roots = {**(self.state.roots or {}), self.source: tree.root_hash}
-        self.state.last_run = report.as_dict()
+        # A source's sync is not the project's run: `ctx status` reports the project's last run.
+        if self.source == PROJECT_SOURCE:
+            self.state.last_run = report.as_dict()
+        else:
+            self.state.source_runs = {**(self.state.source_runs or {}), self.source: report.as_dict()}
         self.state.write(self.lake)
         self.record = partial(self._record, report, self.state.pending_vectors)
         if not self.defer_record:

@@ -109,7 +109,8 @@ class IndexState:
     model_id: str = ""
     dims: int = 0
     clean: bool = False
-    last_run: dict[str, Any] | None = None
+    last_run: dict[str, Any] | None = None  # the project's own last run (`ctx run index`, a watcher batch)
+    source_runs: dict[str, dict[str, Any]] | None = None  # source -> its last run (`ctx add`, `ctx update`)
     roots: dict[str, str] | None = None  # source -> Merkle root hash at the last clean run
     pending_vectors: int = 0
     fts: str = ""  # the BM25 index options of the last run (store.FTS_TAG); empty before they were recorded

@@ -720,6 +720,7 @@ def status(settings: Settings, check_stale: bool = True) -> Status:
         return out
     out.provider, out.model, out.model_id, out.dims = state.provider, state.model, state.model_id, state.dims
     out.last_run, out.clean = state.last_run, state.clean
+    out.source_runs = dict(state.source_runs or {})
     lake_bytes, stamp = folder_stamp(lake_dir)
     # A clean state with nothing pending is exact (every writer of chunks is an index run, which
     # marks the state unclean until it has counted again): the count reads the whole vector column
