@@ -329,11 +329,13 @@ def sql(
         return
     from rich.table import Table
 
-    from ctxlake.serve.cli.render import stdout_console
+    from ctxlake.serve.cli.render import plain, stdout_console
 
-    table = Table(*result["columns"], show_lines=False)
+    table = Table(show_lines=False)
+    for column in result["columns"]:
+        table.add_column(plain(column))
     for row in result["rows"]:
-        table.add_row(*("" if v is None else str(v) for v in row))
+        table.add_row(*(plain(v) for v in row))
     console = stdout_console()
     console.print(table)
     if result["truncated"]:
