@@ -13,7 +13,7 @@ from ctxlake.schemas.sources import SourceSpec, load_registry
 from ctxlake.schemas.tables import PROJECT_SOURCE
 from ctxlake.serve.api.models_sources import AskResult, SourceInfo, SourceList
 from ctxlake.tasks.agents import PromptHit, SourceLink, ask_agent
-from ctxlake.tasks.source_store import read_sources, source_counts
+from ctxlake.tasks.source_store import read_sources, source_counts, source_roots
 from ctxlake.tasks.sources import source_root
 
 if TYPE_CHECKING:
@@ -138,6 +138,17 @@ def check_names(settings: Settings, names: Sequence[str] | None) -> None:
     if unknown:
         raise InputError(f"unknown source(s): {', '.join(unknown)}",
                          hint=f"known: {', '.join(sorted(known))} (see `ctx list`)")
+
+
+def source_folder(settings: Settings, name: str) -> Path:
+    """The folder a source's files were indexed from: the project root for 'project'."""
+    if name == PROJECT_SOURCE:
+        return settings.root
+    root = source_roots(settings.lake_dir).get(name)
+    if root is None:
+        check_names(settings, [name])
+        raise InputError(f"source {name!r} has not been indexed yet", hint=f"run `ctx update {name}`")
+    return root
 
 
 def resolve_links(settings: Settings, names: Sequence[str] | None) -> list[SourceLink]:
