@@ -27,10 +27,11 @@ def _iso(value: Any) -> str | None:
     return value.isoformat() if isinstance(value, datetime) else (str(value) if value else None)
 
 
-def list_sources(settings: Settings, lake: Lake | None = None) -> SourceList:
+def list_sources(settings: Settings, lake: Lake | None = None, with_project: bool = True) -> SourceList:
     """Every declared source with its last sync and its files/chunks in the index now: what
-    `ctx list` prints. Given the open lake (the MCP server), 'project' comes first, and each
-    source also gets its embedded chunks, languages and last indexing, with the index's model."""
+    `ctx list` prints. Given the open lake, each source also gets its embedded chunks, languages
+    and last indexing, with the index's model, and 'project' comes first unless `with_project`
+    is false (`ctx list` lists the added sources)."""
     registry = load_registry(settings.root)
     rows = read_sources(settings.lake_dir)
     # Given the lake, its per-source counts below replace these (one read of the tables, not two).
@@ -58,7 +59,10 @@ def list_sources(settings: Settings, lake: Lake | None = None) -> SourceList:
         ))
     if lake is None:
         return SourceList(sources=out)
-    return _with_index_stats(lake, out)
+    listed = _with_index_stats(lake, out)
+    if not with_project:
+        listed.sources = [s for s in listed.sources if s.name != PROJECT_SOURCE]
+    return listed
 
 
 def _with_index_stats(lake: Lake, out: list[SourceInfo]) -> SourceList:

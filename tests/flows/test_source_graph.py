@@ -97,6 +97,12 @@ def test_graph_and_file_readers_keep_sources_apart(project: Path, cli: Callable[
     assert refused.exit_code == 2 and "pass --source" in refused.stderr
     assert cli("show", "x.py", "--source", "nosuch", cwd=project).exit_code == 2
 
+    # `ctx list` has the index's figures for each source, and lists the added sources only.
+    listed = {s["name"]: s for s in ok_json(cli("list", "--json", cwd=project))["sources"]}
+    assert set(listed) == {"loc", "gitlib"}
+    assert listed["loc"]["embedded"] == listed["loc"]["chunks"] > 0
+    assert listed["gitlib"]["languages"] == {"python": 2} and listed["gitlib"]["last_indexed"]
+
     files = ok(cli("files", "HTTPAdapter max_retries", "--mode", "keyword", cwd=project)).stdout
     assert "[gitlib] src/lib/api.py" in files and "[loc] src/lib/api.py" in files
     only = ok(cli("files", "HTTPAdapter", "--mode", "keyword", "--sources", "loc", cwd=project)).stdout
