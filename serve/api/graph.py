@@ -206,7 +206,7 @@ class GraphReader:
         own = _rows(self.imports, f"{_in_source(source)} AND path = {sql_str(path)}", ["module", "resolved"])
         importers = _rows(self.imports, f"{_in_source(source)} AND resolved = {sql_str(path)}", ["path"])
         if not own and not importers and not self._known(source, path):
-            raise InputError(f"{path} is not in the {_owner(source)}'s index", hint=self._path_hint(source, path))
+            raise InputError(f"{path} is not in the index{_of(source)}", hint=self._path_hint(source, path))
         related: list[RelatedFile] = []
         seen: set[tuple[str, str]] = set()
         for rel, paths in (("imports", [r["resolved"] for r in own if r["resolved"]]),
@@ -241,14 +241,15 @@ class GraphReader:
         others = sorted({r["source"] for r in _rows(table, f"path = {sql_str(path)}", ["source"])} - {source})
         if others:
             return f"it is in {', '.join(_owner(o) for o in others)}: pass --source (MCP: source) {others[0]}"
-        return f"paths are relative to the {_owner(source)}'s root"
+        return "paths are relative to the project root" if source == PROJECT_SOURCE else \
+            f"paths are relative to the root of source {source!r}"
 
     def file_outline(self, path: str, limit: int = MAX_LIMIT, source: str = PROJECT_SOURCE) -> Outline:
         """The definitions of `path` in `source` (the project by default), in file order."""
         path = _norm(path)
         rows = _rows(self.defs, f"{_in_source(source)} AND path = {sql_str(path)}")
         if not rows and not self._known(source, path):
-            raise InputError(f"{path} is not in the {_owner(source)}'s index or has no definitions",
+            raise InputError(f"{path} is not in the index{_of(source)} or has no definitions",
                              hint=self._path_hint(source, path))
         rows.sort(key=lambda r: (r["start_line"], -r["end_line"]))
         items = [OutlineItem(qualname=r["qualname"], kind=r["kind"], start_line=r["start_line"],
@@ -270,6 +271,10 @@ def _in_source(source: str) -> str:
 
 def _owner(source: str) -> str:
     return "project" if source == PROJECT_SOURCE else f"source {source!r}"
+
+
+def _of(source: str) -> str:
+    return "" if source == PROJECT_SOURCE else f" of source {source!r}"
 
 
 def _norm(path: str) -> str:
