@@ -116,10 +116,13 @@ def run_index(
                 settings.embed, settings.models_dir).model_id
             # With --no-embed, chunks waiting for vectors are expected, not work to do.
             only_vectors_pending = no_embed and fresh.reason.endswith("still to embed")
+            from ctxlake.tasks.lake import missing_tables
             from ctxlake.tasks.store import FTS_TAG
 
             fts_current = state is not None and state.fts == FTS_TAG  # else the BM25 index needs a rebuild
-            if same_model and fts_current and (fresh.up_to_date or only_vectors_pending):
+            # A table deleted from the lake is not "up to date", whatever the files say.
+            whole = not missing_tables(settings.lake_dir, settings.index.graph)
+            if same_model and fts_current and whole and (fresh.up_to_date or only_vectors_pending):
                 took = time.perf_counter() - started
                 if as_json:
                     from ctxlake.serve.cli.render import print_json
