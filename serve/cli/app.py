@@ -270,11 +270,14 @@ def status(as_json: JsonOpt = False) -> None:
         from ctxlake.serve.cli.render import print_json
 
         print_json({**st.model_dump(), "service": service_status()})
-        return
-    from ctxlake.serve.cli.render import print_status, stdout_console
+    else:
+        from ctxlake.serve.cli.render import print_status, stdout_console
 
-    print_status(st, stdout_console())
-    print_service_status()
+        print_status(st, stdout_console())
+        print_service_status()
+    if not st.indexed:
+        # Exit 4 as documented for `.ctx/` without a lake, after the report (memory, a running indexer).
+        raise typer.Exit(4)
 
 
 @app.command()

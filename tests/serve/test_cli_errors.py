@@ -55,7 +55,7 @@ def test_not_indexed_is_4_with_or_without_ctx_folder(tmp_path: Path, cli: Callab
     assert cli("sql", "select 1", cwd=bare).exit_code == 4
     started = tmp_path / "started"
     (started / ".ctx").mkdir(parents=True)  # a clone with a committed config, never indexed
-    for args in (("search", "x"), ("sql", "select 1"), ("files", "x")):
+    for args in (("search", "x"), ("sql", "select 1"), ("files", "x"), ("status",), ("status", "--json")):
         result = cli(*args, cwd=started)
         assert result.exit_code == 4, (args, result.stderr)
 
