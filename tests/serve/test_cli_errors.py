@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -182,3 +183,26 @@ def test_flow_runs_a_command_waits_on_have_no_heartbeat_thread() -> None:
         assert FlowRunEngine(flow=noop).heartbeat_seconds is None
         assert get_current_settings().flows.heartbeat_frequency is None
     assert get_current_settings().flows.heartbeat_frequency is not None
+
+
+def test_a_table_gone_from_the_lake_is_rebuilt_by_a_plain_run(indexed: Path, cli: Callable[..., Any]) -> None:
+    def chunks() -> int:
+        result = cli("sql", "select count(*) from chunks", "--json", cwd=indexed)
+        assert result.exit_code == 0, result.stderr
+        return int(json.loads(result.stdout)["rows"][0][0])
+
+    before = chunks()
+    for table in ("chunks", "definitions"):
+        shutil.rmtree(indexed / ".ctx" / "lake" / f"{table}.lance")
+    again = cli("run", "index", "--json", cwd=indexed)
+    assert again.exit_code == 0, again.stderr
+    assert "up_to_date" not in json.loads(again.stdout)
+    assert chunks() == before
+    assert cli("def", "total", cwd=indexed).stdout.startswith("app.py:1")
+
+
+def test_an_unknown_language_filter_names_the_known_ones(indexed: Path, cli: Callable[..., Any]) -> None:
+    for command in ("search", "files"):
+        result = cli(command, "total", "--lang", "py", cwd=indexed)
+        assert result.exit_code == 0, result.stderr
+        assert "no language 'py' in the index; known: markdown, python" in result.stderr, (command, result.stderr)
