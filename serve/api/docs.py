@@ -213,9 +213,9 @@ class DocsReader:
         else:
             names = ", ".join(f"{s.name}/" for s in self.sources) or "none configured"
             raise InputError(f"{path!r} is not inside a docs folder ({names})",
-                             hint="use a path from docs_index")
+                             hint="`ctx docs` lists the documents (MCP: docs_index)")
         if any(part.startswith(".") for part in rel.split("/")):
-            raise InputError(f"hidden files are not served: {path!r}", hint="use a path from docs_index")
+            raise InputError(f"hidden files are not served: {path!r}", hint="`ctx docs` lists the documents (MCP: docs_index)")
         allowed = ", ".join(sorted(self.extensions))
         if not self._allowed(rel):
             raise InputError(f"file type not allowed: {path!r}", hint=f"the docs reader reads {allowed}")
@@ -227,7 +227,7 @@ class DocsReader:
             known = [d.path for d in self._walk(src)] if src.folder.is_dir() else []
             close = difflib.get_close_matches(clean, known, n=3, cutoff=0.6)
             raise InputError(f"no such document: {clean!r}",
-                             hint=f"did you mean {', '.join(close)}?" if close else "call docs_index to list documents")
+                             hint=f"did you mean {', '.join(close)}?" if close else "`ctx docs` lists the documents (MCP: docs_index)")
         return clean, src, rel, target
 
     def _chunks(self, lines: list[str]) -> list[tuple[int, int]]:
@@ -260,7 +260,7 @@ class DocsReader:
             raise InputError(f"{clean!r} is {exc.size:,} bytes, over the docs reader's limit of {limit:,}",
                              hint="raise [docs] max_file_bytes") from None
         except (FileNotFoundError, NotADirectoryError):
-            raise InputError(f"no such document: {clean!r}", hint="call docs_index to list documents") from None
+            raise InputError(f"no such document: {clean!r}", hint="`ctx docs` lists the documents (MCP: docs_index)") from None
         if b"\0" in data[:8192]:
             raise InputError(f"{clean!r} is not a text file")
         warnings: list[str] = []
