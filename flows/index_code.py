@@ -21,7 +21,7 @@ from ctxlake.tasks.embedders import Embedder, make_embedder
 from ctxlake.tasks.graph import forget_known
 from ctxlake.tasks.graph_store import clear_graph, open_graph, optimize_graph, write_graph
 from ctxlake.tasks.heap import give_back_freed_memory
-from ctxlake.tasks.lake import IndexState, check_model, reset_lake
+from ctxlake.tasks.lake import IndexState, check_model, missing_tables, reset_lake
 from ctxlake.tasks.merkle import Diff, Tree, load_snapshot, save_snapshot, scan
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.run_log import record_run
@@ -196,7 +196,11 @@ class Writer:
         # Clean only when no other source's run is left unfinished (its journal entry remains).
         self.state.clean = not freshness.read_journal(self.lake)
         self.state.roots = {**(self.state.roots or {}), self.source: tree.root_hash}
-        self.state.last_run = report.as_dict()
+        # A source's sync is not the project's run: `ctx status` reports the project's last run.
+        if self.source == PROJECT_SOURCE:
+            self.state.last_run = report.as_dict()
+        else:
+            self.state.source_runs = {**(self.state.source_runs or {}), self.source: report.as_dict()}
         self.state.write(self.lake)
         self.record = partial(self._record, report, self.state.pending_vectors)
         if not self.defer_record:
@@ -233,7 +237,10 @@ def index_code(
     if check_model(state, embedder, force):
         reset_lake(lake)
         state = None
-    previous = None if force else load_snapshot(lake, source)
+    # A table gone from disk: every file is chunked again (vectors come from the cache), as the
+    # snapshot would otherwise say nothing changed.
+    lost = state is not None and bool(missing_tables(lake, settings.index.graph))
+    previous = None if force or lost else load_snapshot(lake, source)
 
     progress.start("scan", None, "scanning")
     tree, diff, stats = scan(root, settings.index, previous)

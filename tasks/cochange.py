@@ -178,3 +178,14 @@ def newest_weight(lake_dir: Path, source: str) -> float | None:
     if not state:
         return None
     return weight(int(state["newest"]), int(state["t0"]))
+
+
+def forget_history(lake_dir: Path, source: str) -> None:
+    """Drop a removed source's entry from the co-change state (its rows go with the source's rows)."""
+    state_path = lake_dir / STATE_FILE
+    try:
+        saved = json.loads(state_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if isinstance(saved, dict) and saved.pop(source, None) is not None:
+        write_atomic(state_path, json.dumps(saved, indent=2))

@@ -307,6 +307,18 @@ def _start(node: Node) -> int:
     return node.start_byte
 
 
+# Identifiers that name an argument rather than use something: in `f(url_for=self.url_for)` only
+# the value refers to url_for. Node type -> the field holding the label.
+_LABEL_FIELDS = {"keyword_argument": "name"}
+
+
+def _is_label(node: Node) -> bool:
+    parent = node.parent
+    field = _LABEL_FIELDS.get(parent.type) if parent is not None else None
+    label = parent.child_by_field_name(field) if parent is not None and field is not None else None
+    return label is not None and label.start_byte == node.start_byte and label.end_byte == node.end_byte
+
+
 def _import_idents(node: Node) -> list[Node]:
     out = []
     stack = [node]
@@ -399,7 +411,7 @@ def _extract(
     for node in caps.get("id", ()):
         begin, end = node.start_byte, node.end_byte
         word = src[begin:end]
-        if end - begin > 1 and (word in wanted or word[:1].isupper()):
+        if end - begin > 1 and (word in wanted or word[:1].isupper()) and not _is_label(node):
             kinds[begin] = (node, "name")
     for node in caps.get("attr", ()):
         kinds[node.start_byte] = (node, "attribute")

@@ -10,16 +10,18 @@ from typing import TYPE_CHECKING, NamedTuple
 import pyarrow as pa
 
 from ctxlake.schemas.tables import DEFINITIONS, IMPORTS, REFERENCES
-from ctxlake.tasks.lake import connect, open_table, writing
+from ctxlake.tasks.lake import (  # the graph's table names are declared with the lake's
+    DEFINITIONS_TABLE,
+    IMPORTS_TABLE,
+    REFERENCES_TABLE,
+    connect,
+    open_table,
+    writing,
+)
 from ctxlake.tasks.store import KEEP_VERSIONS, paths_filter, sql_str
 
 if TYPE_CHECKING:
     from lancedb.table import Table
-
-DEFINITIONS_TABLE = "definitions"
-# `references` is a reserved word in SQL: `ctx sql` could not name the table without quotes.
-REFERENCES_TABLE = "refs"
-IMPORTS_TABLE = "imports"
 
 # Keys of a fact: a batch's rows are deduplicated on them (one row per fact).
 KEYS: dict[str, list[str]] = {

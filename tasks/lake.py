@@ -28,6 +28,11 @@ if TYPE_CHECKING:
 
 FILES_TABLE = "files"
 CHUNKS_TABLE = "chunks"
+# The symbol graph's tables (written by tasks/graph_store.py). `references` is a reserved word in
+# SQL: `ctx sql` could not name the table without quotes.
+DEFINITIONS_TABLE = "definitions"
+REFERENCES_TABLE = "refs"
+IMPORTS_TABLE = "imports"
 STATE_FILE = "state.json"
 WRITER_LOCK_FILE = "writer.lock"
 
@@ -109,7 +114,8 @@ class IndexState:
     model_id: str = ""
     dims: int = 0
     clean: bool = False
-    last_run: dict[str, Any] | None = None
+    last_run: dict[str, Any] | None = None  # the project's own last run (`ctx run index`, a watcher batch)
+    source_runs: dict[str, dict[str, Any]] | None = None  # source -> its last run (`ctx add`, `ctx update`)
     roots: dict[str, str] | None = None  # source -> Merkle root hash at the last clean run
     pending_vectors: int = 0
     fts: str = ""  # the BM25 index options of the last run (store.FTS_TAG); empty before they were recorded
@@ -129,6 +135,13 @@ class IndexState:
 
     def write(self, lake_dir: Path) -> None:
         write_atomic(lake_dir / STATE_FILE, json.dumps(self.__dict__, indent=2, default=str))
+
+
+def missing_tables(lake_dir: Path, graph: bool) -> list[str]:
+    """The tables an indexed lake must hold that are not on disk (a deleted `chunks.lance`): a run
+    cannot be a no-op then, and rebuilds them. Read from the folder, without importing LanceDB."""
+    wanted = [FILES_TABLE, CHUNKS_TABLE, *((DEFINITIONS_TABLE, REFERENCES_TABLE, IMPORTS_TABLE) if graph else ())]
+    return [name for name in wanted if not (lake_dir / f"{name}.lance").is_dir()]
 
 
 def write_atomic(path: Path, text: str | bytes) -> None:

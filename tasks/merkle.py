@@ -21,7 +21,7 @@ from ctxlake.schemas.config import IndexSettings
 from ctxlake.schemas.tables import MANIFEST
 from ctxlake.tasks import safe_io
 from ctxlake.tasks.lake import write_atomic
-from ctxlake.tasks.secrets import is_secret_file, is_secret_name
+from ctxlake.tasks.secrets import is_secret_name, skipped_as_secret
 from ctxlake.tasks.stage import stage
 
 # Folders and files no one wants in a code index; a user's include globs cannot bring them back.
@@ -384,7 +384,7 @@ class PathFilter:
     def __init__(self, root: Path, index: IndexSettings) -> None:
         self.root = root
         self.rules = _Rules(root, index)
-        self.skip_secrets = index.secret_files == "skip"
+        self.secret_files = index.secret_files
         self._stacks: dict[str, list[tuple[str, _Matcher]] | None] = {}
 
     def _stack(self, folder: str) -> list[tuple[str, _Matcher]] | None:
@@ -422,7 +422,7 @@ def entry_for(root: Path, rel: str, keep: PathFilter, max_bytes: int) -> Entry |
         return None
     if not stat.S_ISREG(st.st_mode) or not keep.keeps(rel):
         return None
-    if keep.skip_secrets and is_secret_file(rel):
+    if skipped_as_secret(rel, keep.secret_files):
         return Entry(rel, st.st_size, st.st_mtime_ns, f"{SECRET}:{st.st_size}", SECRET)
     try:
         digest, status = hash_file(full, st.st_size, max_bytes)
@@ -599,6 +599,7 @@ def scan_tree(
     for rel, st in walk_files(root, index, stats):
         stats.seen += 1
         before = old.get(rel)
+        # skipped_as_secret, with the name the walk already has (this loop sees every file).
         if skip_secrets and is_secret_name(rel[rel.rfind("/") + 1 :]):
             entries[rel] = Entry(rel, st.st_size, st.st_mtime_ns, f"{SECRET}:{st.st_size}", SECRET)
         elif (

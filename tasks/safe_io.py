@@ -11,8 +11,8 @@ kernel chose. The file itself is opened O_NONBLOCK (a FIFO would otherwise block
 checked with fstat to be a regular file, and read up to a byte bound.
 
 Hidden components (a leading dot) are refused in link targets, and in the asked path unless the
-caller allows them (get_file_context allows PROJECT_HIDDEN: .github/, .gitignore...); repository
-metadata folders (.git, .ctx) are refused always.
+caller allows them (get_file_context does for a file the scan indexed: its rules, secret files
+included, decided it may be read); repository metadata folders (.git, .ctx) are refused always.
 """
 
 from __future__ import annotations
@@ -59,12 +59,6 @@ def split_relative(relpath: str, what: str = "path") -> list[str]:
     if not parts:
         raise UnsafePath(f"empty {what}: {relpath!r}")
     return parts
-
-
-# Hidden names that hold project configuration rather than secrets or caches: served by
-# get_file_context when indexed (a search hit in .github/workflows must be readable).
-PROJECT_HIDDEN = frozenset({".github", ".gitlab", ".circleci", ".devcontainer", ".gitignore", ".gitattributes",
-                            ".editorconfig", ".pre-commit-config.yaml", ".dockerignore", ".gitlab-ci.yml"})
 
 
 def _check_name(name: str, relpath: str, allow_hidden: bool | frozenset[str], via_link: bool) -> None:

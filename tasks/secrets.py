@@ -48,6 +48,12 @@ def is_secret_file(path: str) -> bool:
     return is_secret_name(path.replace("\\", "/").rsplit("/", 1)[-1])
 
 
+def skipped_as_secret(path: str, secret_files: str) -> bool:
+    """Whether the scan leaves a file out for its name ([index] secret_files = "skip"): the one rule
+    the indexer and the file readers (`ctx show`, get_file_context) share."""
+    return secret_files == "skip" and is_secret_file(path)
+
+
 def is_secret_name(name: str) -> bool:
     """is_secret_file for a bare file name (a scan has it already)."""
     name = name.lower()

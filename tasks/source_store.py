@@ -1,4 +1,5 @@
-"""Lake side of sources: SOURCES rows (last sync of each source) and removing a source's CHUNKS/FILES rows and snapshot."""
+"""Lake side of sources: SOURCES rows (last sync of each source) and removing a source's rows (CHUNKS, FILES,
+the graph, COCHANGE) and snapshot."""
 
 from __future__ import annotations
 
@@ -11,14 +12,20 @@ from typing import Any
 import pyarrow as pa
 
 from ctxlake.errors import LakeError
-from ctxlake.schemas.tables import SOURCES
+from ctxlake.schemas.tables import COCHANGE_TABLE, SOURCES
 from ctxlake.tasks import freshness
+from ctxlake.tasks.cochange import forget_history
+from ctxlake.tasks.graph_store import DEFINITIONS_TABLE, IMPORTS_TABLE, REFERENCES_TABLE
 from ctxlake.tasks.lake import CHUNKS_TABLE, FILES_TABLE, IndexState, connect, open_table
 from ctxlake.tasks.merkle import snapshot_path
 from ctxlake.tasks.stage import stage
 from ctxlake.tasks.store import sql_str
 
 SOURCES_TABLE = "sources"
+# Every table keyed by source: removing a source empties each of them of its rows, or its symbols
+# stay findable (`ctx def`, `ctx outline`) after `ctx remove`. INDEX_RUNS is history and keeps its rows.
+PER_SOURCE_TABLES = (CHUNKS_TABLE, FILES_TABLE, DEFINITIONS_TABLE, REFERENCES_TABLE, IMPORTS_TABLE,
+                     COCHANGE_TABLE)
 
 
 @dataclass
@@ -53,6 +60,11 @@ def read_sources(lake_dir: Path) -> dict[str, dict[str, Any]]:
     return {row["name"]: row for row in table.to_arrow().to_pylist()}
 
 
+def source_roots(lake_dir: Path) -> dict[str, Path]:
+    """Source name -> the folder its files were indexed from (a local folder, a clone, saved pages)."""
+    return {name: Path(row["root"]) for name, row in read_sources(lake_dir).items() if row.get("root")}
+
+
 def source_row(
     name: str, previous: dict[str, Any] | None, **values: Any
 ) -> dict[str, Any]:
@@ -84,7 +96,8 @@ def record_source(lake_dir: Path, row: dict[str, Any]) -> None:
 
 
 def forget_source(lake_dir: Path, name: str) -> tuple[int, int]:
-    """Delete a source's CHUNKS and FILES rows, its SOURCES row, Merkle snapshot and journal entry.
+    """Delete a source's rows in every PER_SOURCE_TABLES table, its SOURCES row, Merkle snapshot,
+    journal entry, co-change state and last run.
 
     Returns (chunks, files) deleted. The caller holds the lake's writer lock.
     """
@@ -93,7 +106,7 @@ def forget_source(lake_dir: Path, name: str) -> tuple[int, int]:
     db = connect(lake_dir)
     where = f"source = {sql_str(name)}"
     counts = []
-    for table_name in (CHUNKS_TABLE, FILES_TABLE):
+    for table_name in PER_SOURCE_TABLES:
         table = open_table(db, table_name)
         n = table.count_rows(where) if table is not None else 0
         if table is not None and n:
@@ -105,9 +118,11 @@ def forget_source(lake_dir: Path, name: str) -> tuple[int, int]:
     with contextlib.suppress(FileNotFoundError):
         snapshot_path(lake_dir, name).unlink()
     freshness.clear_journal(lake_dir, name)
+    forget_history(lake_dir, name)
     state = IndexState.read(lake_dir)
-    if state is not None and state.roots and name in state.roots:
-        state.roots.pop(name)
+    if state is not None and name in {*(state.roots or {}), *(state.source_runs or {})}:
+        (state.roots or {}).pop(name, None)
+        (state.source_runs or {}).pop(name, None)
         state.write(lake_dir)
     return counts[0], counts[1]
 

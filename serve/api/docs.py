@@ -94,6 +94,9 @@ def docs_sources(root: Path, docs: DocsSettings) -> list[DocsSource]:
     return out
 
 
+ROOT_DOCS = "."  # the docs source of the top-level files (README, CHANGES, CONTRIBUTING ...)
+
+
 class DocsReader:
     """Lists and reads the documents of the configured docs folders in bounded pieces."""
 
@@ -166,15 +169,19 @@ class DocsReader:
         """The documents of one docs folder (or all), a page at a time."""
         names = [s.name for s in self.sources]
         chosen = self.sources
-        if source is not None:
-            chosen = [s for s in self.sources if s.name == source.strip().strip("/")]
-            if not chosen:
+        wanted = None if source is None else (source.strip().strip("/") or ".")
+        # '.' is the top-level files alone (README, CHANGES ...): no folder of them.
+        top_level = wanted in (None, ROOT_DOCS)
+        if wanted is not None:
+            chosen = [s for s in self.sources if s.name == wanted]
+            if not chosen and wanted != ROOT_DOCS:
                 raise InputError(f"unknown docs source {source!r}",
-                                 hint=f"configured docs folders: {', '.join(names) or 'none'}")
+                                 hint=f"configured docs folders: {', '.join(names) or 'none'}; "
+                                      f"'{ROOT_DOCS}' = the top-level files")
         warnings: list[str] = []
-        if not self.sources:
+        if not self.sources and wanted is None:
             warnings.append("no docs folder is configured: set [docs] paths in .ctx/config.toml")
-        documents: list[DocEntry] = self._root_docs() if source is None else []
+        documents: list[DocEntry] = self._root_docs() if top_level else []
         for src in chosen:
             if not src.folder.is_dir():
                 warnings.append(f"docs folder {src.name!r} does not exist ({src.folder}); "

@@ -42,7 +42,7 @@ from ctxlake.serve.api.watched import project_freshness
 from ctxlake.tasks import freshness, safe_io
 from ctxlake.tasks.lake import IndexState, WriterLock
 from ctxlake.tasks.merkle import load_snapshot
-from ctxlake.tasks.secrets import mask_text
+from ctxlake.tasks.secrets import mask_text, skipped_as_secret
 
 if TYPE_CHECKING:
     from lancedb.query import LanceVectorQueryBuilder
@@ -76,7 +76,7 @@ def find_symbols(lake: Lake, symbol_name: str, symbol_type: str | None = None, l
 
     if len(symbol_name) > MAX_SYMBOL_CHARS:  # fuzzy matching costs length x length per symbol
         raise InputError(f"symbol_name is {len(symbol_name):,} characters; a name is at most {MAX_SYMBOL_CHARS}",
-                         hint="give one function, method or class name; search_code takes text")
+                         hint="give one function, method or class name; `ctx search` (MCP: search_code) takes text")
     needle = _normalise(symbol_name)
     if not needle:
         raise InputError("symbol_name has no letters or digits", hint="e.g. getUserById or Flask.register_blueprint")
@@ -109,50 +109,70 @@ def find_symbols(lake: Lake, symbol_name: str, symbol_type: str | None = None, l
                           score=round(best[i], 1)))
         if len(out) >= limit:
             break
-    warnings = [] if out else [f"no symbol is similar enough to {symbol_name!r}; try search_code"]
+    warnings = [] if out else [f"no symbol is similar enough to {symbol_name!r}; try `ctx search` (MCP: search_code)"]
     return SymbolMatches(query=symbol_name, symbol_type=wanted, matches=out, stale=False, warnings=warnings)
 
 
 # -- get_file_context ----------------------------------------------------------------------------
 
 
-def indexed_file(lake: Lake, filepath: str) -> tuple[str, dict[str, Any]]:
-    """The clean project-relative path of an indexed file and its FILES row; InputError otherwise."""
-    root = lake.settings.root
+def indexed_file(lake: Lake, filepath: str, source: str = PROJECT_SOURCE,
+                 root: Path | None = None) -> tuple[str, dict[str, Any]]:
+    """The clean path of an indexed file of `source` (relative to `root`, its folder: the project
+    root by default) and its FILES row; InputError otherwise."""
+    root = root or lake.settings.root
     raw = filepath.strip()
     if raw.startswith("/"):
         # An absolute path inside the project is unambiguous (agents copy them from editors).
         real = Path(raw).resolve()
         if real != root and root not in real.parents:
-            raise InputError(f"absolute path outside the project: {filepath!r}",
+            raise InputError(f"absolute path outside the {_owner(source)}: {filepath!r}",
                              hint=f"give a path relative to {root}")
         raw = real.relative_to(root).as_posix()
     clean = clean_relative(raw, "filepath")
-    where = f"source = {_sql(PROJECT_SOURCE)} AND path = {_sql(clean)}"
+    where = f"source = {_sql(source)} AND path = {_sql(clean)}"
     rows = _all_rows(lake.files, ["path", "lang", "hash", "size"], where).to_pylist()
     if not rows:
-        paths = _all_rows(lake.files, ["path"]).column("path").to_pylist()
+        elsewhere = sorted(set(_all_rows(lake.files, ["source"], f"path = {_sql(clean)}").column("source").to_pylist()))
+        if elsewhere:
+            raise InputError(f"not an indexed file of the {_owner(source)}: {clean!r}",
+                             hint=f"it is in {', '.join(map(_owner, elsewhere))}: pass --source "
+                                  f"(MCP: source) {elsewhere[0]}")
+        paths = _all_rows(lake.files, ["path"], f"source = {_sql(source)}").column("path").to_pylist()
         close = difflib.get_close_matches(clean, paths, n=3, cutoff=0.5)
         raise InputError(f"not an indexed file: {clean!r}",
                          hint=f"did you mean {', '.join(close)}?" if close else
-                         "use search_code or ctx://files to find paths; ignored and binary files are not served")
+                         "find paths with `ctx files` or `ctx search` (MCP: search_code, ctx://files); "
+                         "ignored and binary files are not served")
     return clean, rows[0]
+
+
+def _owner(source: str) -> str:
+    return "project" if source == PROJECT_SOURCE else f"source {source!r}"
 
 
 def file_context(
     lake: Lake, filepath: str, start_line: int | None = None, end_line: int | None = None,
-    include_related: bool = False, max_chars: int = 40_000,
+    include_related: bool = False, max_chars: int = 40_000, source: str = PROJECT_SOURCE,
 ) -> FileContext:
-    """Lines of one indexed file as they are on disk now, its outline, and similar code elsewhere."""
+    """Lines of one indexed file (of the project, or of `source`) as they are on disk now, its
+    outline, and similar code elsewhere."""
     import xxhash
 
-    clean, row = indexed_file(lake, filepath)
-    # Read with the race-safe opener (tasks/safe_io.py): no symlink out, nothing hidden (bar project
-    # config such as .github/) even when indexed, no .git, regular files only, bounded.
+    from ctxlake.serve.api.source_queries import source_folder
+
+    root = source_folder(lake.settings, source)
+    clean, row = indexed_file(lake, filepath, source, root)
+    if skipped_as_secret(clean, lake.settings.index.secret_files):
+        # Indexed while secret_files was "mask": the scan now leaves it out, and so does the reader.
+        raise InputError(f"{clean!r} holds secrets by its name and is not indexed ([index] secret_files = \"skip\")",
+                         hint="run `ctx run index` to drop it from the index")
+    # Read with the race-safe opener (tasks/safe_io.py): no symlink out, no .git, regular files
+    # only, bounded. A hidden name is served when indexed: the scan's rules admitted it (a secret
+    # file only when masked, and then it is masked below as the index masked it).
     limit = max(lake.settings.index.max_file_bytes, int(row["size"] or 0))
     try:
-        data = safe_io.open_inside(lake.settings.root, clean, limit, allow_hidden=safe_io.PROJECT_HIDDEN,
-                                   what="filepath")
+        data = safe_io.open_inside(root, clean, limit, allow_hidden=True, what="filepath")
     except (FileNotFoundError, NotADirectoryError):
         raise InputError(f"{clean!r} was deleted since the last index run",
                          hint="run `ctx run index` to update the index") from None
@@ -183,24 +203,24 @@ def file_context(
     asked_end = min(total, end_line) if end_line is not None else end
     truncated = last < asked_end
     columns = ["symbol", "kind", "start_line", "end_line"] + (["vector", "terms"] if include_related else [])
-    chunks = _all_rows(lake.chunks, columns, f"source = {_sql(PROJECT_SOURCE)} AND path = {_sql(clean)}").to_pylist()
+    chunks = _all_rows(lake.chunks, columns, f"source = {_sql(source)} AND path = {_sql(clean)}").to_pylist()
     overlap = sorted((c for c in chunks if c["start_line"] <= last and c["end_line"] >= start),
                      key=lambda c: (c["start_line"], c["end_line"]))
     outline = [Outline(symbol=c["symbol"], kind=c["kind"], start_line=c["start_line"], end_line=c["end_line"])
                for c in overlap[:50]]
     related: list[Hit] = []
     if include_related:
-        related = _related(lake, clean, overlap, warnings)
+        related = _related(lake, source, clean, overlap, warnings)
     return FileContext(
-        path=clean, lang=row["lang"], start_line=start, end_line=last, total_lines=total, content=content,
+        source=source, path=clean, lang=row["lang"], start_line=start, end_line=last, total_lines=total, content=content,
         truncated=truncated, next_start_line=last + 1 if last < total else None, outline=outline,
         related=related, stale=stale, warnings=warnings,
     )
 
 
-def _related(lake: Lake, path: str, chunks: list[dict[str, Any]], warnings: list[str]) -> list[Hit]:
+def _related(lake: Lake, source: str, path: str, chunks: list[dict[str, Any]], warnings: list[str]) -> list[Hit]:
     """Chunks of other files closest to the slice: by the mean of its vectors, else by its words."""
-    outside = f"NOT (source = {_sql(PROJECT_SOURCE)} AND path = {_sql(path)})"
+    outside = f"NOT (source = {_sql(source)} AND path = {_sql(path)})"
     vectors = [c["vector"] for c in chunks if c["vector"] is not None]
     rows: list[dict[str, Any]]
     if vectors:

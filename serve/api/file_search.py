@@ -18,6 +18,7 @@ from ctxlake.serve.api.queries import (
     identifier_rows,
     keyword_rows,
     semantic_rows,
+    unknown_lang,
 )
 from ctxlake.serve.api.query_terms import (
     MAX_ISSUE_CHARS,
@@ -209,6 +210,9 @@ def search_files(
             start_line=best["start_line"] if best else None, end_line=best["end_line"] if best else None,
             symbol=best["symbol"] if best else None,
         ))
-    warnings = [cut, *evidence.warnings] if cut else evidence.warnings
+    warnings = [cut, *evidence.warnings] if cut else list(evidence.warnings)
+    unknown = None if files else unknown_lang(lake, lang)
+    if unknown:
+        warnings.append(unknown)
     return FileSearchResult(query=query, mode=mode, files=files, warnings=warnings,
                             took_ms=round((time.perf_counter() - started) * 1000, 1))

@@ -1,5 +1,8 @@
 """Read API over the symbol graph (tables definitions, refs, imports; cochange when present):
-find_definition, find_references, related_files, file_outline. The CLI and MCP both call these."""
+find_definition, find_references, related_files, file_outline. The CLI and MCP both call these.
+
+Each answers within one source, the project's own by default: two sources may hold the same paths
+(a local folder and a clone of the same library), and their rows must not mix."""
 
 from __future__ import annotations
 
@@ -25,6 +28,8 @@ from ctxlake.tasks import safe_io
 from ctxlake.tasks.cochange import newest_weight, strength
 from ctxlake.tasks.graph_store import DEFINITIONS_TABLE, IMPORTS_TABLE, REFERENCES_TABLE
 from ctxlake.tasks.lake import FILES_TABLE, connect, open_table, table_names
+from ctxlake.tasks.secrets import mask_text
+from ctxlake.tasks.source_store import source_roots
 from ctxlake.tasks.store import sql_str
 
 if TYPE_CHECKING:
@@ -32,6 +37,7 @@ if TYPE_CHECKING:
 
 MAX_LIMIT = 200
 SNIPPET_CHARS = 160
+SNIPPET_READ_BYTES = 4_000_000  # a reference's file is read this far for its line
 
 
 def _rows(table: Table, where: str, columns: list[str] | None = None) -> list[dict[str, Any]]:
@@ -54,6 +60,7 @@ class GraphReader:
                                   hint="run `ctx run index` (a lake from before the graph needs `--force`)")
         self.root = root
         self.lake_dir = lake_dir
+        self._roots: dict[str, Path] | None = None  # source -> its folder, read on the first snippet
         self.defs = db.open_table(DEFINITIONS_TABLE)
         self.refs = db.open_table(REFERENCES_TABLE)
         self.imports = db.open_table(IMPORTS_TABLE)
@@ -61,35 +68,50 @@ class GraphReader:
         self.files = open_table(db, FILES_TABLE)
 
     # -- definitions -------------------------------------------------------------------------
-    def _matching(self, symbol: str, columns: list[str] | None = None) -> list[dict[str, Any]]:
+    def _matching(self, symbol: str, source: str | None, columns: list[str] | None = None) -> list[dict[str, Any]]:
+        """Definitions of `symbol` in `source` (None: in every source)."""
         symbol = symbol.strip()
         if not symbol:
             raise InputError("the symbol is empty")
         last = symbol.replace("::", ".").rsplit(".", 1)[-1]
-        rows = _rows(self.defs, f"name = {sql_str(last)}", columns)
+        where = f"name = {sql_str(last)}" + ("" if source is None else f" AND {_in_source(source)}")
+        rows = _rows(self.defs, where, None if columns is None else [*columns, "qualname"])
         if "." in symbol.replace("::", "."):
             want = symbol.replace("::", ".")
             rows = [r for r in rows if r["qualname"] == want or r["qualname"].endswith("." + want)]
         return rows
 
-    def _importers(self, paths: set[str]) -> Counter[str]:
+    def _elsewhere(self, symbol: str, source: str) -> str:
+        """A hint naming the other sources that define `symbol`, or ''."""
+        others = sorted({r["source"] for r in self._matching(symbol, None, ["source"])} - {source})
+        if not others:
+            return ""
+        return (f"defined in {', '.join(_owner(o) for o in others)}: pass --source (MCP: source) "
+                f"{others[0]}")
+
+    def _importers(self, source: str, paths: set[str]) -> Counter[str]:
         if not paths:
             return Counter()
         listed = ", ".join(sql_str(p) for p in sorted(paths))
-        return Counter(r["resolved"] for r in _rows(self.imports, f"resolved IN ({listed})", ["resolved"]))
+        return Counter(r["resolved"] for r in _rows(self.imports, f"{_in_source(source)} AND resolved IN ({listed})",
+                                                    ["resolved"]))
 
-    def _imported_by(self, path: str) -> set[str]:
-        return {r["resolved"] for r in _rows(self.imports, f"path = {sql_str(path)}", ["resolved"])
+    def _imported_by(self, source: str, path: str) -> set[str]:
+        return {r["resolved"] for r in _rows(self.imports, f"{_in_source(source)} AND path = {sql_str(path)}",
+                                             ["resolved"])
                 if r["resolved"]}
 
-    def find_definition(self, symbol: str, from_path: str | None = None, limit: int = 10) -> DefinitionAnswer:
-        rows = self._matching(symbol)
+    def find_definition(self, symbol: str, from_path: str | None = None, limit: int = 10,
+                        source: str = PROJECT_SOURCE) -> DefinitionAnswer:
+        """Where `symbol` is defined in `source` (the project by default), best first."""
+        rows = self._matching(symbol, source)
         if not rows:
-            raise InputError(f"no definition of {symbol!r} in the index",
-                             hint="check the spelling, or `ctx search` for text; names are case-sensitive")
-        imported = self._imported_by(from_path) if from_path else set()
+            raise InputError(f"no definition of {symbol!r} in the {_owner(source)}",
+                             hint=self._elsewhere(symbol, source)
+                             or "check the spelling, or `ctx search` for text; names are case-sensitive")
+        imported = self._imported_by(source, from_path) if from_path else set()
         folder = posixpath.dirname(from_path) if from_path else None
-        fans = self._importers({r["path"] for r in rows})
+        fans = self._importers(source, {r["path"] for r in rows})
 
         def key(r: dict[str, Any]) -> tuple[int, int, int]:
             """(imported by the asking file, same folder, how many files import its file)."""
@@ -117,25 +139,28 @@ class GraphReader:
 
     # -- references ----------------------------------------------------------------------------
     def find_references(self, symbol: str, offset: int = 0, limit: int = 20,
-                        include_imports: bool = True) -> ReferencePage:
+                        include_imports: bool = True, source: str = PROJECT_SOURCE) -> ReferencePage:
+        """Where `symbol` is used in `source` (the project by default), one page at a time."""
         if offset < 0:
             raise InputError(f"offset must be at least 0, not {offset}")
-        defs = self._matching(symbol, ["path", "qualname", "start_line"])
+        defs = self._matching(symbol, source, ["path", "start_line"])
         last = symbol.replace("::", ".").strip().rsplit(".", 1)[-1]
-        where = f"name = {sql_str(last)}" + ("" if include_imports else " AND kind != 'import'")
+        where = (f"name = {sql_str(last)} AND {_in_source(source)}"
+                 + ("" if include_imports else " AND kind != 'import'"))
         rows = _rows(self.refs, where, ["source", "path", "line", "kind", "enclosing"])
         if not rows and not defs:
-            raise InputError(f"unknown symbol {symbol!r}: no definition or reference in the index",
-                             hint="names are case-sensitive; `ctx search --mode fuzzy` finds near names")
+            raise InputError(f"unknown symbol {symbol!r}: no definition or reference in the {_owner(source)}",
+                             hint=self._elsewhere(symbol, source)
+                             or "names are case-sensitive; `ctx search --mode fuzzy` finds near names")
         def_paths = {d["path"] for d in defs}
-        linked = def_paths | {r["path"] for r in self._importing(def_paths)}
+        linked = def_paths | {r["path"] for r in self._importing(source, def_paths)}
         # A definition's own line is not a use of it.
         own = {(d["path"], d["start_line"]) for d in defs}
         rows = [r for r in rows if (r["path"], r["line"]) not in own]
         rows.sort(key=lambda r: (r["path"] not in linked, r["path"], r["line"]))
         page = rows[offset: offset + _bound(limit)]
         files: dict[tuple[str, str], list[str]] = {}  # each file of the page read once
-        out = [Reference(path=r["path"], line=r["line"], kind=r["kind"], enclosing=r["enclosing"],
+        out = [Reference(source=r["source"], path=r["path"], line=r["line"], kind=r["kind"], enclosing=r["enclosing"],
                          snippet=self._line(r["source"], r["path"], r["line"], files),
                          resolved=r["path"] in linked) for r in page]
         nxt = offset + len(page)
@@ -143,31 +168,45 @@ class GraphReader:
                              next_offset=nxt if nxt < len(rows) else None,
                              definitions=[f"{d['path']}:{d['start_line']}" for d in defs[:20]])
 
-    def _importing(self, paths: set[str]) -> list[dict[str, Any]]:
+    def _importing(self, source: str, paths: set[str]) -> list[dict[str, Any]]:
         if not paths:
             return []
         listed = ", ".join(sql_str(p) for p in sorted(paths))
-        return _rows(self.imports, f"resolved IN ({listed})", ["path"])
+        return _rows(self.imports, f"{_in_source(source)} AND resolved IN ({listed})", ["path"])
+
+    def _folder(self, source: str) -> Path | None:
+        """Where a source's files are read: the project root, else the folder it was indexed from
+        (a local folder, the clone of a git source, a web source's saved pages)."""
+        if source == PROJECT_SOURCE:
+            return self.root
+        if self._roots is None:
+            self._roots = source_roots(self.lake_dir)
+        return self._roots.get(source)
 
     def _line(self, source: str, path: str, line: int, files: dict[tuple[str, str], list[str]]) -> str:
-        if self.root is None or source != PROJECT_SOURCE:
-            return ""
         lines = files.get((source, path))
         if lines is None:
-            try:
-                data = safe_io.read_regular(self.root / path, 4_000_000)
-            except (OSError, safe_io.NotRegularFile, safe_io.TooLarge):
-                data = b""
-            lines = files[(source, path)] = data.decode("utf-8", "replace").split("\n")
+            folder = self._folder(source)
+            data = b""
+            if folder is not None:
+                # The race-safe opener, as for `ctx show`: no link out of the folder, no FIFO, bounded.
+                try:
+                    data = safe_io.open_inside(folder, path, SNIPPET_READ_BYTES, allow_hidden=True)
+                except (OSError, InputError):
+                    data = b""
+            # Masked as the index masked it: a snippet shows no more than a search hit would.
+            text = mask_text(data.decode("utf-8", "replace"), path) if data else ""
+            lines = files[(source, path)] = text.split("\n")
         return lines[line - 1].strip()[:SNIPPET_CHARS] if 0 < line <= len(lines) else ""
 
     # -- files ---------------------------------------------------------------------------------
-    def related_files(self, path: str, limit: int = 30) -> RelatedAnswer:
+    def related_files(self, path: str, limit: int = 30, source: str = PROJECT_SOURCE) -> RelatedAnswer:
+        """Files `path` of `source` imports, its importers, and files changed with it."""
         path = _norm(path)
-        own = _rows(self.imports, f"path = {sql_str(path)}", ["module", "resolved"])
-        importers = _rows(self.imports, f"resolved = {sql_str(path)}", ["path"])
-        if not own and not importers and not self._known(path):
-            raise InputError(f"{path} is not in the index", hint="paths are relative to the project root")
+        own = _rows(self.imports, f"{_in_source(source)} AND path = {sql_str(path)}", ["module", "resolved"])
+        importers = _rows(self.imports, f"{_in_source(source)} AND resolved = {sql_str(path)}", ["path"])
+        if not own and not importers and not self._known(source, path):
+            raise InputError(f"{path} is not in the index{_of(source)}", hint=self._path_hint(source, path))
         related: list[RelatedFile] = []
         seen: set[tuple[str, str]] = set()
         for rel, paths in (("imports", [r["resolved"] for r in own if r["resolved"]]),
@@ -176,44 +215,66 @@ class GraphReader:
                 if (p, rel) not in seen and p != path:
                     seen.add((p, rel))
                     related.append(RelatedFile(path=p, relation=rel))
-        top = newest_weight(self.lake_dir, PROJECT_SOURCE)
+        top = newest_weight(self.lake_dir, source)
         if self.cochange is not None and top:
-            rows = _rows(self.cochange, f"source = {sql_str(PROJECT_SOURCE)} AND path = {sql_str(path)}",
+            rows = _rows(self.cochange, f"{_in_source(source)} AND path = {sql_str(path)}",
                          ["other", "weight", "commits"])
             rows.sort(key=lambda r: (-float(r["weight"]), r["other"]))
             related += [RelatedFile(path=r["other"], relation="cochange", commits=int(r["commits"]),
                                     weight=round(strength(float(r["weight"]), top), 4))
                         for r in rows[:_bound(limit)]]
         unresolved = sorted({r["module"] for r in own if not r["resolved"]})
-        return RelatedAnswer(path=path, related=related[:_bound(limit)], unresolved_imports=unresolved[:50])
+        return RelatedAnswer(source=source, path=path, related=related[:_bound(limit)],
+                             unresolved_imports=unresolved[:50])
 
-    def _known(self, path: str) -> bool:
+    def _known(self, source: str, path: str) -> bool:
         """Whether the index holds the file: the files manifest, not the graph (a file may define and
         use nothing the graph keeps, `a = 1`, and still be indexed and co-changed)."""
-        on_path = f"path = {sql_str(path)}"
-        checks = ([(self.files, f"source = {sql_str(PROJECT_SOURCE)} AND {on_path}")] if self.files is not None
-                  else [(self.defs, on_path), (self.refs, on_path)])  # a lake without the manifest
+        on_path = f"{_in_source(source)} AND path = {sql_str(path)}"
+        checks = [self.files] if self.files is not None else [self.defs, self.refs]  # a lake without the manifest
         # one row answers it: the limit stops the scan early
-        return any(t.search().where(where).select(["path"]).limit(1).to_arrow().num_rows for t, where in checks)
+        return any(t.search().where(on_path).select(["path"]).limit(1).to_arrow().num_rows for t in checks)
 
-    def file_outline(self, path: str, limit: int = MAX_LIMIT) -> Outline:
+    def _path_hint(self, source: str, path: str) -> str:
+        """Where else the path is indexed, or how paths are written."""
+        table = self.files if self.files is not None else self.defs
+        others = sorted({r["source"] for r in _rows(table, f"path = {sql_str(path)}", ["source"])} - {source})
+        if others:
+            return f"it is in {', '.join(_owner(o) for o in others)}: pass --source (MCP: source) {others[0]}"
+        return "paths are relative to the project root" if source == PROJECT_SOURCE else \
+            f"paths are relative to the root of source {source!r}"
+
+    def file_outline(self, path: str, limit: int = MAX_LIMIT, source: str = PROJECT_SOURCE) -> Outline:
+        """The definitions of `path` in `source` (the project by default), in file order."""
         path = _norm(path)
-        rows = _rows(self.defs, f"path = {sql_str(path)}")
-        if not rows and not self._known(path):
-            raise InputError(f"{path} is not in the index or has no definitions",
-                             hint="paths are relative to the project root")
+        rows = _rows(self.defs, f"{_in_source(source)} AND path = {sql_str(path)}")
+        if not rows and not self._known(source, path):
+            raise InputError(f"{path} is not in the index{_of(source)} or has no definitions",
+                             hint=self._path_hint(source, path))
         rows.sort(key=lambda r: (r["start_line"], -r["end_line"]))
         items = [OutlineItem(qualname=r["qualname"], kind=r["kind"], start_line=r["start_line"],
                              end_line=r["end_line"], signature=r["signature"], doc=r["doc"],
                              depth=r["parent"].count(".") + 1 if r["parent"] else 0)
                  for r in rows[:_bound(limit)]]
-        return Outline(path=path, items=items)
+        return Outline(source=source, path=path, items=items)
 
 
 def _bound(limit: int) -> int:
     if limit < 1:
         raise InputError(f"limit must be at least 1, not {limit}")
     return min(limit, MAX_LIMIT)
+
+
+def _in_source(source: str) -> str:
+    return f"source = {sql_str(source)}"
+
+
+def _owner(source: str) -> str:
+    return "project" if source == PROJECT_SOURCE else f"source {source!r}"
+
+
+def _of(source: str) -> str:
+    return "" if source == PROJECT_SOURCE else f" of source {source!r}"
 
 
 def _norm(path: str) -> str:

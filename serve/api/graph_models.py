@@ -30,6 +30,7 @@ class DefinitionAnswer(BaseModel):
 
 
 class Reference(BaseModel):
+    source: str = Field(default=PROJECT_SOURCE, description="the source the file belongs to")
     path: str = Field(description="file, relative to its source root")
     line: int = Field(description="line, 1-based")
     kind: str = Field(description="call, attribute, name or import")
@@ -57,6 +58,7 @@ class RelatedFile(BaseModel):
 
 
 class RelatedAnswer(BaseModel):
+    source: str = Field(default=PROJECT_SOURCE, description="the source the file belongs to")
     path: str = Field(description="the file asked about")
     related: list[RelatedFile] = Field(description="imports first, then importers, then co-changed files")
     unresolved_imports: list[str] = Field(description="modules it imports that map to no indexed file")
@@ -73,5 +75,6 @@ class OutlineItem(BaseModel):
 
 
 class Outline(BaseModel):
+    source: str = Field(default=PROJECT_SOURCE, description="the source the file belongs to")
     path: str = Field(description="the file")
     items: list[OutlineItem] = Field(description="definitions in file order")

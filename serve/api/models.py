@@ -63,7 +63,9 @@ class Status(BaseModel):
     model: str = ""
     model_id: str = ""
     dims: int = 0
-    last_run: dict[str, Any] | None = None
+    last_run: dict[str, Any] | None = Field(None, description="the project's last index run")
+    source_runs: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="each source's last index run (`ctx add`, `ctx update`)")
     clean: bool = True
     stale: bool = False
     stale_count: int = 0

@@ -657,6 +657,9 @@ def search(
         for i, r in enumerate(rows[:limit], start=1)
     ]
     hits, used, omitted = within_budget(hits, budget_tokens)
+    unknown = None if hits else unknown_lang(lake, lang)
+    if unknown:
+        warnings.append(unknown)
     if omitted:
         warnings.append(f"{omitted} more hit(s) left out to stay within {budget_tokens} tokens "
                         "(raise the budget, or narrow the query or filters)")
@@ -667,6 +670,20 @@ def search(
     if check_stale:
         mark_stale(result, project_freshness(lake.settings))
     return result
+
+
+def unknown_lang(lake: Lake, lang: str | None) -> str | None:
+    """A warning when `lang` is no language of the index (`py` for python), so the filter matched
+    nothing; asked only of an empty answer."""
+    if not lang:
+        return None
+    import pyarrow.compute as pc
+
+    column = lake.files.search().select(["lang"]).limit(None).to_arrow().column("lang")
+    known = sorted(v for v in pc.unique(column).to_pylist() if v)
+    if lang.lower() in known:
+        return None
+    return f"no language {lang!r} in the index; known: {', '.join(known) or 'none'}"
 
 
 STALE_SHOWN = 50  # changed files an answer lists
@@ -721,6 +738,7 @@ def status(settings: Settings, check_stale: bool = True) -> Status:
         return out
     out.provider, out.model, out.model_id, out.dims = state.provider, state.model, state.model_id, state.dims
     out.last_run, out.clean = state.last_run, state.clean
+    out.source_runs = dict(state.source_runs or {})
     lake_bytes, stamp = folder_stamp(lake_dir)
     # A clean state with nothing pending is exact (every writer of chunks is an index run, which
     # marks the state unclean until it has counted again): the count reads the whole vector column

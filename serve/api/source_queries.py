@@ -13,7 +13,7 @@ from ctxlake.schemas.sources import SourceSpec, is_trusted, load_registry
 from ctxlake.schemas.tables import PROJECT_SOURCE
 from ctxlake.serve.api.models_sources import AskResult, SourceInfo, SourceList
 from ctxlake.tasks.agents import PromptHit, SourceLink, ask_agent
-from ctxlake.tasks.source_store import read_sources, source_counts
+from ctxlake.tasks.source_store import read_sources, source_counts, source_roots
 from ctxlake.tasks.sources import check_access, source_root
 
 if TYPE_CHECKING:
@@ -27,10 +27,11 @@ def _iso(value: Any) -> str | None:
     return value.isoformat() if isinstance(value, datetime) else (str(value) if value else None)
 
 
-def list_sources(settings: Settings, lake: Lake | None = None) -> SourceList:
+def list_sources(settings: Settings, lake: Lake | None = None, with_project: bool = True) -> SourceList:
     """Every declared source with its last sync and its files/chunks in the index now: what
-    `ctx list` prints. Given the open lake (the MCP server), 'project' comes first, and each
-    source also gets its embedded chunks, languages and last indexing, with the index's model."""
+    `ctx list` prints. Given the open lake, each source also gets its embedded chunks, languages
+    and last indexing, with the index's model, and 'project' comes first unless `with_project`
+    is false (`ctx list` lists the added sources)."""
     registry = load_registry(settings.root)
     rows = read_sources(settings.lake_dir)
     # Given the lake, its per-source counts below replace these (one read of the tables, not two).
@@ -58,7 +59,10 @@ def list_sources(settings: Settings, lake: Lake | None = None) -> SourceList:
         ))
     if lake is None:
         return SourceList(sources=out)
-    return _with_index_stats(lake, out)
+    listed = _with_index_stats(lake, out)
+    if not with_project:
+        listed.sources = [s for s in listed.sources if s.name != PROJECT_SOURCE]
+    return listed
 
 
 def _with_index_stats(lake: Lake, out: list[SourceInfo]) -> SourceList:
@@ -138,6 +142,17 @@ def check_names(settings: Settings, names: Sequence[str] | None) -> None:
     if unknown:
         raise InputError(f"unknown source(s): {', '.join(unknown)}",
                          hint=f"known: {', '.join(sorted(known))} (see `ctx list`)")
+
+
+def source_folder(settings: Settings, name: str) -> Path:
+    """The folder a source's files were indexed from: the project root for 'project'."""
+    if name == PROJECT_SOURCE:
+        return settings.root
+    root = source_roots(settings.lake_dir).get(name)
+    if root is None:
+        check_names(settings, [name])
+        raise InputError(f"source {name!r} has not been indexed yet", hint=f"run `ctx update {name}`")
+    return root
 
 
 def resolve_links(settings: Settings, names: Sequence[str] | None) -> list[SourceLink]:

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from ctxlake.errors import InputError
+from ctxlake.schemas.names import PROJECT_SOURCE
 from ctxlake.serve.api.models import FileSearchResult, Hit, SearchResult
 
 
@@ -56,7 +57,8 @@ class Outline(BaseModel):
 class FileContext(BaseModel):
     """A slice of one indexed file, read from disk, with its outline and (on request) related code."""
 
-    path: str = Field(description="file path relative to the project root")
+    source: str = Field(PROJECT_SOURCE, description="the indexed source of the file ('project' = this repository)")
+    path: str = Field(description="file path relative to the project root (or to the source's root)")
     lang: str | None = None
     start_line: int = Field(description="first line returned, 1-based")
     end_line: int = Field(description="last line returned, inclusive")

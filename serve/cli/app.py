@@ -119,10 +119,13 @@ def run_index(
                 settings.embed, settings.models_dir).model_id
             # With --no-embed, chunks waiting for vectors are expected, not work to do.
             only_vectors_pending = no_embed and fresh.reason.endswith("still to embed")
+            from ctxlake.tasks.lake import missing_tables
             from ctxlake.tasks.store import FTS_TAG
 
             fts_current = state is not None and state.fts == FTS_TAG  # else the BM25 index needs a rebuild
-            if same_model and fts_current and (fresh.up_to_date or only_vectors_pending):
+            # A table deleted from the lake is not "up to date", whatever the files say.
+            whole = not missing_tables(settings.lake_dir, settings.index.graph)
+            if same_model and fts_current and whole and (fresh.up_to_date or only_vectors_pending):
                 took = time.perf_counter() - started
                 if as_json:
                     from ctxlake.serve.cli.render import print_json
@@ -271,11 +274,14 @@ def status(as_json: JsonOpt = False) -> None:
         from ctxlake.serve.cli.render import print_json
 
         print_json({**st.model_dump(), "service": service_status()})
-        return
-    from ctxlake.serve.cli.render import print_status, stdout_console
+    else:
+        from ctxlake.serve.cli.render import print_status, stdout_console
 
-    print_status(st, stdout_console())
-    print_service_status()
+        print_status(st, stdout_console())
+        print_service_status()
+    if not st.indexed:
+        # Exit 4 as documented for `.ctx/` without a lake, after the report (memory, a running indexer).
+        raise typer.Exit(4)
 
 
 @app.command()
@@ -333,11 +339,13 @@ def sql(
         return
     from rich.table import Table
 
-    from ctxlake.serve.cli.render import stdout_console
+    from ctxlake.serve.cli.render import plain, stdout_console
 
-    table = Table(*result["columns"], show_lines=False)
+    table = Table(show_lines=False)
+    for column in result["columns"]:
+        table.add_column(plain(column))
     for row in result["rows"]:
-        table.add_row(*("" if v is None else str(v) for v in row))
+        table.add_row(*(plain(v) for v in row))
     console = stdout_console()
     console.print(table)
     if result["truncated"]:

@@ -12,6 +12,7 @@ import typer
 
 from ctxlake.errors import InputError
 from ctxlake.schemas.config import find_root, load_settings
+from ctxlake.schemas.names import PROJECT_SOURCE
 
 if TYPE_CHECKING:
     from ctxlake.serve.api.evaluate import EvalReport, RunSummary
@@ -101,9 +102,10 @@ def files_command(
     path_glob: Annotated[str | None, typer.Option("--path", help="only paths matching this glob")] = None,
     lang: Annotated[str | None, typer.Option("--lang", help="only this language, e.g. python")] = None,
     no_tests: Annotated[bool, typer.Option("--no-tests", help="leave test files out")] = False,
+    sources: Annotated[str | None, typer.Option("--sources", help="comma-separated source names (default all)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")] = False,
 ) -> None:
-    """Rank the project's files for a query: which files to open first (same ranking as `ctx eval`)."""
+    """Rank the indexed files for a query: which files to open first (same ranking as `ctx eval`)."""
     from ctxlake.schemas.config import resolve_root
 
     if mode is not None and mode not in ("hybrid", "keyword", "semantic"):
@@ -111,21 +113,30 @@ def files_command(
     settings = load_settings(resolve_root(None, for_write=False))
     from ctxlake.serve.api.file_search import search_files
     from ctxlake.serve.api.queries import Lake
+    from ctxlake.serve.api.source_queries import check_names, parse_names
 
+    names = parse_names(sources)
+    check_names(settings, names)
     result = search_files(Lake(settings), query, mode=mode, limit=limit, path_glob=path_glob,  # type: ignore[arg-type]
-                          lang=lang, exclude_tests=no_tests)
+                          lang=lang, exclude_tests=no_tests, sources=names)
     if as_json:
         sys.stdout.write(_json(result.model_dump()))
         return
+    from rich.markup import escape
+
     from ctxlake.serve.cli.render import stdout_console
 
     console = stdout_console()
     if not result.files:
-        console.print(f"No files for {result.query[:60]!r} ({result.mode}).")
+        console.print(f"No files for {result.query[:60]!r} ({result.mode}).", markup=False)
     for i, hit in enumerate(result.files, start=1):
         where = f"  best match: lines {hit.start_line}-{hit.end_line}" if hit.start_line else ""
         symbol = f" {hit.symbol}" if hit.symbol else ""
-        console.print(f"[bold]{i:>2}. {hit.path}[/]  [dim]{where.strip()}{symbol}[/]", highlight=False)
+        # Another source's file is named as `ctx search` names it: two sources may hold the same path.
+        path = hit.path if hit.source == PROJECT_SOURCE else f"[{hit.source}] {hit.path}"
+        # Escaped: a path or symbol may hold "[red]", which Rich would read as a style.
+        console.print(f"[bold]{i:>2}. {escape(path)}[/]  [dim]{escape(where.strip() + symbol)}[/]",
+                      highlight=False)
     for warning in result.warnings:
         typer.echo(f"warning: {warning}", err=True)
 
@@ -230,17 +241,17 @@ ABLATION_HEADER = ["profile", "mode", "corpus", "variant", "n", "ΔAcc@1 (95% CI
 def print_report(report: EvalReport) -> None:
     from rich.table import Table
 
-    from ctxlake.serve.cli.render import stdout_console
+    from ctxlake.serve.cli.render import plain, stdout_console
 
     console = stdout_console()
     if not console.is_terminal:
         console.width = 240  # piped into a file or a log: keep every table row on one line
-    table = Table(title=f"File localisation on {Path(report.tasks_file).name}: {report.tasks} tasks "
-                        f"(Acc and Recall in %, 95% bootstrap CIs)")
+    table = Table(title=plain(f"File localisation on {Path(report.tasks_file).name}: {report.tasks} tasks "
+                              f"(Acc and Recall in %, 95% bootstrap CIs)"))
     for col in SUMMARY_HEADER:
         table.add_column(col, justify="left" if col in ("profile", "mode", "corpus", "variant") else "right")
     for row in summary_rows(report):
-        table.add_row(*row)
+        table.add_row(*map(plain, row))
     console.print(table)
     for corpus in report.corpora:
         header, rows = repo_rows(report, corpus)
@@ -249,7 +260,7 @@ def print_report(report: EvalReport) -> None:
             for col in header:
                 per_repo.add_column(col, justify="left" if col == "repo" else "right")
             for row in rows:
-                per_repo.add_row(*row)
+                per_repo.add_row(*map(plain, row))
             console.print(per_repo)
     ablation = ablation_rows(report)
     if ablation:
@@ -257,7 +268,7 @@ def print_report(report: EvalReport) -> None:
         for col in ABLATION_HEADER:
             table.add_column(col)
         for row in ablation:
-            table.add_row(*row)
+            table.add_row(*map(plain, row))
         console.print(table)
     unindexed = [r for r in report.runs if r.gold_not_indexed]
     for run in unindexed[:1]:

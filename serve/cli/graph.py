@@ -1,4 +1,7 @@
-"""`ctx def`, `ctx refs`, `ctx related`, `ctx outline`: the symbol graph's readers (serve/api/graph.py)."""
+"""`ctx def`, `ctx refs`, `ctx related`, `ctx outline`: the symbol graph's readers (serve/api/graph.py).
+
+Each reads one source, the project by default (`--source NAME` for another); lines of another
+source start with `[NAME] `, as `ctx search` prints them."""
 
 from __future__ import annotations
 
@@ -7,16 +10,25 @@ from typing import Annotated
 import typer
 
 from ctxlake.schemas.config import load_settings, resolve_root
+from ctxlake.schemas.names import PROJECT_SOURCE
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")]
 LimitOpt = Annotated[int, typer.Option("-n", "--limit", min=1, max=200, help="at most this many results")]
+SourceOpt = Annotated[str, typer.Option("--source", help="read this source (see `ctx list`) instead of the project")]
 
 
-def _reader():  # type: ignore[no-untyped-def]
+def _reader(source: str = PROJECT_SOURCE):  # type: ignore[no-untyped-def]
     from ctxlake.serve.api.graph import GraphReader
+    from ctxlake.serve.api.source_queries import check_names
 
     settings = load_settings(resolve_root(None, for_write=False))
+    check_names(settings, [source])
     return GraphReader(settings.lake_dir, settings.root)
+
+
+def tag(source: str) -> str:
+    """`[NAME] ` before a path of another source than the project, as `ctx search` shows it."""
+    return "" if source == PROJECT_SOURCE else f"[{source}] "
 
 
 def _json(model: object) -> None:
@@ -29,15 +41,16 @@ def definition(
     symbol: Annotated[str, typer.Argument(help="a name or qualified name, e.g. Query.filter")],
     from_path: Annotated[str | None, typer.Option("--from", help="the file asking: its imports rank first")] = None,
     limit: LimitOpt = 10,
+    source: SourceOpt = PROJECT_SOURCE,
     as_json: JsonOpt = False,
 ) -> None:
     """Where SYMBOL is defined, best first, with how sure the first answer is."""
-    answer = _reader().find_definition(symbol, from_path, limit)
+    answer = _reader(source).find_definition(symbol, from_path, limit, source=source)
     if as_json:
         _json(answer)
         return
     for d in answer.definitions:
-        typer.echo(f"{d.path}:{d.start_line}\t{d.kind} {d.qualname}\t{d.signature}")
+        typer.echo(f"{tag(d.source)}{d.path}:{d.start_line}\t{d.kind} {d.qualname}\t{d.signature}")
     note = "ambiguous, " if answer.ambiguous else ""
     typer.echo(f"({note}confidence {answer.confidence:.2f}: {answer.reason})", err=True)
 
@@ -47,16 +60,17 @@ def refs(
     offset: Annotated[int, typer.Option("--offset", min=0, help="skip this many (paging)")] = 0,
     limit: LimitOpt = 20,
     no_imports: Annotated[bool, typer.Option("--no-imports", help="leave out import lines")] = False,
+    source: SourceOpt = PROJECT_SOURCE,
     as_json: JsonOpt = False,
 ) -> None:
     """Where SYMBOL is used: path:line, the enclosing symbol and the line."""
-    page = _reader().find_references(symbol, offset, limit, include_imports=not no_imports)
+    page = _reader(source).find_references(symbol, offset, limit, include_imports=not no_imports, source=source)
     if as_json:
         _json(page)
         return
     for r in page.references:
         mark = "" if r.resolved else "?"
-        typer.echo(f"{r.path}:{r.line}{mark}\t{r.kind}\t{r.enclosing or '-'}\t{r.snippet}")
+        typer.echo(f"{tag(r.source)}{r.path}:{r.line}{mark}\t{r.kind}\t{r.enclosing or '-'}\t{r.snippet}")
     more = f"; next: --offset {page.next_offset}" if page.next_offset is not None else ""
     typer.echo(f"({len(page.references)} of {page.total}{more}; ? = file not linked to a definition by imports)",
                err=True)
@@ -65,16 +79,17 @@ def refs(
 def related(
     path: Annotated[str, typer.Argument(help="an indexed file, relative to the project root")],
     limit: LimitOpt = 30,
+    source: SourceOpt = PROJECT_SOURCE,
     as_json: JsonOpt = False,
 ) -> None:
     """Files PATH imports, files importing it, and files changed with it (when co-change is indexed)."""
-    answer = _reader().related_files(path, limit)
+    answer = _reader(source).related_files(path, limit, source=source)
     if as_json:
         _json(answer)
         return
     for r in answer.related:
         weight = f"\t{r.weight:.3f}" if r.relation == "cochange" else ""
-        typer.echo(f"{r.relation}\t{r.path}{weight}")
+        typer.echo(f"{r.relation}\t{tag(answer.source)}{r.path}{weight}")
     if answer.unresolved_imports:
         typer.echo(f"(not in the index: {', '.join(answer.unresolved_imports[:10])})", err=True)
 
@@ -82,10 +97,11 @@ def related(
 def outline(
     path: Annotated[str, typer.Argument(help="an indexed file, relative to the project root")],
     limit: LimitOpt = 200,
+    source: SourceOpt = PROJECT_SOURCE,
     as_json: JsonOpt = False,
 ) -> None:
     """The definitions of PATH as a tree, with lines and signatures."""
-    answer = _reader().file_outline(path, limit)
+    answer = _reader(source).file_outline(path, limit, source=source)
     if as_json:
         _json(answer)
         return

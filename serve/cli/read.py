@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from ctxlake.schemas.config import load_settings, resolve_root
+from ctxlake.schemas.names import PROJECT_SOURCE
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")]
 
@@ -20,14 +21,18 @@ def show(
     filepath: Annotated[str, typer.Argument(help="an indexed file, relative to the project root")],
     start: Annotated[int | None, typer.Option("--start", min=1, help="first line (default 1)")] = None,
     end: Annotated[int | None, typer.Option("--end", min=1, help="last line (default: 400 lines on)")] = None,
+    source: Annotated[str, typer.Option("--source", help="a file of this source (see `ctx list`), "
+                                        "relative to its root")] = PROJECT_SOURCE,
     as_json: JsonOpt = False,
 ) -> None:
     """Print lines of an indexed file as it is on disk now (what get_file_context returns)."""
     from ctxlake.serve.api.explore import file_context
+    from ctxlake.serve.api.source_queries import check_names
     from ctxlake.serve.service.engine import open_lake
 
     settings = load_settings(resolve_root(None, for_write=False))
-    context = file_context(open_lake(settings), filepath, start, end)
+    check_names(settings, [source])
+    context = file_context(open_lake(settings), filepath, start, end, source=source)
     if as_json:
         from ctxlake.serve.cli.render import print_json
 

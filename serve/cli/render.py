@@ -1,4 +1,9 @@
-"""Terminal rendering for the CLI: Rich progress on stderr, results on stdout (plain when piped)."""
+"""Terminal rendering for the CLI: Rich progress on stderr, results on stdout (plain when piped).
+
+Data (paths, chunk text, SQL cells, source names) never goes through Rich markup unescaped: a
+`[/]` in a cell would raise, `[red]x.py` would print as `x.py`. Both consoles leave emoji codes
+alone, so `root:x:0:0` is not printed as `root❌0:0`.
+"""
 
 from __future__ import annotations
 
@@ -10,18 +15,26 @@ from ctxlake.serve.api.models import SearchResult, Status
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress, TaskID
+    from rich.text import Text
 
 
 def stderr_console() -> Console:
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False)
+    return Console(stderr=True, highlight=False, emoji=False)
 
 
 def stdout_console() -> Console:
     from rich.console import Console
 
-    return Console(highlight=False, soft_wrap=True)
+    return Console(highlight=False, soft_wrap=True, emoji=False)
+
+
+def plain(value: object) -> Text:
+    """A table cell or line of data, shown as it is (no markup, no emoji codes)."""
+    from rich.text import Text
+
+    return Text("" if value is None else str(value))
 
 
 class RichReporter:
@@ -79,22 +92,24 @@ class RichReporter:
 
     def note(self, message: str) -> None:
         if self.enabled:
-            self.progress.console.print(f"[green]•[/] {message}")
+            from rich.markup import escape
+
+            self.progress.console.print(f"[green]•[/] {escape(message)}")
 
 
 def print_search(result: SearchResult, console: Console) -> None:
     from rich.markup import escape
 
     if not result.hits:
-        console.print(f"No results for {result.query!r} ({result.mode}).")
+        console.print(f"No results for {result.query!r} ({result.mode}).", markup=False)
     for i, hit in enumerate(result.hits, start=1):
         where = f"{hit.path}:{hit.start_line}-{hit.end_line}"
         if hit.source != "project":
             where = f"[{hit.source}] {where}"
         # Escaped: Rich would read "[name]" (a source, a path) as a style tag and drop it.
         where = escape(where)
-        symbol = f"  {hit.symbol}" if hit.symbol else ""
-        console.print(f"[bold]{i:>2}. {where}[/]{symbol}  [dim]({hit.kind}, {hit.lang or 'text'})[/]",
+        symbol = f"  {escape(hit.symbol)}" if hit.symbol else ""
+        console.print(f"[bold]{i:>2}. {where}[/]{symbol}  [dim]({escape(hit.kind)}, {escape(hit.lang or 'text')})[/]",
                       markup=True, highlight=False)
         for line in hit.snippet.splitlines():
             console.print("      " + line, style="dim", markup=False, highlight=False)
@@ -121,17 +136,17 @@ def _print_malformed(st: Status, console: Console) -> None:
     for tool, reasons in st.memory_malformed.items():
         shown = ", ".join(f"{reason} {n:,}" for reason, n in list(reasons.items())[:6])
         console.print(f"memory: {tool} logs: {sum(reasons.values()):,} malformed record(s) skipped ({shown})",
-                      highlight=False)
+                      markup=False, highlight=False)
 
 
 def print_status(st: Status, console: Console) -> None:
     if not st.indexed:
-        console.print(f"{st.root}: not indexed yet (run `ctx run index`).")
+        console.print(f"{st.root}: not indexed yet (run `ctx run index`).", markup=False)
         if st.config_trust:
-            console.print(f"config: {st.config_trust.get('summary', '')}", highlight=False)
+            console.print(f"config: {st.config_trust.get('summary', '')}", markup=False, highlight=False)
         if st.writer:
             console.print(f"A {_writer_kind(st.writer)} is running: pid {st.writer.get('pid')} "
-                          f"since {st.writer.get('since')}.")
+                          f"since {st.writer.get('since')}.", markup=False)
         _print_malformed(st, console)
         return
     pct = (st.embedded / st.chunks * 100) if st.chunks else 100.0
@@ -149,6 +164,9 @@ def print_status(st: Status, console: Console) -> None:
         lr = st.last_run
         rows.append(("last run", f"{lr.get('finished_at', '?')}: +{lr.get('added', 0)} ~{lr.get('modified', 0)} "
                      f"-{lr.get('removed', 0)} files in {lr.get('seconds', 0):.1f} s"))
+    for name, run in sorted(st.source_runs.items()):
+        rows.append((f"last sync {name}", f"{run.get('finished_at', '?')}: +{run.get('added', 0)} "
+                     f"~{run.get('modified', 0)} -{run.get('removed', 0)} files in {run.get('seconds', 0):.1f} s"))
     if st.secret_files_skipped or st.masked_chunks:
         rows.append(("secrets", f"{st.secret_files_skipped:,} file(s) skipped by name, "
                                 f"{st.masked_chunks:,} chunk(s) with masked values"))
@@ -160,10 +178,12 @@ def print_status(st: Status, console: Console) -> None:
     if st.config_trust:
         rows.append(("config", st.config_trust.get("summary", "")))
     width = max(len(k) for k, _ in rows)
+    from rich.text import Text
+
     for key, value in rows:
-        console.print(f"[bold]{key:<{width}}[/]  {value}", highlight=False)
+        console.print(Text.assemble((f"{key:<{width}}", "bold"), "  ", str(value)), highlight=False)
     for path in st.stale_paths[:10]:
-        console.print(f"{'':<{width}}    {path}", style="yellow", highlight=False)
+        console.print(f"{'':<{width}}    {path}", style="yellow", markup=False, highlight=False)
     _print_malformed(st, console)
 
 

@@ -256,10 +256,16 @@ def register(app: typer.Typer) -> None:
     @app.command("list")
     def list_(as_json: JsonOpt = False) -> None:
         """Sources: type, origin, ref -> resolved version, files, chunks, last update, status."""
+        from ctxlake.errors import NotIndexedError
         from ctxlake.serve.api.source_queries import list_sources
+        from ctxlake.serve.service.engine import open_lake
 
         settings = load_settings(resolve_root(None, for_write=False))
-        result = list_sources(settings)
+        try:
+            lake = open_lake(settings)  # the index's figures: embedded chunks, languages, last indexing
+        except NotIndexedError:
+            lake = None  # sources declared, none synced yet
+        result = list_sources(settings, lake, with_project=False)
         if as_json:
             from ctxlake.serve.cli.render import print_json
 

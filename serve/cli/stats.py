@@ -18,18 +18,19 @@ def stats(
     from rich.table import Table
 
     from ctxlake.serve.api.stats import lake_stats
-    from ctxlake.serve.cli.render import human_bytes, print_json, stdout_console
+    from ctxlake.serve.cli.render import human_bytes, plain, print_json, stdout_console
 
     figures = lake_stats(load_settings(resolve_root(None, for_write=False)), top=top, all_projects=all_projects)
     if as_json:
         print_json(figures.model_dump(mode="json"))
         return
     console = stdout_console()
-    console.print(f"[bold]{figures.project}[/bold]")
+    console.print(plain(figures.project), style="bold")
     console.print(f"  files {figures.files:,}  chunks {figures.chunks:,}  embedded {figures.embedded_share:.0%}  "
-                  f"lake {human_bytes(figures.lake_bytes)}  last index run {figures.last_index_run or 'never'}")
+                  f"lake {human_bytes(figures.lake_bytes)}  last index run {figures.last_index_run or 'never'}",
+                  markup=False)
     console.print(f"  sessions {figures.sessions:,}  messages {figures.messages:,}  knowledge records "
-                  f"{figures.knowledge:,}  ({figures.scope})")
+                  f"{figures.knowledge:,}  ({figures.scope})", markup=False)
     lists = [("Chunks per language", figures.chunks_per_language), ("Files most touched in sessions", figures.touched_files),
              ("Most frequent errors", figures.frequent_errors)]
     for title, rows in lists:
@@ -39,7 +40,7 @@ def stats(
         table.add_column("", overflow="fold")
         table.add_column("n", justify="right")
         for row in rows:
-            table.add_row(row.label, f"{row.count:,}")
+            table.add_row(plain(row.label), f"{row.count:,}")
         console.print(table)
     if figures.activity:
         days = sorted({a.day for a in figures.activity})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -55,7 +56,7 @@ def test_not_indexed_is_4_with_or_without_ctx_folder(tmp_path: Path, cli: Callab
     assert cli("sql", "select 1", cwd=bare).exit_code == 4
     started = tmp_path / "started"
     (started / ".ctx").mkdir(parents=True)  # a clone with a committed config, never indexed
-    for args in (("search", "x"), ("sql", "select 1"), ("files", "x")):
+    for args in (("search", "x"), ("sql", "select 1"), ("files", "x"), ("status",), ("status", "--json")):
         result = cli(*args, cwd=started)
         assert result.exit_code == 4, (args, result.stderr)
 
@@ -203,3 +204,26 @@ def test_an_explicit_home_or_root_is_refused_without_allow_home(cli: Callable[..
     assert done.exit_code == 0, done.stderr
     assert cli("files", "trusted configs", "--json", cwd=home).stdout.count("trusted-configs") == 0
     assert json.loads(cli("files", "total", "--json", cwd=home).stdout)["files"][0]["path"] == "code/app.py"
+
+
+def test_a_table_gone_from_the_lake_is_rebuilt_by_a_plain_run(indexed: Path, cli: Callable[..., Any]) -> None:
+    def chunks() -> int:
+        result = cli("sql", "select count(*) from chunks", "--json", cwd=indexed)
+        assert result.exit_code == 0, result.stderr
+        return int(json.loads(result.stdout)["rows"][0][0])
+
+    before = chunks()
+    for table in ("chunks", "definitions"):
+        shutil.rmtree(indexed / ".ctx" / "lake" / f"{table}.lance")
+    again = cli("run", "index", "--json", cwd=indexed)
+    assert again.exit_code == 0, again.stderr
+    assert "up_to_date" not in json.loads(again.stdout)
+    assert chunks() == before
+    assert cli("def", "total", cwd=indexed).stdout.startswith("app.py:1")
+
+
+def test_an_unknown_language_filter_names_the_known_ones(indexed: Path, cli: Callable[..., Any]) -> None:
+    for command in ("search", "files"):
+        result = cli(command, "total", "--lang", "py", cwd=indexed)
+        assert result.exit_code == 0, result.stderr
+        assert "no language 'py' in the index; known: markdown, python" in result.stderr, (command, result.stderr)

@@ -196,3 +196,13 @@ def test_docs_tools_over_mcp_work_without_an_index(project: Path) -> None:
             assert "not indexed yet" in not_indexed and "ctx run index" in not_indexed
 
     anyio.run(main)
+
+
+def test_dot_source_lists_the_top_level_files_alone(project: Path, cli: object) -> None:
+    write_files(project, {"CHANGES.rst": "Changes\n"})
+    docs = reader(project)
+    assert [d.path for d in docs.index(source=".").documents] == ["CHANGES.rst", "README.md"]
+    assert all("/" in d.path for d in docs.index(source="docs").documents)
+    listed = cli("docs", "--source", ".", cwd=project)  # type: ignore[operator]
+    assert listed.exit_code == 0, listed.stderr
+    assert listed.stdout.split("\n")[0].startswith("CHANGES.rst\t") and "docs/" not in listed.stdout

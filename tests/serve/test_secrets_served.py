@@ -44,6 +44,12 @@ PROJECT = {
     "docker-compose.yml": f"services:\n  db:\n    environment:\n      - POSTGRES_PASSWORD={DB_PW}\n",
 }
 
+# Hidden files the scan indexes (not secrets by name): `ctx show` serves them like any indexed file.
+HIDDEN_CONFIG = {
+    ".readthedocs.yaml": "version: 2\nbuild:\n  os: ubuntu-22.04\n",
+    "tests/.flaskenv": f"FLASK_APP=app\nSECRET_KEY={DJANGO_KEY}\n",
+}
+
 
 def claude_logs(root: Path, project: Path) -> Path:
     cwd = str(project)
@@ -135,8 +141,15 @@ def test_planted_secrets_are_masked_everywhere_and_names_stay_searchable(
 
 def test_opting_in_indexes_secret_files_with_their_values_masked(
         cli: Callable[..., Any], make_repo: Callable[..., Path], ctx_home: Path) -> None:
-    repo = make_repo(PROJECT, name="app")
+    repo = make_repo({**PROJECT, **HIDDEN_CONFIG}, name="app")
     assert cli("run", "index", cwd=repo).exit_code == 0
+    # What the scan indexed can be shown, hidden or not, masked as indexed; what it skipped cannot.
+    assert "version: 2" in cli("show", ".readthedocs.yaml", cwd=repo).stdout
+    flaskenv = cli("show", "tests/.flaskenv", cwd=repo)
+    assert flaskenv.exit_code == 0 and "FLASK_APP=app" in flaskenv.stdout, flaskenv.stderr
+    assert not leaks_in({Path("show"): flaskenv.stdout.encode()}) and "SECRET_KEY=[REDACTED:" in flaskenv.stdout
+    skipped = cli("show", ".env", cwd=repo)
+    assert skipped.exit_code == 2 and ENV_ONLY not in skipped.stdout
     config = repo / ".ctx" / "config.toml"  # written by the first run, every line commented out
     config.write_text(opt_in(config.read_text(encoding="utf-8")), encoding="utf-8")
     again = cli("run", "index", "--json", cwd=repo)
@@ -149,6 +162,8 @@ def test_opting_in_indexes_secret_files_with_their_values_masked(
     assert ".env" in {h["path"] for h in hits}
     assert "ENV_ONLY_TOKEN=[REDACTED:" in found.stdout and "DEBUG=true" in found.stdout
     assert leaks_in(every_file(repo / ".ctx", ctx_home)) == []
+    shown = cli("show", ".env", cwd=repo)
+    assert shown.exit_code == 0 and "ENV_ONLY_TOKEN=[REDACTED:" in shown.stdout and not leaks_in({Path("show"): shown.stdout.encode()})
 
     # Back to the default: the secret files' chunks leave the index.
     config.write_text(config.read_text(encoding="utf-8").replace('secret_files = "mask"', ""), encoding="utf-8")

@@ -243,3 +243,16 @@ def test_known_paths_are_kept_for_the_same_paths_and_resolve_the_same() -> None:
     for i in range(graph.KNOWN_KEPT):
         graph.known_paths({f"x{i}.py"})
     assert len(graph._known_kept) == graph.KNOWN_KEPT and graph.known_paths(paths) is not first
+
+
+def test_a_keyword_arguments_name_is_not_a_reference_its_value_is() -> None:
+    body = (
+        "from flask import url_for\n"
+        "class App:\n"
+        "    def env(self):\n"
+        "        return dict(url_for=self.url_for, Config=Config, link=url_for('x'))\n"
+    )
+    refs = [(r["line"], r["name"], r["kind"]) for r in graph_rows(body, "python", "project", "a.py").references]
+    # As in flask's app.py: `url_for=self.url_for` uses url_for once, as an attribute.
+    assert [r for r in refs if r[0] == 4 and r[1] in ("url_for", "Config")] == [
+        (4, "url_for", "attribute"), (4, "Config", "name"), (4, "url_for", "call")]

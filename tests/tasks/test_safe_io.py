@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ctxlake.errors import InputError
-from ctxlake.tasks.safe_io import PROJECT_HIDDEN, NotRegularFile, TooLarge, UnsafePath, open_inside
+from ctxlake.tasks.safe_io import NotRegularFile, TooLarge, UnsafePath, open_inside
 
 OUTSIDE = b"OUTSIDE-SECRET"
 
@@ -66,9 +66,9 @@ def test_links_out_hidden_and_git_refused(tree: Path, tmp_path: Path) -> None:
     assert open_inside(tree, ".env", 1000, allow_hidden=True) == b"TOKEN=x\n"
     (tree / ".github").mkdir()
     (tree / ".github" / "ci.yml").write_bytes(b"on: push\n")
-    assert open_inside(tree, ".github/ci.yml", 1000, allow_hidden=PROJECT_HIDDEN) == b"on: push\n"
+    assert open_inside(tree, ".github/ci.yml", 1000, allow_hidden=frozenset({".github"})) == b"on: push\n"
     with pytest.raises(UnsafePath, match="hidden"):
-        open_inside(tree, ".env", 1000, allow_hidden=PROJECT_HIDDEN)
+        open_inside(tree, ".env", 1000, allow_hidden=frozenset({".github"}))
 
 
 def test_fifo_returns_at_once(tree: Path) -> None:
