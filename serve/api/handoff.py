@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -112,12 +112,20 @@ def _pick(lake: MemoryLake, tool: str | None, ref: str | None) -> dict[str, Any]
 
 
 def _messages(lake: MemoryLake, row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The conversation up to the end of the segment `row`, earlier segments of it included: one
+    tool session split by a long pause is still one piece of work, whose goal and open tasks came
+    before the pause."""
     messages, _ = lake.require_memory()
     where = (f"tool = {sql_str(row['tool'])} AND session_id = {sql_str(row['session_id'])} "
-             f"AND timestamp >= {_ts(row['started_at'])} AND timestamp <= {_ts(row['ended_at'])}")
+             f"AND timestamp <= {_ts(row['ended_at'])}")
     items = messages.search().where(where).select(MESSAGE_COLUMNS).limit(None).to_list()
     items.sort(key=lambda r: (r["timestamp"], r["source_file"], r["seq"]))
     return items
+
+
+def _as_utc(when: datetime) -> datetime:
+    """The lake's timestamps are UTC, read back naive or aware: comparable either way."""
+    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
 
 
 def _talk(rows: Sequence[dict[str, Any]], role: str) -> list[dict[str, Any]]:
@@ -132,8 +140,10 @@ def build_brief(lake: MemoryLake, tool: str | None = None, ref: str | None = Non
     if budget < 200:
         raise InputError(f"budget must be at least 200 tokens, got {budget}")
     row = _pick(lake, tool, ref)
-    rows = _messages(lake, row)
-    users, replies = _talk(rows, "user"), _talk(rows, "assistant")
+    whole = _messages(lake, row)
+    started = _as_utc(row["started_at"])
+    rows = [r for r in whole if _as_utc(r["timestamp"]) >= started]  # this segment: what failed last
+    users, replies = _talk(whole, "user"), _talk(whole, "assistant")
     brief = Brief(session_ref=row["id"], tool=row["tool"], title=row["title"],
                   started_at=row["started_at"].isoformat(), ended_at=row["ended_at"].isoformat(),
                   goal=_line(users[0]["text"], 600) if users else row["title"], budget=budget)
@@ -146,7 +156,7 @@ def build_brief(lake: MemoryLake, tool: str | None = None, ref: str | None = Non
     brief.last_user = _line(users[-1]["text"], 500) if len(users) > 1 else ""
     brief.last_assistant = _line(replies[-1]["text"], 600) if replies else ""
     brief.failing_command = failing_command(rows)
-    brief.open_tasks = open_tasks(rows)
+    brief.open_tasks = open_tasks(whole)
     brief.next_step = _next_step(brief)
     render(brief)
     return brief

@@ -144,3 +144,36 @@ def test_remembered_knowledge_shows_before_the_next_ingest(here: dict[str, Any],
     listed = json.loads(capsys.readouterr().out)
     records = listed["records"] if isinstance(listed, dict) else listed
     assert any(r["title"] == "Pin the cache size to 256 entries" for r in records)
+
+
+def test_a_session_resumed_after_a_long_pause_keeps_its_goal_and_open_tasks(
+        tmp_path_factory: pytest.TempPathFactory, prefect_server: None, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A pause over [memory] gap_minutes splits one tool session into two segments; the brief of
+    the last one (a single "go on") must still carry the goal and the open tasks set before it."""
+    from ctxlake.serve.cli.app import run
+
+    base = tmp_path_factory.mktemp("resumed")
+    repo = base / "app"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    cwd = str(repo)
+    write_jsonl(base / "claude" / "projects" / slug(cwd) / "s9.jsonl", [
+        claude("user", "v1", 0, "Port the settings loader to TOML", session="s9", cwd=cwd),
+        claude("assistant", "b1", 1, [{"type": "text", "text": "- [ ] write the migration\nStarting with the parser."}],
+               session="s9", cwd=cwd),
+        claude("user", "v2", 50, "go on", session="s9", cwd=cwd),  # after a 49-minute pause
+    ])
+    for key, value in {"CTX_HOME": str(base / "ctx-home"), "CTX_EMBED_PROVIDER": "fake", "CTX_EMBED_MODEL": "hash",
+                       "HOME": str(base / "home")}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(repo)
+    assert run(["run", "ingest", f"--from=claude={base / 'claude'}", "--json"]) == 0
+    capsys.readouterr()
+    assert run(["sessions", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 2  # the pause made two segments
+    assert run(["handoff", "--json"]) == 0
+    brief = json.loads(capsys.readouterr().out)
+    assert brief["goal"].startswith("Port the settings loader")
+    assert brief["open_tasks"] == ["write the migration"]
+    assert brief["next_step"].startswith("Continue with the first open task")
