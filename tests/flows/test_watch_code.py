@@ -49,7 +49,8 @@ def watching(make_repo: Callable[..., Path]) -> Iterator[Path]:
     """A repo with a watcher running on a background thread of this process."""
     from ctxlake.flows.watch_code import request_stop, watch_code
 
-    repo = make_repo({"pkg/alpha.py": "def alpha_function():\n    return 1\n", "README.md": "# R\n"})
+    repo = make_repo({"pkg/alpha.py": "def alpha_function():\n    return 1\n", "README.md": "# R\n",
+                      ".env": "API_TOKEN=not-a-real-one\n"})  # skipped by name: counted by status
     (repo / ".ctx").mkdir()
     settings = load_settings(repo)
     errors: list[BaseException] = []
@@ -176,3 +177,18 @@ def test_ctrl_c_in_a_terminal_after_a_batch_ends_the_watcher_cleanly(make_repo: 
     time.sleep(0.5)
     left = [p for p in group if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not left, f"left running: {left}"
+
+
+def test_a_batch_keeps_the_count_of_secret_files_the_last_scan_skipped(watching: Path) -> None:
+    """A batch looks only at the changed paths; `ctx status` must still say how many files the
+    scan left out by name, not 0 after the first edit."""
+    from ctxlake.tasks.lake import IndexState
+
+    def secret_skipped() -> int:
+        state = IndexState.read(watching / ".ctx" / "lake")
+        return int((((state.last_run if state else None) or {}).get("skipped") or {}).get("secret", -1))
+
+    assert secret_skipped() == 1
+    (watching / "pkg" / "gamma.py").write_text("def gamma_batch_marker():\n    return 3\n")
+    wait_for(lambda: "pkg/gamma.py" in paths_indexed(watching), "the batch")
+    assert secret_skipped() == 1
