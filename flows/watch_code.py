@@ -116,7 +116,7 @@ def apply_batch(writer: Writer, old: Tree, new: Tree, diff: Diff, total: IndexRe
     writer.state.unoptimized_rows += report.chunks_inserted + report.chunks_deleted + report.embedded
     # A batch scans only the changed paths: what the last whole scan skipped (secret-named files,
     # shown by `ctx status`) still stands.
-    report.skipped = dict(((writer.state.last_run or {}).get("skipped") or {}))
+    report.skipped = dict((writer.state.last_run or {}).get("skipped") or {})
     writer.finish(new, report)
     total.added += report.added
     total.modified += report.modified
