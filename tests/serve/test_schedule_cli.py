@@ -48,3 +48,13 @@ def test_an_interval_under_a_minute_is_refused(cli: Callable[..., Any], tmp_path
     for every in ("1s", "59", "0.5m"):
         result = cli("schedule", "set", "ingest_conversations", "--every", every, cwd=tmp_path)
         assert result.exit_code == 2 and "too short" in result.stderr and "60 s" in result.stderr, every
+
+
+def test_a_config_interval_under_a_minute_is_a_config_error(tmp_path: Path) -> None:
+    from ctxlake.errors import ConfigError
+    from ctxlake.schemas.config import load_settings
+
+    (tmp_path / ".ctx").mkdir()
+    (tmp_path / ".ctx" / "config.toml").write_text("[schedule]\ningest_every_s = 1\n")
+    with pytest.raises(ConfigError, match="ingest_every_s"):
+        load_settings(tmp_path)
