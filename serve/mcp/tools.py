@@ -13,6 +13,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
+from ctxlake.schemas.tables import PROJECT_SOURCE
 from ctxlake.serve.api.models import SearchMode
 from ctxlake.serve.api.models_sources import SourceList
 from ctxlake.serve.api.tool_models import (
@@ -140,12 +141,16 @@ def register_code_tools(server: MCPServer, state: ServerState) -> None:
         end_line: Annotated[int | None, Field(ge=1, description="last line, inclusive (default: 400 lines on)")] = None,
         include_related: Annotated[bool, Field(description=(
             "also return the chunks most similar to these lines in other files"))] = False,
+        source: Annotated[str, Field(description=(
+            "which indexed source the file is in: the project (default) or a name from list_sources"))] = PROJECT_SOURCE,
     ) -> FileContext:
         """Read lines of a file (current content on disk) with the symbols they contain."""
         from ctxlake.serve.api.explore import file_context
+        from ctxlake.serve.api.source_queries import check_names
 
+        check_names(state.settings, [source])
         budget = state.settings.mcp.max_response_chars // 3
-        return file_context(state.lake(), filepath, start_line, end_line, include_related, budget)
+        return file_context(state.lake(), filepath, start_line, end_line, include_related, budget, source=source)
 
     @server.tool(annotations=READ_ONLY)
     @tool_errors

@@ -142,3 +142,40 @@ def test_remove_takes_every_per_source_row_and_status_keeps_the_projects_run(
     assert "mynotes" not in json.loads((project / ".ctx" / "lake" / STATE_FILE).read_text())
     status = ok_json(cli("status", "--json", cwd=project))
     assert "mynotes" not in status["source_runs"] and status["last_run"] == project_run
+
+
+def test_mcp_graph_tools_and_file_context_read_a_source_by_name(project: Path) -> None:
+    """The MCP tools default to the project, as the CLI does, and take `source` for another."""
+    import anyio
+    from mcp import Client
+
+    from ctxlake.schemas.config import load_settings
+    from ctxlake.serve.mcp.server import build_server
+
+    server = build_server(load_settings(project))
+
+    async def call_ok(client: Client, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        result = await client.call_tool(name, args)
+        assert not result.is_error, result.content
+        return dict(result.structured_content or {})
+
+    async def call_error(client: Client, name: str, args: dict[str, Any]) -> str:
+        result = await client.call_tool(name, args)
+        assert result.is_error
+        return str(result.content[0].text)
+
+    async def main() -> None:
+        async with Client(server) as client:
+            # The project defines no HTTPAdapter: the answer says which sources do.
+            assert "source 'loc'" in await call_error(client, "find_definition", {"symbol": "HTTPAdapter"})
+            theirs = await call_ok(client, "find_definition", {"symbol": "HTTPAdapter", "source": "loc"})
+            assert [(d["path"], d["source"]) for d in theirs["definitions"]] == [("src/lib/adapters.py", "loc")]
+            outline = await call_ok(client, "file_outline", {"path": "src/lib/adapters.py", "source": "gitlib"})
+            assert [d["qualname"] for d in outline["items"]].count("HTTPAdapter") == 1 and outline["source"] == "gitlib"
+            refs = await call_ok(client, "find_references", {"symbol": "HTTPAdapter", "source": "loc"})
+            assert {r["path"] for r in refs["references"]} == {"src/lib/api.py"}
+            shown = await call_ok(client, "get_file_context", {"filepath": "src/lib/api.py", "source": "loc"})
+            assert "max_retries" in json.dumps(shown)
+            assert "unknown source" in await call_error(client, "file_outline", {"path": "x.py", "source": "nope"})
+
+    anyio.run(main)

@@ -26,7 +26,7 @@ CONTRACT = {
     "search_code": {"query", "top_k", "search_type", "bm25_weight", "fuzziness", "file_filter", "sources", "budget_tokens"},
     "find_files": {"query", "top_k", "search_type", "file_filter", "exclude_tests", "sources"},
     "fuzzy_find": {"symbol_name", "symbol_type"},
-    "get_file_context": {"filepath", "start_line", "end_line", "include_related"},
+    "get_file_context": {"filepath", "start_line", "end_line", "include_related", "source"},
     "get_stale_status": set(),
     "list_sources": set(),
     "docs_index": {"source", "cursor"},
@@ -39,10 +39,10 @@ CONTRACT = {
     "get_config": {"name", "kind"},
     "tool_preferences": set(),
     "project_knowledge": {"type", "query", "limit"},
-    "find_definition": {"symbol", "from_path", "limit"},
-    "find_references": {"symbol", "offset", "limit", "include_imports"},
-    "related_files": {"path", "limit"},
-    "file_outline": {"path", "limit"},
+    "find_definition": {"symbol", "from_path", "limit", "source"},
+    "find_references": {"symbol", "offset", "limit", "include_imports", "source"},
+    "related_files": {"path", "limit", "source"},
+    "file_outline": {"path", "limit", "source"},
 }
 SAVE_TOOLS = {"save_decision", "save_error_solution", "save_insight"}
 
