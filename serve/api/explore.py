@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
-import pyarrow as pa
 
 from ctxlake.errors import InputError
 from ctxlake.schemas.config import Settings
@@ -20,6 +19,7 @@ from ctxlake.serve.api.queries import (
     VECTOR_DISTANCE,
     Lake,
     _sql,
+    all_rows,
     keyword_rows,
     snippet,
 )
@@ -53,15 +53,6 @@ MAX_FILE_LINES = 1000
 RELATED = 5
 FILES_PAGE = 200
 STALE_LISTED = 100
-
-
-def _all_rows(table: Any, columns: list[str], where: str | None = None) -> pa.Table:
-    """Every matching row of a LanceDB table, only the named columns (a scan without a limit)."""
-    query = table.search().select(columns)
-    if where:
-        query = query.where(where)
-    result: pa.Table = query.to_arrow()
-    return result
 
 
 # -- fuzzy_find ----------------------------------------------------------------------------------
@@ -131,14 +122,14 @@ def indexed_file(lake: Lake, filepath: str, source: str = PROJECT_SOURCE,
         raw = real.relative_to(root).as_posix()
     clean = clean_relative(raw, "filepath")
     where = f"source = {_sql(source)} AND path = {_sql(clean)}"
-    rows = _all_rows(lake.files, ["path", "lang", "hash", "size"], where).to_pylist()
+    rows = all_rows(lake.files, ["path", "lang", "hash", "size"], where).to_pylist()
     if not rows:
-        elsewhere = sorted(set(_all_rows(lake.files, ["source"], f"path = {_sql(clean)}").column("source").to_pylist()))
+        elsewhere = sorted(set(all_rows(lake.files, ["source"], f"path = {_sql(clean)}").column("source").to_pylist()))
         if elsewhere:
             raise InputError(f"not an indexed file of the {_owner(source)}: {clean!r}",
                              hint=f"it is in {', '.join(map(_owner, elsewhere))}: pass --source "
                                   f"(MCP: source) {elsewhere[0]}")
-        paths = _all_rows(lake.files, ["path"], f"source = {_sql(source)}").column("path").to_pylist()
+        paths = all_rows(lake.files, ["path"], f"source = {_sql(source)}").column("path").to_pylist()
         close = difflib.get_close_matches(clean, paths, n=3, cutoff=0.5)
         raise InputError(f"not an indexed file: {clean!r}",
                          hint=f"did you mean {', '.join(close)}?" if close else
@@ -203,7 +194,7 @@ def file_context(
     asked_end = min(total, end_line) if end_line is not None else end
     truncated = last < asked_end
     columns = ["symbol", "kind", "start_line", "end_line"] + (["vector", "terms"] if include_related else [])
-    chunks = _all_rows(lake.chunks, columns, f"source = {_sql(source)} AND path = {_sql(clean)}").to_pylist()
+    chunks = all_rows(lake.chunks, columns, f"source = {_sql(source)} AND path = {_sql(clean)}").to_pylist()
     overlap = sorted((c for c in chunks if c["start_line"] <= last and c["end_line"] >= start),
                      key=lambda c: (c["start_line"], c["end_line"]))
     outline = [Outline(symbol=c["symbol"], kind=c["kind"], start_line=c["start_line"], end_line=c["end_line"])
@@ -296,7 +287,7 @@ def stale_status(settings: Settings, lake: Lake | None, fresh: freshness.Freshne
 
 def list_files(lake: Lake, cursor: str | None = None, page: int = FILES_PAGE) -> FilePage:
     """The indexed files, sorted by source and path, one page at a time."""
-    table = _all_rows(lake.files, ["source", "path", "lang", "size", "n_chunks"])
+    table = all_rows(lake.files, ["source", "path", "lang", "size", "n_chunks"])
     table = table.sort_by([("source", "ascending"), ("path", "ascending")])
     offset = decode_cursor(cursor, "files") if cursor else 0
     rows = table.slice(offset, page).to_pylist()

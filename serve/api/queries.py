@@ -816,3 +816,12 @@ def _counts(column: pa.ChunkedArray) -> dict[str, int]:
 
     counts = pc.value_counts(column.fill_null("(unknown)")).to_pylist()
     return dict(sorted(((c["values"], c["counts"]) for c in counts), key=lambda kv: -kv[1]))
+
+
+def all_rows(table: Any, columns: list[str], where: str | None = None) -> pa.Table:
+    """Every matching row of a LanceDB table, only the named columns (a scan without a limit)."""
+    query = table.search().select(columns)
+    if where:
+        query = query.where(where)
+    result: pa.Table = query.to_arrow()
+    return result

@@ -96,18 +96,18 @@ def index_stats(lake: Lake) -> dict[str, SourceFigures]:
     a warm lake (the MCP server, the UI) answers a repeat visit with a version check."""
     import pyarrow.compute as pc
 
-    from ctxlake.serve.api.explore import _all_rows
+    from ctxlake.serve.api.queries import all_rows
 
     # The versions are read before the tables: a write landing meanwhile leaves a key that no
     # longer matches, so the next call counts again instead of keeping a stale answer.
     versions = (lake.files.version, lake.chunks.version)
     if lake._source_stats is not None and lake._source_stats[0] == versions:
         return lake._source_stats[1]
-    files = _all_rows(lake.files, ["source", "lang", "indexed_at"])
-    chunks = _value_counts(_all_rows(lake.chunks, ["source"]).column("source"))
+    files = all_rows(lake.files, ["source", "lang", "indexed_at"])
+    chunks = _value_counts(all_rows(lake.chunks, ["source"]).column("source"))
     # Only the chunks still waiting for a vector come back: the vector column is filtered in the
     # scan, never read into memory (reading it took ~0.1 s of each visit on django's 47k chunks).
-    pending = _value_counts(_all_rows(lake.chunks, ["source"], "vector IS NULL").column("source"))
+    pending = _value_counts(all_rows(lake.chunks, ["source"], "vector IS NULL").column("source"))
     found: dict[str, SourceFigures] = {}
     for name in sorted(set(files.column("source").to_pylist()) | set(chunks)):
         in_files = files.filter(pc.equal(files.column("source"), name))

@@ -13,8 +13,8 @@ import typer
 
 from ctxlake.errors import InputError, LakeError
 from ctxlake.serve.service import lifecycle
-from ctxlake.serve.service.client import SILENT_SERVICE_ENV
 from ctxlake.serve.service.paths import service_paths
+from ctxlake.serve.service.protocol import SILENT_SERVICE_ENV
 
 
 def service_status() -> dict[str, Any]:

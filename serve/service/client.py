@@ -20,8 +20,6 @@ from ctxlake.serve.service.protocol import forwarded_env
 # Run in this process whatever the service state: they manage the service, hold the user's
 # terminal, or are the long-lived process themselves.
 LOCAL_COMMANDS = frozenset({"up", "down", "chat", "ask", "ui"})  # ui: opens this user's browser, may serve in the foreground
-# Set for an in-process run after the service did not answer: `ctx status` says so at once.
-SILENT_SERVICE_ENV = "CTX_SERVICE_SILENT"
 # Interactive unless told not to ask.
 ASKS_UNLESS = {"clean": ("-y", "--yes"), "init": ("-y", "--yes")}
 
@@ -133,7 +131,7 @@ def run(argv: list[str]) -> int:
     except TimeoutError:
         print(f"ctx: the service (socket {paths.socket}) did not answer in time: stopped or overloaded "
               f"(see {paths.log}); running here instead.", file=sys.stderr)
-        os.environ[SILENT_SERVICE_ENV] = "1"  # `ctx status` then reports it without asking again
+        os.environ[protocol.SILENT_SERVICE_ENV] = "1"  # `ctx status` then reports it without asking again
         return in_process(argv)
     except (OSError, protocol.ProtocolError) as exc:
         print(f"ctx: the service stopped answering ({exc.__class__.__name__}); running here instead.",

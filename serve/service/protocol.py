@@ -24,6 +24,9 @@ FIRST_REPLY_S = 10.0
 SILENCE_S = 30.0
 _HEADER = struct.Struct(">I")
 PROTOCOL_VERSION = 1
+# Set by the client for a command it runs itself after the service did not answer: `ctx status`
+# then says so at once instead of asking the service again.
+SILENT_SERVICE_ENV = "CTX_SERVICE_SILENT"
 
 
 class ProtocolError(Exception):
