@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import os
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +31,13 @@ def client(project: Path, tmp_path: Path) -> Iterator[TestClient]:
     ctx = UiContext(projects=lambda: [str(project)], env=env, mode="standalone")
     with TestClient(create_app(ctx, lambda: PORT), base_url=f"http://127.0.0.1:{PORT}") as test_client:
         yield test_client
+    # A page starts the Analytics warm-up a moment later: end it here, not in a later test
+    # (tests/web/test_warm_analytics.py counts the warm-ups it sees).
+    for thread in threading.enumerate():
+        if thread.name == "ctx-ui-warm":
+            if isinstance(thread, threading.Timer):
+                thread.cancel()
+            thread.join(30)
 
 
 @pytest.mark.parametrize(("path", "name"), [
