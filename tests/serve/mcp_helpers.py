@@ -109,3 +109,22 @@ async def call_error(client: Any, name: str, args: dict[str, Any] | None = None)
     text = result.content[0].text if result.content else ""
     assert result.is_error, f"{name} unexpectedly succeeded: {text[:300]}"
     return str(text)
+
+
+def call_memory_tool(settings: Any, tool: str, args: dict[str, Any], allow_writes: bool = False) -> Any:
+    """One call of a conversation-memory tool on a server of its own, in memory: its raw result."""
+    import asyncio
+
+    from mcp import Client
+    from mcp.server import MCPServer
+
+    from ctxlake.serve.mcp.memory import register_memory_tools
+
+    server = MCPServer("memory-test")
+    register_memory_tools(server, settings, allow_writes=allow_writes)
+
+    async def go() -> Any:
+        async with Client(server) as client:
+            return await client.call_tool(tool, args)
+
+    return asyncio.run(go())

@@ -16,6 +16,7 @@ import pytest
 from helpers import git
 from mcp import Client
 from mcp.server import MCPServer
+from mcp_helpers import call_memory_tool
 from memlogs import build_stores
 
 from ctxlake.schemas.config import Settings, load_settings
@@ -44,14 +45,7 @@ def lake(tmp_path_factory: pytest.TempPathFactory, prefect_server: None) -> Iter
 
 
 def call(settings: Settings, tool: str, args: dict[str, Any], allow_writes: bool = False) -> Any:
-    server = MCPServer("memory-test")
-    register_memory_tools(server, settings, allow_writes=allow_writes)
-
-    async def go() -> Any:
-        async with Client(server) as client:
-            return await client.call_tool(tool, args)
-
-    return asyncio.run(go())
+    return call_memory_tool(settings, tool, args, allow_writes)
 
 
 def ok(result: Any) -> Any:

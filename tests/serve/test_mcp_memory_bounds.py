@@ -4,7 +4,6 @@ refuse over-long input instead of writing it."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from collections.abc import Iterator
@@ -13,12 +12,10 @@ from typing import Any
 
 import pytest
 from helpers import git
-from mcp import Client
-from mcp.server import MCPServer
+from mcp_helpers import call_memory_tool
 from memlogs import claude, slug, write_jsonl
 
 from ctxlake.schemas.config import Settings, load_settings
-from ctxlake.serve.mcp.memory import register_memory_tools
 
 BIG = 300_000
 BUDGET = 60_000  # the default [mcp] max_response_chars
@@ -58,14 +55,7 @@ def lake(tmp_path_factory: pytest.TempPathFactory, prefect_server: None) -> Iter
 
 
 def call(settings: Settings, tool: str, args: dict[str, Any], allow_writes: bool = False) -> Any:
-    server = MCPServer("bounds-test")
-    register_memory_tools(server, settings, allow_writes=allow_writes)
-
-    async def go() -> Any:
-        async with Client(server) as client:
-            return await client.call_tool(tool, args)
-
-    return asyncio.run(go())
+    return call_memory_tool(settings, tool, args, allow_writes)
 
 
 def bounded(result: Any) -> Any:
