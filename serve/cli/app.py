@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from ctxlake import __version__
-from ctxlake.errors import ConfigError, CtxError, InputError, LakeError
+from ctxlake.errors import ConfigError, CtxError, InputError, LakeError, NotIndexedError
 from ctxlake.schemas.config import (
     CTX_DIR,
     Settings,
@@ -266,7 +266,18 @@ def search(
 @app.command()
 def status(as_json: JsonOpt = False) -> None:
     """Files, chunks, languages, model, last run, stale files, lake size."""
-    settings = load_settings(resolve_root(None, for_write=False))
+    try:
+        root = resolve_root(None, for_write=False)
+    except NotIndexedError:
+        # Outside any project the service's state is still worth showing; the exit stays 4.
+        if as_json:
+            from ctxlake.serve.cli.render import print_json
+
+            print_json({"indexed": False, "service": service_status()})
+        else:
+            print_service_status()
+        raise
+    settings = load_settings(root)
     from ctxlake.serve.api import queries
 
     st = queries.status(settings)

@@ -11,6 +11,7 @@ import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 from helpers import ctx_subprocess
@@ -54,6 +55,11 @@ def test_not_indexed_is_4_with_or_without_ctx_folder(tmp_path: Path, cli: Callab
     bare.mkdir()
     assert cli("search", "x", cwd=bare).exit_code == 4
     assert cli("sql", "select 1", cwd=bare).exit_code == 4
+    # Outside any project, status still tells where the service stands (and exits 4).
+    outside = cli("status", cwd=bare)
+    assert outside.exit_code == 4 and "Service: down" in outside.stdout, outside.stdout
+    outside = cli("status", "--json", cwd=bare)
+    assert outside.exit_code == 4 and json.loads(outside.stdout) == {"indexed": False, "service": ANY}
     started = tmp_path / "started"
     (started / ".ctx").mkdir(parents=True)  # a clone with a committed config, never indexed
     for args in (("search", "x"), ("sql", "select 1"), ("files", "x"), ("status",), ("status", "--json")):
