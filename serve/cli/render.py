@@ -182,8 +182,9 @@ def print_status(st: Status, console: Console) -> None:
 
     for key, value in rows:
         console.print(Text.assemble((f"{key:<{width}}", "bold"), "  ", str(value)), highlight=False)
-    for path in st.stale_paths[:10]:
-        console.print(f"{'':<{width}}    {path}", style="yellow", markup=False, highlight=False)
+        if key == "fresh":  # the changed files under the line that counts them
+            for path in st.stale_paths[:10]:
+                console.print(f"{'':<{width}}    {path}", style="yellow", markup=False, highlight=False)
     _print_malformed(st, console)
 
 

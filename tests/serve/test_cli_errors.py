@@ -233,3 +233,10 @@ def test_an_unknown_language_filter_names_the_known_ones(indexed: Path, cli: Cal
         result = cli(command, "total", "--lang", "py", cwd=indexed)
         assert result.exit_code == 0, result.stderr
         assert "no language 'py' in the index; known: markdown, python" in result.stderr, (command, result.stderr)
+
+
+def test_status_lists_the_changed_files_under_the_line_that_counts_them(indexed: Path, cli: Callable[..., Any]) -> None:
+    (indexed / "app.py").write_text("def total(xs):\n    return sum(xs) + 1\n")
+    lines = cli("status", cwd=indexed).stdout.splitlines()
+    fresh = next(i for i, line in enumerate(lines) if line.startswith("fresh"))
+    assert "1 file(s) changed" in lines[fresh] and lines[fresh + 1].strip() == "app.py", lines
