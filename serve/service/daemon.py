@@ -28,7 +28,7 @@ from typing import IO, Any, TypeVar
 
 from ctxlake import __version__
 from ctxlake.serve.service import capture, protocol
-from ctxlake.serve.service.paths import ServicePaths, ctx_home, service_paths
+from ctxlake.serve.service.paths import ServicePaths, ctx_home, service_paths, write_private_json
 from ctxlake.serve.service.protocol import Busy
 from ctxlake.serve.service.watchers import WATCHER_PURPOSE, imports_ready
 from ctxlake.tasks.heap import bound_heap
@@ -131,13 +131,7 @@ class Service:
                 "version": __version__, "log": str(self.paths.log), "ui_url": self.ui.url if self.ui else None,
                 # `ctx schedule` finds the persistent Prefect server here.
                 "prefect_api_url": self.orchestrator.api_url if self.orchestrator is not None else None}
-        tmp = self.paths.info.with_suffix(".tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(json.dumps(info))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, self.paths.info)
+        write_private_json(self.paths.info, info)
 
     def _warm_then_orchestrate(self) -> None:
         started = time.monotonic()
@@ -347,10 +341,7 @@ class Service:
     def remember(self) -> None:
         """Write the watched roots down (0600, atomically) for the next start."""
         try:
-            tmp = self.paths.watched.with_suffix(".tmp")
-            tmp.write_text(json.dumps(self.watchers.roots()), encoding="utf-8")
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, self.paths.watched)
+            write_private_json(self.paths.watched, self.watchers.roots())
         except OSError as exc:  # a full disk: watching goes on, the next start just does not know
             log(f"could not record the watched projects: {exc}")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxlake.serve.service import protocol
-from ctxlake.serve.service.paths import ServicePaths
+from ctxlake.serve.service.paths import ServicePaths, write_private_json
 
 START_TIMEOUT_S = 60.0
 
@@ -147,10 +147,7 @@ def record_prefect_server(paths: ServicePaths, pid: int) -> None:
     """Note the Prefect server just started (0600), for reap_prefect_server."""
     import psutil
 
-    tmp = paths.prefect_server.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"pid": pid, "started": psutil.Process(pid).create_time()}), encoding="utf-8")
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, paths.prefect_server)
+    write_private_json(paths.prefect_server, {"pid": pid, "started": psutil.Process(pid).create_time()})
 
 
 def reap_prefect_server(paths: ServicePaths, grace_s: float = 10.0) -> int | None:

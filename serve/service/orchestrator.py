@@ -68,6 +68,7 @@ class Orchestrator:
 
     def __init__(self, home: Path, settings: Settings) -> None:
         self.home = home
+        self.paths = ServicePaths(home)  # where it records the Prefect server it starts
         self.settings = settings
         self._api_url: str | None = None
         self._server: subprocess.Popen[bytes] | None = None
@@ -134,8 +135,7 @@ class Orchestrator:
         env.pop("PREFECT_API_URL", None)
         # The scheduler plans runs every 60 s by default: a new or changed schedule would wait that long.
         env.setdefault("PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS", "5")
-        paths = ServicePaths(self.home)
-        if stale := reap_prefect_server(paths):  # the service holds its lock: that one's owner died
+        if stale := reap_prefect_server(self.paths):  # the service holds its lock: that one's owner died
             self.trigger_errors.append(f"stopped the Prefect server (pid {stale}) a dead service had left")
         log = open(prefect_home / "server.log", "ab")  # noqa: SIM115 - the child keeps it open
         started = time.perf_counter()
@@ -144,7 +144,7 @@ class Orchestrator:
             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
         with contextlib.suppress(OSError, ProcessLookupError):
-            record_prefect_server(paths, self._server.pid)
+            record_prefect_server(self.paths, self._server.pid)
         lower_priority(self._server.pid, SERVER_NICE)
         url = f"http://127.0.0.1:{port}/api"
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -250,7 +250,7 @@ class Orchestrator:
             self._server.wait(5)
         with contextlib.suppress(ProcessLookupError):  # uvicorn workers left in the group
             os.killpg(pgid, signal.SIGKILL)
-        ServicePaths(self.home).prefect_server.unlink(missing_ok=True)
+        self.paths.prefect_server.unlink(missing_ok=True)
 
     def _kill_children(self) -> None:
         """Flow-run processes the runner started and did not reap (a run killed mid-way).

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 SERVICE_DIR = "service"
 
@@ -87,3 +89,14 @@ class ServicePaths:
 
 def service_paths(env: dict[str, str] | os._Environ[str] | None = None) -> ServicePaths:
     return ServicePaths(ctx_home(env))
+
+
+def write_private_json(path: Path, data: Any) -> None:
+    """`data` as JSON at `path`, 0600, atomically (a reader sees the old file or the whole new one)."""
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(data))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
