@@ -120,15 +120,16 @@ def ensure_chromium() -> None:
 
 
 def cmd_bench(args: list[str]) -> int:
-    if not args:
-        names = sorted(p.stem.removeprefix("bench_") for p in (ROOT / "tests" / "bench").glob("bench_*.py"))
-        say(f"usage: python3 dev.py bench NAME [args]; NAME is one of: {', '.join(names)}")
-        return 2
-    ensure_venv(dev=True)
+    names = sorted(p.stem.removeprefix("bench_") for p in (ROOT / "tests" / "bench").glob("bench_*.py"))
+    usage = f"usage: python3 dev.py bench NAME [args] (NAME --help for its options); NAME is one of: {', '.join(names)}"
+    if not args or args[0] in ("-h", "--help"):
+        say(usage)
+        return 0 if args else 2
     script = ROOT / "tests" / "bench" / f"bench_{args[0]}.py"
     if not script.exists():
-        say(f"no benchmark {script.relative_to(ROOT)}")
+        say(f"no benchmark named {args[0]!r}; {usage}")
         return 2
+    ensure_venv(dev=True)
     return run(PY, script, *args[1:], check=False)
 
 
