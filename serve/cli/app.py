@@ -62,6 +62,20 @@ register_ui(app)
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")]
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"ctxlake {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", "-V", is_eager=True, callback=_print_version,
+                                          help="print the version and exit")] = False,
+) -> None:
+    """ctxlake: a local context lake for AI coding agents."""
+
+
 WATCH_PURPOSE = "ctx run index --watch"
 
 

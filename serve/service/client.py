@@ -109,6 +109,11 @@ def forward(sock: socket.socket, message: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(argv: list[str]) -> int:
+    if argv[:1] in (["--version"], ["-V"]):  # no service and no imports needed to say it
+        from ctxlake import __version__
+
+        print(f"ctxlake {__version__}")
+        return 0
     if argv and argv[0] == "serve" and not runs_locally(argv):
         from ctxlake.serve.service.mcp_proxy import proxy_or_none
 

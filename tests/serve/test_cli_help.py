@@ -49,3 +49,16 @@ def test_ctx_docs_hints_name_the_cli_command_not_the_mcp_tool(cli: Callable[...,
         result = cli("docs", path, cwd=tmp_path)
         assert result.exit_code == 2 and "`ctx docs`" in result.stderr, (path, result.stderr)
         assert "docs_index" not in result.stderr
+
+
+def test_version_flag_answers_in_both_paths(capsys: Any) -> None:
+    """`ctx --version` / `-V`, as users of other CLIs type it: the thin client answers without the
+    service or the full CLI, and the full CLI (the fallback path) answers the same."""
+    from ctxlake import __version__
+    from ctxlake.serve.service import client
+
+    for flag in ("--version", "-V"):
+        assert client.run([flag]) == 0
+        assert capsys.readouterr().out == f"ctxlake {__version__}\n"
+        result = CliRunner().invoke(app, [flag])
+        assert result.exit_code == 0 and result.output == f"ctxlake {__version__}\n"
