@@ -11,6 +11,7 @@ from prefect import flow
 
 from ctxlake.schemas.config import Settings
 from ctxlake.schemas.tables import PROJECT_SOURCE
+from ctxlake.tasks import freshness
 from ctxlake.tasks.embedders import make_embedder
 from ctxlake.tasks.graph_store import optimize_graph
 from ctxlake.tasks.lake import IndexState
@@ -103,7 +104,10 @@ def _optimize(writer: Writer) -> None:
 def apply_batch(writer: Writer, old: Tree, new: Tree, diff: Diff, total: IndexReport) -> Tree:
     """One debounced batch of changes -> the lake; returns the tree the lake now matches."""
     if not diff:
-        return new if new.root_hash == old.root_hash else old
+        if new.root_hash == old.root_hash:
+            return old
+        freshness.follow_unindexed_changes(writer.lake, writer.source, new, writer.state)
+        return new
     started = time.perf_counter()
     report = IndexReport(source=writer.source, root=str(writer.root))
     report.added, report.modified, report.removed = len(diff.added), len(diff.modified), len(diff.removed)

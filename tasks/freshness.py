@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ctxlake.schemas.config import IndexSettings
 from ctxlake.tasks.lake import IndexState, write_atomic
-from ctxlake.tasks.merkle import Diff, Tree, diff_trees, load_snapshot, scan_tree
+from ctxlake.tasks.merkle import Diff, Tree, diff_trees, load_snapshot, save_snapshot, scan_tree
 
 JOURNAL_FILE = "journal.json"
 
@@ -53,6 +53,19 @@ def check(lake_dir: Path, source: str, root: Path, index: IndexSettings) -> Fres
         return Freshness(False, f"{state.pending_vectors} chunk(s) still to embed", diff, tree, elapsed,
                          vectors_only=True)
     return Freshness(True, "up to date", diff, tree, elapsed)
+
+
+def follow_unindexed_changes(lake_dir: Path, source: str, tree: Tree, state: IndexState) -> bool:
+    """Keep the snapshot when only files that are not indexed changed (a binary, a secret-named
+    or an oversized file came or went): the lake already matches `tree`, which no run would save,
+    so `ctx status --skipped` kept listing a deleted file and every check walked that folder
+    again. `state` is the caller's (a watcher writes its own later); True when it was saved."""
+    if (state.roots or {}).get(source) == tree.root_hash:
+        return False
+    save_snapshot(lake_dir, source, tree)
+    state.roots = {**(state.roots or {}), source: tree.root_hash}
+    state.write(lake_dir)
+    return True
 
 
 # --- the run journal: what a run may have touched, until it finishes ----------------------------

@@ -659,6 +659,20 @@ def load_snapshot(lake_dir: Path, source: str) -> Tree | None:
     return Tree.build(entries, scanned_at)
 
 
+def not_indexed(lake_dir: Path, source: str) -> list[tuple[str, str, int]]:
+    """(path, why, size) of the files the last scan of `source` saw but did not index (binary,
+    too_large, secret, generated, special, unreadable), by path; read from its snapshot alone."""
+    try:
+        with pa.memory_map(str(snapshot_path(lake_dir, source))) as source_file:
+            table = ipc.open_file(source_file).read_all().select(["path", "status", "size"])
+    except (OSError, pa.ArrowInvalid):
+        return []
+    import pyarrow.compute as pc
+
+    table = table.filter(pc.not_equal(table.column("status"), INDEXED))
+    return sorted(zip(*(table.column(n).to_pylist() for n in ("path", "status", "size")), strict=True))
+
+
 def save_snapshot(lake_dir: Path, source: str, tree: Tree) -> None:
     rows = list(tree.entries.values())
     table = pa.Table.from_arrays(

@@ -77,6 +77,9 @@ class Status(BaseModel):
     memory_malformed: dict[str, dict[str, int]] = Field(
         default_factory=dict, description="conversation logs: malformed records and skipped files per scraper and reason")
     secret_files_skipped: int = Field(0, description="files not indexed because their name says they hold secrets")
+    not_indexed: dict[str, int] = Field(
+        default_factory=dict, description="the project's files seen but not indexed, per reason (binary, too_large, "
+                                          "secret, generated, special, unreadable); `ctx status --skipped` lists them")
     masked_chunks: int = Field(0, description="chunks in which the secrets stage masked a value")
 
 

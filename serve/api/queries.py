@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from ctxlake.errors import ConfigError, InputError, ModelMismatchError, NotIndexedError
 from ctxlake.schemas.config import Settings
+from ctxlake.schemas.names import PROJECT_SOURCE
 from ctxlake.serve.api.handles import memo_schema
 from ctxlake.serve.api.models import Hit, SearchMode, SearchResult, Status, hit_tokens
 from ctxlake.serve.api.query_terms import analyse, bound_query, query_title, squeeze_repeats
@@ -39,6 +40,7 @@ from ctxlake.tasks.lake import (
     connect,
     open_table,
 )
+from ctxlake.tasks.merkle import not_indexed
 from ctxlake.tasks.run_log import folder_stamp
 from ctxlake.tasks.secrets import MASK_PREFIX
 from ctxlake.tasks.terms import split_identifier
@@ -750,8 +752,10 @@ def status(settings: Settings, check_stale: bool = True) -> Status:
         out.embedded = out.chunks - out.pending_vectors
         out.languages, out.sources = dict(counts.languages), dict(counts.sources)
         out.masked_chunks = counts.masked_chunks
-    # The scan counts every secret-named file on each run, not only the changed ones.
-    out.secret_files_skipped = int(((state.last_run or {}).get("skipped") or {}).get("secret", 0))
+    # From the snapshot of the last whole scan (a watcher's batch sees only the changed paths).
+    for _, why, _ in not_indexed(lake_dir, PROJECT_SOURCE):
+        out.not_indexed[why] = out.not_indexed.get(why, 0) + 1
+    out.secret_files_skipped = out.not_indexed.get("secret", 0)
     if check_stale:
         mark_stale(out, project_freshness(settings))
     out.lake_bytes = lake_bytes

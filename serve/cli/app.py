@@ -19,6 +19,7 @@ from ctxlake.schemas.config import (
     load_settings,
     resolve_root,
 )
+from ctxlake.schemas.names import PROJECT_SOURCE
 from ctxlake.serve.cli import eval as cli_eval
 from ctxlake.serve.cli import graph as cli_graph
 from ctxlake.serve.cli import handoff as cli_handoff
@@ -140,6 +141,10 @@ def run_index(
             # A table deleted from the lake is not "up to date", whatever the files say.
             whole = not missing_tables(settings.lake_dir, settings.index.graph)
             if same_model and fts_current and whole and (fresh.up_to_date or only_vectors_pending):
+                if fresh.tree is not None and state is not None and state.clean:
+                    from ctxlake.tasks.freshness import follow_unindexed_changes
+
+                    follow_unindexed_changes(settings.lake_dir, PROJECT_SOURCE, fresh.tree, state)
                 took = time.perf_counter() - started
                 if as_json:
                     from ctxlake.serve.cli.render import print_json
@@ -277,9 +282,49 @@ def search(
                    f"(run `ctx run index`): {shown}", err=True)
 
 
+def _print_not_indexed(as_json: bool) -> None:
+    from ctxlake.tasks.merkle import not_indexed
+
+    settings = load_settings(resolve_root(None, for_write=False))
+    rows = not_indexed(settings.lake_dir, PROJECT_SOURCE)
+    if as_json:
+        from ctxlake.serve.cli.render import print_json
+
+        print_json({"root": str(settings.root), "not_indexed": [
+            {"path": path, "reason": why, "bytes": size} for path, why, size in rows]})
+        return
+    if not rows:
+        typer.echo("Every file the last run saw is indexed (ignored files are not counted).")
+        return
+    from ctxlake.serve.cli.render import human_bytes
+
+    for why in sorted({why for _, why, _ in rows}):
+        paths = [(path, size) for path, reason, size in rows if reason == why]
+        typer.echo(f"{why} ({len(paths):,}): {NOT_INDEXED_WHY.get(why, '')}")
+        for path, size in paths:
+            typer.echo(f"  {path}  ({human_bytes(size)})")
+
+
+NOT_INDEXED_WHY = {
+    "binary": "NUL bytes or a binary extension",
+    "too_large": "over [index] max_file_bytes",
+    "secret": "named like a secret (.env*, keys, credentials); [index] secret_files = \"mask\" indexes them masked",
+    "generated": "minified or generated code",
+    "special": "not a regular file (FIFO, socket, device, link loop)",
+    "unreadable": "could not be read (permissions)",
+}
+
+
 @app.command()
-def status(as_json: JsonOpt = False) -> None:
+def status(
+    as_json: JsonOpt = False,
+    skipped: Annotated[bool, typer.Option(
+        "--skipped", help="list the files the last run saw but did not index, and why")] = False,
+) -> None:
     """Files, chunks, languages, model, last run, stale files, lake size."""
+    if skipped:
+        _print_not_indexed(as_json)
+        return
     try:
         root = resolve_root(None, for_write=False)
     except NotIndexedError:

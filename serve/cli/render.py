@@ -170,6 +170,9 @@ def print_status(st: Status, console: Console) -> None:
     if st.secret_files_skipped or st.masked_chunks:
         rows.append(("secrets", f"{st.secret_files_skipped:,} file(s) skipped by name, "
                                 f"{st.masked_chunks:,} chunk(s) with masked values"))
+    if st.not_indexed:
+        rows.append(("not indexed", ", ".join(f"{n:,} {why}" for why, n in sorted(st.not_indexed.items()))
+                     + " (`ctx status --skipped` lists them)"))
     if not st.clean:
         rows.append(("state", "the last run did not finish; the next `ctx run index` repairs it"))
     if st.writer:

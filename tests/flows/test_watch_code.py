@@ -192,3 +192,15 @@ def test_a_batch_keeps_the_count_of_secret_files_the_last_scan_skipped(watching:
     (watching / "pkg" / "gamma.py").write_text("def gamma_batch_marker():\n    return 3\n")
     wait_for(lambda: "pkg/gamma.py" in paths_indexed(watching), "the batch")
     assert secret_skipped() == 1
+
+
+def test_a_batch_of_files_that_are_not_indexed_moves_the_snapshot(watching: Path) -> None:
+    """Only a secret-named file goes and another comes: nothing to write to the lake, but `ctx
+    status --skipped` reads the snapshot, which must follow (it listed the deleted file)."""
+    from ctxlake.tasks.merkle import not_indexed
+
+    lake = watching / ".ctx" / "lake"
+    assert [path for path, _, _ in not_indexed(lake, "project")] == [".env"]
+    (watching / ".env").unlink()
+    (watching / "id_rsa").write_text("not a key\n")
+    wait_for(lambda: [path for path, _, _ in not_indexed(lake, "project")] == ["id_rsa"], "the snapshot")

@@ -293,3 +293,23 @@ def test_semantic_file_list_embeds_an_issues_title(indexed: Path, cli: Callable[
     # ctx search (chunks) embeds the title the same way.
     hits = search_json(cli, indexed, issue, "--mode", "semantic", "-n", "1")["hits"]
     assert "billing" in hits[0]["path"]
+
+
+def test_status_counts_and_lists_what_was_not_indexed(
+        make_repo: Callable[..., Path], cli: Callable[..., Any], fake_embedder: Any) -> None:
+    """"Why is my file not found?": status counts the files seen but not indexed per reason, and
+    `--skipped` names them, from the run's snapshot."""
+    repo = make_repo({**FILES, "logo.png": b"\x89PNG\r\n\x1a\n\0\0", ".env": "TOKEN=abc\n",
+                      "data/big.txt": "x" * 2_100_000, "bin/blob.dat": b"abc\0def"})
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    status = json.loads(cli("status", "--json", cwd=repo).stdout)
+    assert status["not_indexed"] == {"binary": 2, "secret": 1, "too_large": 1}
+    assert "not indexed  2 binary, 1 secret, 1 too_large" in cli("status", cwd=repo).stdout
+    listed = json.loads(cli("status", "--skipped", "--json", cwd=repo).stdout)["not_indexed"]
+    assert [(row["path"], row["reason"]) for row in listed] == [
+        (".env", "secret"), ("bin/blob.dat", "binary"), ("data/big.txt", "too_large"), ("logo.png", "binary")]
+    human = cli("status", "--skipped", cwd=repo).stdout
+    assert "too_large (1): over [index] max_file_bytes\n  data/big.txt  (2.0 MB)" in human
+    (repo / "data" / "big.txt").unlink()
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    assert "data/big.txt" not in cli("status", "--skipped", cwd=repo).stdout
