@@ -762,6 +762,11 @@ def status(settings: Settings, check_stale: bool = True) -> Status:
     return out
 
 
+def not_indexed_files(settings: Settings) -> list[tuple[str, str, int]]:
+    """(path, reason, bytes) of the project's files the last scan saw but did not index, by path."""
+    return not_indexed(settings.lake_dir, PROJECT_SOURCE)
+
+
 class IndexCounts(NamedTuple):
     chunks: int
     pending_vectors: int

@@ -282,39 +282,6 @@ def search(
                    f"(run `ctx run index`): {shown}", err=True)
 
 
-def _print_not_indexed(as_json: bool) -> None:
-    from ctxlake.tasks.merkle import not_indexed
-
-    settings = load_settings(resolve_root(None, for_write=False))
-    rows = not_indexed(settings.lake_dir, PROJECT_SOURCE)
-    if as_json:
-        from ctxlake.serve.cli.render import print_json
-
-        print_json({"root": str(settings.root), "not_indexed": [
-            {"path": path, "reason": why, "bytes": size} for path, why, size in rows]})
-        return
-    if not rows:
-        typer.echo("Every file the last run saw is indexed (ignored files are not counted).")
-        return
-    from ctxlake.serve.cli.render import human_bytes
-
-    for why in sorted({why for _, why, _ in rows}):
-        paths = [(path, size) for path, reason, size in rows if reason == why]
-        typer.echo(f"{why} ({len(paths):,}): {NOT_INDEXED_WHY.get(why, '')}")
-        for path, size in paths:
-            typer.echo(f"  {path}  ({human_bytes(size)})")
-
-
-NOT_INDEXED_WHY = {
-    "binary": "NUL bytes or a binary extension",
-    "too_large": "over [index] max_file_bytes",
-    "secret": "named like a secret (.env*, keys, credentials); [index] secret_files = \"mask\" indexes them masked",
-    "generated": "minified or generated code",
-    "special": "not a regular file (FIFO, socket, device, link loop)",
-    "unreadable": "could not be read (permissions)",
-}
-
-
 @app.command()
 def status(
     as_json: JsonOpt = False,
@@ -323,7 +290,11 @@ def status(
 ) -> None:
     """Files, chunks, languages, model, last run, stale files, lake size."""
     if skipped:
-        _print_not_indexed(as_json)
+        from ctxlake.serve.api import queries
+        from ctxlake.serve.cli.render import print_not_indexed
+
+        settings = load_settings(resolve_root(None, for_write=False))
+        print_not_indexed(settings.root, queries.not_indexed_files(settings), as_json)
         return
     try:
         root = resolve_root(None, for_write=False)

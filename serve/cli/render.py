@@ -8,6 +8,7 @@ alone, so `root:x:0:0` is not printed as `root❌0:0`.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ctxlake.serve.api.models import SearchResult, Status
@@ -189,6 +190,32 @@ def print_status(st: Status, console: Console) -> None:
             for path in st.stale_paths[:10]:
                 console.print(f"{'':<{width}}    {path}", style="yellow", markup=False, highlight=False)
     _print_malformed(st, console)
+
+
+NOT_INDEXED_WHY = {
+    "binary": "NUL bytes or a binary extension",
+    "too_large": "over [index] max_file_bytes",
+    "secret": "named like a secret (.env*, keys, credentials); [index] secret_files = \"mask\" indexes them masked",
+    "generated": "minified or generated code",
+    "special": "not a regular file (FIFO, socket, device, link loop)",
+    "unreadable": "could not be read (permissions)",
+}
+
+
+def print_not_indexed(root: Path, rows: list[tuple[str, str, int]], as_json: bool) -> None:
+    """`ctx status --skipped`: the files seen but not indexed, grouped by why."""
+    if as_json:
+        print_json({"root": str(root), "not_indexed": [
+            {"path": path, "reason": why, "bytes": size} for path, why, size in rows]})
+        return
+    if not rows:
+        print("Every file the last run saw is indexed (ignored files are not counted).")
+        return
+    for why in sorted({why for _, why, _ in rows}):
+        paths = [(path, size) for path, reason, size in rows if reason == why]
+        print(f"{why} ({len(paths):,}): {NOT_INDEXED_WHY.get(why, '')}")
+        for path, size in paths:
+            print(f"  {path}  ({human_bytes(size)})")
 
 
 def print_json(data: Any) -> None:
