@@ -68,6 +68,7 @@ class IndexReport:
     embed_batch: int = 0  # the texts per model batch it used (embed.batch_size, `auto` resolved)
     # One-time static-model distillation during this run: left out of `seconds`.
     model_setup_s: float = 0.0
+    executor: str = "local"  # or where the cluster's work went: "dask tcp://host:8786 (4 workers)"
     finished_at: str = ""
 
     def as_dict(self) -> dict[str, Any]:
@@ -294,6 +295,10 @@ def index_code(
         backlog = 0
     writer.state.unoptimized_rows = backlog
     report.model_setup_s = float(getattr(embedder, "setup_seconds", 0.0))
+    if settings.run.executor == "dask":
+        from ctxlake.tasks import dask_run
+
+        report.executor = dask_run.describe(settings.run.dask_address)
     report.seconds = time.perf_counter() - started - report.model_setup_s
     report.finished_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     writer.finish(tree, report)

@@ -119,6 +119,15 @@ def worker_count(client: Client) -> int:
     return max(1, len(client.scheduler_info().get("workers", {})))
 
 
+def describe(address: str) -> str:
+    """Where a run's work went, for its report: the cluster and its workers, if this process used it."""
+    with _clients_lock:
+        client = _clients.get(address)
+    if client is None or client.status != "running":
+        return f"dask {address} (not needed: nothing to chunk or embed)"
+    return f"dask {address} ({worker_count(client)} workers)"
+
+
 def map_batches(client: Client, root: Path, source: str, jobs: Sequence[tuple[list[str], list[str]]],
                 index: IndexSettings, dims: int, known: set[str]) -> Iterator[tuple[list[str], BatchRows]]:
     """(batch, changed paths) jobs -> (batch, BatchRows) as workers finish them, in any order.

@@ -224,6 +224,8 @@ def _print_report(report: Any, wall: float) -> None:
     setup = f", {report.model_setup_s:.1f} s distilling the static model once" if report.model_setup_s >= 0.05 else ""
     typer.echo(f"Done in {wall:.1f} s: {report.seconds:.1f} s indexing (keyword search ready after "
                f"{report.keyword_ready_s:.1f} s), {_startup(report, wall):.1f} s starting Python and Prefect{setup}.")
+    if report.executor != "local":
+        typer.echo(f"Ran on {report.executor}.")
     secret_files = report.skipped.get("secret", 0)
     if secret_files or report.secrets_masked:
         typer.echo(f"Secrets: {secret_files:,} file(s) skipped by name (.env*, keys, credentials; "

@@ -3,6 +3,7 @@ built in the flow's process (files, chunk ids, vectors, graph), also when a work
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import Callable, Iterator
@@ -104,6 +105,7 @@ def test_the_lake_built_on_dask_equals_the_lake_built_here(
     FakeEmbedder.reset_counters()
     done = index(cli, remote, tmp_path / "home-dask", monkeypatch, "local:2")
     assert done.exit_code == 0, done.stderr
+    assert json.loads(done.stdout)["executor"] == "dask local:2 (2 workers)"  # the report says where it ran
     # The work left this process: its embedder encoded nothing, the two workers did.
     client = dask_run.client_for("local:2")
     per_worker = client.run(lambda: FakeEmbedder.texts_embedded)
