@@ -60,7 +60,8 @@ STATIC_MAX_TOKENS = 512
 FAKE_DIMS = 64
 # `embed.batch_size = "auto"`: a CPU gains nothing from bigger batches; a GPU gets the largest
 # power of two whose activations at full length fit in half its free memory, within these bounds
-# (measured on an H200, README "The GPU path": throughput is flat past a few hundred texts).
+# (measured on an H200, docs/measurements/indexing.md, "The GPU path": throughput is flat past a
+# few hundred texts).
 CPU_BATCH = 64
 GPU_BATCH_MIN = 32
 GPU_BATCH_MAX = 256

@@ -81,7 +81,8 @@ def write_graph(
     rows for the moment between them (the chunks' upsert does the same). Not a merge on the facts'
     keys: a merge joins against every row of the table with all its columns, for any number of
     paths (the big repository's 2.8M graph rows: 1.0 s and +0.73 GB for a batch of 12 files or of
-    241, against 0.15-0.17 s and +12-21 MB this way; README "One big repository").
+    241, against 0.15-0.17 s and +12-21 MB this way; docs/measurements/indexing.md, "One big
+    repository").
     """
     if not paths:
         return 0

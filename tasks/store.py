@@ -24,9 +24,10 @@ FTS_COLUMNS = ("text", "terms")
 # --ann-crossover` (static model, 256 dims, 2 cores at load 4-10): a flat scan's p50 is 14 ms at
 # 10k rows, 17 ms at 25k, 67 ms at 50k, 234 ms at 100k (past the 50 ms query budget between 25k
 # and 50k), an IVF_HNSW_SQ index answers in 3-8 ms at every size up to 500k. That points at ~40k,
-# but django's lake (46,745 chunks) sits between the two and every retrieval figure in the README
-# was measured with its flat scan: the threshold stays at 50k until the evaluation is re-run with
-# an index (recall@10 0.95-0.99 against flat at ANN_EF 100).
+# but django's lake (46,745 chunks) sits between the two and every retrieval figure (README,
+# "Retrieval quality"; docs/measurements/retrieval.md) was measured with its flat scan: the
+# threshold stays at 50k until the evaluation is re-run with an index (recall@10 0.95-0.99
+# against flat at ANN_EF 100).
 ANN_MIN_ROWS = 50_000
 # Rows per IVF partition, each with its own HNSW graph: lance's default makes one graph of all
 # rows (the 590k-row bench run spent ~10 min in the optimize stage that built it); in partitions

@@ -69,7 +69,8 @@ def bound_writer_heap() -> None:
     `ctx run ingest`; the resident service sets the same at its start). Call it before Prefect
     starts its threads. With glibc's default, freed memory piled up per thread: a 20,000-session
     cold ingest grew to ~2.4 GB while scraping, ~1.1 GB with two arenas and the flow's trims
-    (README "A long history"); the index run's vector writer frees its buffers on its own thread.
+    (docs/measurements/memory.md, "A long history"); the index run's vector writer frees its
+    buffers on its own thread.
     The service's fixed 1 MiB mmap threshold was measured on these runs and left off: -0.2 GB of
     peak for a 20,000-session cold ingest but its end phase 47 -> 80 s; no change on the big tree."""
     from ctxlake.tasks.heap import bound_heap

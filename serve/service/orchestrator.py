@@ -36,7 +36,8 @@ START_TIMEOUT_S = 120.0  # a busy 2-core machine needs ~10-20 s for the first st
 # The server keeps the books of flow runs (a whole-tree index child reports every task to it: 7-10%
 # of a core during django's forced re-index under query load here); queries never wait on it.
 # Raised like that child's (CHILD_NICE), it yields the CPU to the service's queries when both want
-# it (no change to the load p99 that two rounds of A/B could show: README, run 16).
+# it (no change to the load p99 that two rounds of A/B could show: docs/measurements/service.md,
+# run 16).
 SERVER_NICE = 10
 # How often the failure monitor asks the server for each deployment's last runs. Each check costs
 # a Prefect client and settings context in the service and a query per deployment in the server:

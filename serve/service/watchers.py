@@ -42,9 +42,10 @@ OPTIMIZE_QUIET_S = 3.0
 # a lightly edited lake twice as dear to query for as long as it stayed that way.
 OPTIMIZE_IDLE_S = 30.0
 # Measured on django (5,306 files): the idle optimize takes 2-4 s. On the 100,000-file tree one
-# optimize after a one-file edit took 62-256 s and 2.2-2.5 GB (README "One big repository"): past
-# this many files only the batch and row counts above make a watcher optimize, and it runs in a
-# child process, so the service neither holds that memory afterwards nor runs it on its interpreter.
+# optimize after a one-file edit took 62-256 s and 2.2-2.5 GB (docs/measurements/indexing.md,
+# "One big repository"): past this many files only the batch and row counts above make a watcher
+# optimize, and it runs in a child process, so the service neither holds that memory afterwards
+# nor runs it on its interpreter.
 OPTIMIZE_IDLE_MAX_FILES = 20_000
 CHILD_NICE = 10  # as the service's whole-tree index runs: a big optimize yields the CPU to queries
 # What the watchers' hold on a lake's writer lock says (the service tells them from other writers).

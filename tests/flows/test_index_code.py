@@ -90,9 +90,10 @@ def test_first_run_creates_project_and_indexes(project: Path, cli: Callable[...,
 def test_an_index_run_bounds_its_heap_and_trims_between_stages(
     project: Path, cli: Callable[..., Any], fake_embedder: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The big repository's run kept freed pages per thread and between stages (README "One big
-    repository"): `ctx run index` asks for two arenas before Prefect starts, and the flow gives
-    freed pages back after the chunk stage, the BM25 build, the embed stage and each vector write."""
+    """The big repository's run kept freed pages per thread and between stages
+    (docs/measurements/indexing.md, "One big repository"): `ctx run index` asks for two arenas
+    before Prefect starts, and the flow gives freed pages back after the chunk stage, the BM25
+    build, the embed stage and each vector write."""
     from ctxlake.tasks import embed, heap
 
     bounded: list[int | None] = []
@@ -111,9 +112,10 @@ def test_an_index_run_bounds_its_heap_and_trims_between_stages(
 def test_a_big_run_drops_its_import_suffix_index_and_a_small_one_keeps_it(
     project: Path, cli: Callable[..., Any], fake_embedder: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Imports resolve through an index of every path suffix (~90 MB for 100,000 paths, README "One
-    big repository"): a run past the inline-embedding size lets it go before its embed stage; a
-    small edit keeps it for the next one (the service's runs reuse it)."""
+    """Imports resolve through an index of every path suffix (~90 MB for 100,000 paths,
+    docs/measurements/indexing.md, "One big repository"): a run past the inline-embedding size lets
+    it go before its embed stage; a small edit keeps it for the next one (the service's runs reuse
+    it)."""
     from ctxlake.tasks import graph
 
     paths = frozenset({"app/service.py", "app/util.py", "README.md"})

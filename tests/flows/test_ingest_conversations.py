@@ -298,9 +298,9 @@ def test_reads_are_scoped_by_the_recorded_project_paths(cli: Callable[..., Any],
 def test_an_ingest_bounds_its_heap_and_trims_after_each_group(
     cli: Callable[..., Any], env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A long cold ingest grew on memory glibc kept per thread (README "A long history"): the
-    in-process run asks for two arenas before Prefect starts, and gives freed pages back after
-    each group of logs it stored."""
+    """A long cold ingest grew on memory glibc kept per thread (docs/measurements/memory.md, "A long
+    history"): the in-process run asks for two arenas before Prefect starts, and gives freed pages
+    back after each group of logs it stored."""
     import ctxlake.flows.ingest_conversations as flow
     from ctxlake.tasks import heap
 

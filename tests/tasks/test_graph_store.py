@@ -33,7 +33,8 @@ def test_a_batch_replaces_its_paths_rows_and_leaves_the_rest(
     assert write_graph(tables, "project", _rows(everything, "old"), everything, cold=True) == 60 * 3
 
     def no_merge(*args: object, **kwargs: object) -> None:
-        # A merge joins against every row of the table (README "One big repository": +0.73 GB).
+        # A merge joins against every row of the table (+0.73 GB: docs/measurements/indexing.md,
+        # "One big repository").
         raise AssertionError("write_graph merged")
 
     for table in tables:
