@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from ctxlake.schemas.config import CTX_DIR, default_config_toml
 
@@ -43,25 +44,65 @@ def start_prefect_shielded() -> None:
     """Start Prefect's temporary API server now (when no server is configured), with SIGINT
     blocked in it. Prefect starts it in the terminal's process group, so a Ctrl-C reached it too:
     the flow's last state updates then retried against a dead server, and `ctx run index --watch`
-    hung after Ctrl-C (or ended in an httpx traceback). The server still stops with this process
-    (Prefect stops it at exit, with SIGTERM)."""
+    hung after Ctrl-C (or ended in an httpx traceback). The server stops with this process:
+    Prefect stops it at exit, and on Linux the kernel sends it SIGTERM when this process dies any
+    other way (`kill -9`, SIGTERM), which used to leave a ~220 MB server behind per killed run."""
     import signal
 
     from prefect.settings import PREFECT_API_URL
 
     if PREFECT_API_URL.value():
         return
-    from prefect.server.api.server import SubprocessASGIServer
+    import prefect.server.api.server as prefect_server
 
-    server = SubprocessASGIServer()  # the one instance Prefect's clients use
+    server = prefect_server.SubprocessASGIServer()  # the one instance Prefect's clients use
     if server.running:
         return
     # A blocked signal stays blocked across fork and exec; a Ctrl-C meanwhile waits for this process.
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    real = prefect_server.subprocess
+    arm = _die_with_this_process()
+    if arm is not None:  # only Prefect's server module sees the shim, and only while it starts the server
+        prefect_server.subprocess = _SpawnWith(real, arm)  # type: ignore[assignment]
     try:
         server.start()
     finally:
+        prefect_server.subprocess = real
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+class _SpawnWith:
+    """`subprocess` as Prefect's server module uses it, with a preexec_fn added to Popen."""
+
+    def __init__(self, real: Any, preexec: Callable[[], None]) -> None:
+        self._real, self._preexec = real, preexec
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def Popen(self, *args: Any, **kwargs: Any) -> Any:
+        return self._real.Popen(*args, preexec_fn=self._preexec, **kwargs)
+
+
+def _die_with_this_process() -> Callable[[], None] | None:
+    """A preexec_fn that has the kernel send the child SIGTERM when this process's main thread
+    ends (prctl PR_SET_PDEATHSIG; Linux only, else None). Called from the main thread."""
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    import signal
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getpid()
+
+    def arm() -> None:  # in the child, between fork and exec: no allocation-heavy work here
+        libc.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the line above: nothing would tell us
+            os._exit(1)
+
+    return arm
 
 
 def bound_writer_heap() -> None:

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -148,3 +149,35 @@ def test_kill_during_an_incremental_run_then_rerun_equals_a_fresh_index(
         write_files(repo, after)
         shutil.rmtree(ctx_home / "embeddings", ignore_errors=True)  # so the new chunks need the model
         converge(repo, f"{target}#{nth}", killer, expected)
+
+
+@pytest.mark.parametrize("sig", [9, 15])
+def test_a_killed_run_takes_its_temporary_prefect_server_with_it(tmp_path: Path, sig: int) -> None:
+    """Without a configured Prefect server a run starts a temporary one (~220 MB); a `kill -9` or
+    SIGTERM of the run used to leave it running for good, one more per killed run."""
+    import psutil
+
+    repo = tmp_path / "repo"
+    write_files(repo, source_files(3))
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update({"CTX_EMBED_PROVIDER": "fake", "CTX_EMBED_MODEL": "hash", "PREFECT_HOME": str(tmp_path / "prefect")})
+    run = subprocess.Popen([str(Path(sys.executable).parent / "ctx"), "run", "index", str(repo)], cwd=repo, env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    server = None
+    try:
+        for _ in range(1200):  # the server is spawned a few seconds in, after the imports
+            server = next((c for c in psutil.Process(run.pid).children(recursive=True)
+                           if "prefect.server.api.server" in " ".join(c.cmdline())), None)
+            if server is not None or run.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert server is not None, "the run started no temporary Prefect server"
+        os.kill(run.pid, sig)
+        run.wait(30)
+        _, alive = psutil.wait_procs([server], timeout=20)
+        assert not alive, f"the temporary Prefect server (pid {server.pid}) outlived the run killed by signal {sig}"
+    finally:
+        if run.poll() is None:
+            run.kill()
+        if server is not None and server.is_running():  # a failed check leaves nothing behind
+            server.kill()
