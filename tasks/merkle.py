@@ -552,11 +552,25 @@ def hash_file(path: Path, size: int, max_bytes: int) -> tuple[str, str]:
         if exc.errno == errno.ELOOP:
             return f"special:{size}", "special"
         return f"unreadable:{size}", "unreadable"
-    if b"\0" in data[:SNIFF_BYTES]:
+    if b"\0" in data[:SNIFF_BYTES] and not _utf16_text(data[:SNIFF_BYTES]):
         return f"binary:{size}", "binary"
     if is_generated(path.name, data):
         return f"{GENERATED}:{size}", GENERATED
     return xxhash.xxh3_128(data).hexdigest(), INDEXED
+
+
+def _utf16_text(head: bytes) -> bool:
+    """True for the head of a UTF-16 text file with its BOM (Windows tools write them: .rc, .ps1,
+    some C# and SQL): its ASCII characters carry NUL bytes, which would otherwise mean binary.
+    Binary data that merely starts with those two bytes decodes to control characters and stays out."""
+    if not head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return False
+    text = head[: len(head) - len(head) % 2].decode("utf-16", errors="replace")
+    if not text:
+        return False
+    # Random bytes decode to ~3% lone surrogates (replaced) and ~10% private-use characters.
+    odd = sum(1 for c in text if (c < " " and c not in "\t\n\r\f") or c == "\ufffd" or "\ue000" <= c <= "\uf8ff")
+    return odd <= len(text) * 0.02
 
 
 def is_generated(name: str, data: bytes) -> bool:

@@ -351,3 +351,20 @@ def test_ctxlakes_own_data_folder_is_never_indexed(tmp_path: Path, monkeypatch: 
     # A source's settings (its own excludes) keep the rule; the config file never shows it.
     assert settings.index.model_copy(update={"exclude": ["x"]}).skip_dirs == settings.index.skip_dirs
     assert "skip_dirs" not in settings.index.model_dump()
+
+
+def test_utf16_text_with_its_bom_is_text_and_binary_behind_those_bytes_is_not(tmp_path: Path) -> None:
+    """UTF-16 files (Windows tools write them) have a NUL byte beside every ASCII character, the
+    binary sniff's sign; with their BOM they are text, and the chunk stage decodes them."""
+    import os
+
+    from ctxlake.tasks.chunk_stage import decode_text
+
+    source = "\ufeffusing System;\r\nclass Greeter {\r\n  static void Main() { Console.WriteLine(\"héllo\"); }\r\n}\r\n"
+    write_files(tmp_path, {"Greeter.cs": source.encode("utf-16-le"), "Legacy.sql": source.encode("utf-16-be"),
+                           "blob.dat2": b"\xff\xfe" + bytes(os.urandom(6000))})
+    tree, _ = scan_tree(tmp_path, IndexSettings())
+    assert {p: e.status for p, e in tree.entries.items()} == {
+        "Greeter.cs": "indexed", "Legacy.sql": "indexed", "blob.dat2": "binary"}
+    text, warning = decode_text((tmp_path / "Greeter.cs").read_bytes())
+    assert warning is None and text is not None and 'Console.WriteLine("héllo")' in text
