@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from ctxlake.tasks.embedders import Embedder
 
 INBOX = "inbox"
+SCALAR_KEYS = ("id", "type", "title", "created_at", "supersedes", "source_tool", "source_session")
 FRONT = re.compile(r"\A---\s*\n(?P<front>.*?)\n---\s*\n?(?P<body>.*)\Z", re.S)
 WriteStatus = Literal["created", "superseded", "duplicate"]
 # What one record written by a person or an agent may hold (`ctx remember`, the MCP save_* tools, the UI):
@@ -103,6 +104,9 @@ def parse_record(path: Path, root: Path, kind_hint: str | None = None) -> Record
         if not isinstance(loaded, dict):
             raise InputError(f"{path}: front matter is not a mapping")
         front, body = loaded, match.group("body")
+    for key in SCALAR_KEYS:  # str() of a list or mapping would make a nonsense id, title or link
+        if isinstance(front.get(key), list | dict):
+            raise InputError(f"{path}: {key} must be a single value, got a {type(front[key]).__name__}")
     kind = str(front.get("type") or kind_hint or "")
     if kind not in KNOWLEDGE_TYPES:
         raise InputError(f"{path}: type must be one of {', '.join(KNOWLEDGE_TYPES)}, got {kind!r}")
@@ -123,8 +127,22 @@ def parse_record(path: Path, root: Path, kind_hint: str | None = None) -> Record
         supersedes=str(front["supersedes"]) if front.get("supersedes") else None,
         source_tool=str(front["source_tool"]) if front.get("source_tool") else None,
         source_session=str(front["source_session"]) if front.get("source_session") else None,
-        files=[str(f) for f in front.get("files") or [] if f], tags=[str(t) for t in front.get("tags") or [] if t],
+        files=_string_list(front, "files", path), tags=_string_list(front, "tags", path),
     )
+
+
+def _string_list(front: dict[str, Any], key: str, path: Path) -> list[str]:
+    """A list field of the front matter; a lone string is a one-item list (`tags: ops` is written by hand)."""
+    value = front.get(key)
+    if value is None or value == "":
+        return []
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list):
+        raise InputError(f"{path}: {key} must be a list of strings, got {type(value).__name__} {value!r}"[:300])
+    if any(isinstance(v, list | dict) for v in value):
+        raise InputError(f"{path}: {key} must be a list of strings, one item is a list or mapping")
+    return [str(v) for v in value if v is not None and v != ""]
 
 
 def load_records(knowledge_dir: Path, root: Path) -> tuple[list[Record], list[str]]:
