@@ -202,6 +202,7 @@ def list_sessions(lake: MemoryLake, limit: int = 20, tools: Sequence[str] | None
     """Sessions, most recently active first."""
     if limit < 1:
         raise InputError(f"limit must be at least 1, got {limit}")
+    check_tools(tools)
     _, sessions = lake.require_memory()
     where = _and(lake.scope(all_projects), _in("tool", tools), _since("ended_at", after),
                  _until("started_at", before))
@@ -216,6 +217,16 @@ def list_sessions(lake: MemoryLake, limit: int = 20, tools: Sequence[str] | None
     # message times from the same (UTC) day, whatever its mtime says.
     rows.sort(key=lambda r: (r["ended_at"].date(), r["id"] not in estimated, r["ended_at"]), reverse=True)
     return [_summary(r, r["id"] in estimated) for r in rows[:limit]]
+
+
+def check_tools(tools: Sequence[str] | None) -> None:
+    """InputError naming an agent tool no scraper writes (a typo would otherwise look like "no sessions")."""
+    from ctxlake.tasks.scrape import SCRAPERS
+
+    known = list(dict.fromkeys(s.tool for s in SCRAPERS.values()))
+    unknown = [t for t in tools or () if t not in known]
+    if unknown:
+        raise InputError(f"unknown agent tool {unknown[0]!r}", hint=f"known: {', '.join(known)}")
 
 
 def time_estimated(lake: MemoryLake, rows: Sequence[dict[str, Any]]) -> set[str]:
@@ -357,6 +368,7 @@ def search_context(
         raise InputError(f"unknown depth {depth!r}", hint="summary, detail or raw")
     if not 1 <= limit <= 200:
         raise InputError(f"limit must be between 1 and 200, got {limit}")
+    check_tools(tools)
     wanted = set(types or TYPES)
     unknown = wanted - set(TYPES) - {"knowledge"}
     if unknown:

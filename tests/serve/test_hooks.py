@@ -245,6 +245,19 @@ def test_sessions_without_timestamps_never_outrank_a_timestamped_one_of_the_same
     assert json.loads(out)["session_ref"] == "claude:c1" and json.loads(out)["time_estimated"] is False
 
 
+def test_an_unknown_tool_is_named_and_the_handoff_hint_gives_options_that_exist(
+        here: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (("sessions", "--tool", "bogus"), ("handoff", "--from", "bogus"),
+                 ("context", "search", "importer", "--tool", "bogus")):
+        code, out, err = call(capsys, *argv)
+        assert code == 2 and out == "", argv
+        assert "unknown agent tool 'bogus'" in err and "claude, codex" in err, (argv, err)
+    code, _, err = call(capsys, "handoff", "--from", "codex")  # a known tool with no session here
+    assert code == 2 and "no session to hand off from for codex" in err
+    assert "--all-projects" not in err.replace("ctx sessions --all-projects", "")  # `ctx handoff` has no such flag
+    assert "--session" in err
+
+
 def test_session_start_prints_the_brief_in_each_tools_shape(here: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     for client in ("claude", "codex", "gemini"):
         code, out, _ = call(capsys, "hooks", "session-start", "--client", client)
