@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -81,6 +82,30 @@ def check_size(title: str, body: str, files: Sequence[str] = (), tags: Sequence[
     for name, value in (("source_tool", source_tool), ("source_session", source_session)):
         if value is not None and len(value) > ITEM_MAX_CHARS:
             raise InputError(f"{name} is {len(value):,} characters; at most {ITEM_MAX_CHARS} are allowed")
+
+
+def project_refs(files: Sequence[str], tags: Sequence[str], root: Path) -> tuple[list[str], list[str]]:
+    """Files as project-relative POSIX paths and tags as one-line words, each once; InputError for
+    a file outside the project (`/etc/passwd`, `../../x`) or a tag with a line break: a record names
+    this project's files, and its tags are listed one per line."""
+    root = root.resolve()
+    out = []
+    for f in files:
+        given = Path(f.strip())
+        if not f.strip() or any(c in f for c in "\n\r\x00"):
+            raise InputError(f"file {f!r} is not a path")
+        full = given if given.is_absolute() else root / given
+        # normpath, not resolve(): a symlink inside the project is named by its own path.
+        rel = Path(os.path.normpath(full))
+        if not rel.is_relative_to(root) or rel == root:
+            raise InputError(f"file {f!r} is outside the project {root}",
+                             hint="name files by their path inside the project (relative to its root)")
+        out.append(rel.relative_to(root).as_posix())
+    for t in tags:
+        if not t.strip() or any(ord(c) < 32 for c in t):
+            raise InputError(f"tag {t!r} is empty or holds a line break or control character",
+                             hint="a tag is one short word or phrase")
+    return list(dict.fromkeys(out)), list(dict.fromkeys(t.strip() for t in tags))
 
 
 def record_id(kind: str, when: datetime, text: str) -> str:
@@ -292,6 +317,7 @@ def write_record(
     title, body = " ".join(title.split()), body.strip()
     if not inbox:  # extraction's candidates are cut to size where they are made
         check_size(title, body, files, tags, source_tool, source_session)
+        files, tags = project_refs(files, tags, root)
     title, body = redact_text(title), redact_text(body)
     if not title:
         raise InputError("a knowledge record needs a title (its first line)")

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
+from ctxlake.errors import InputError
 from ctxlake.tasks.embed import EmbeddingCache
 from ctxlake.tasks.embedders import FakeEmbedder
 from ctxlake.tasks.extract import extract_candidates
@@ -209,3 +210,18 @@ def test_hand_written_lists_are_read_and_wrong_types_are_reported(project: Path,
         assert any(name in p and words in p for p in problems), (name, problems)
     # The writers read the same files: a bad neighbour does not stop a new record.
     assert write(project, kit, "decision", *OTHER).status == "created"
+
+
+def test_a_record_names_project_files_and_one_line_tags(project: Path, kit: dict[str, Any]) -> None:
+    for files, tags, words in [(["/etc/passwd"], [], "outside the project"),
+                               (["../../outside"], [], "outside the project"),
+                               (["src/../../x"], [], "outside the project"),
+                               (["deploy.sh"], ["ops\ninjected: yes"], "line break"),
+                               (["deploy.sh"], ["  "], "empty")]:
+        with pytest.raises(InputError, match=words):
+            write(project, kit, "decision", TITLE, BODY, files=files, tags=tags)
+    assert not (project / ".ctx" / "knowledge" / "decisions").exists()  # nothing was written
+    done = write(project, kit, "decision", TITLE, BODY, tags=[" ops "],
+                 files=[str(project / "src" / "app.py"), "./src/app.py", "docs/../deploy.sh"])
+    front = yaml.safe_load((project / done.path).read_text().split("---")[1])
+    assert (front["files"], front["tags"]) == (["src/app.py", "deploy.sh"], ["ops"])
