@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from ctxlake.tasks.embedders import Embedder
 
 INBOX = "inbox"
+SCALAR_KEYS = ("id", "type", "title", "created_at", "supersedes", "source_tool", "source_session")
 FRONT = re.compile(r"\A---\s*\n(?P<front>.*?)\n---\s*\n?(?P<body>.*)\Z", re.S)
 WriteStatus = Literal["created", "superseded", "duplicate"]
 # What one record written by a person or an agent may hold (`ctx remember`, the MCP save_* tools, the UI):
@@ -82,6 +84,30 @@ def check_size(title: str, body: str, files: Sequence[str] = (), tags: Sequence[
             raise InputError(f"{name} is {len(value):,} characters; at most {ITEM_MAX_CHARS} are allowed")
 
 
+def project_refs(files: Sequence[str], tags: Sequence[str], root: Path) -> tuple[list[str], list[str]]:
+    """Files as project-relative POSIX paths and tags as one-line words, each once; InputError for
+    a file outside the project (`/etc/passwd`, `../../x`) or a tag with a line break: a record names
+    this project's files, and its tags are listed one per line."""
+    root = root.resolve()
+    out = []
+    for f in files:
+        given = Path(f.strip())
+        if not f.strip() or any(c in f for c in "\n\r\x00"):
+            raise InputError(f"file {f!r} is not a path")
+        full = given if given.is_absolute() else root / given
+        # normpath, not resolve(): a symlink inside the project is named by its own path.
+        rel = Path(os.path.normpath(full))
+        if not rel.is_relative_to(root) or rel == root:
+            raise InputError(f"file {f!r} is outside the project {root}",
+                             hint="name files by their path inside the project (relative to its root)")
+        out.append(rel.relative_to(root).as_posix())
+    for t in tags:
+        if not t.strip() or any(ord(c) < 32 for c in t):
+            raise InputError(f"tag {t!r} is empty or holds a line break or control character",
+                             hint="a tag is one short word or phrase")
+    return list(dict.fromkeys(out)), list(dict.fromkeys(t.strip() for t in tags))
+
+
 def record_id(kind: str, when: datetime, text: str) -> str:
     return f"{kind}-{when:%Y%m%d}-{xxhash.xxh3_64_hexdigest(text.encode())[:8]}"
 
@@ -103,6 +129,9 @@ def parse_record(path: Path, root: Path, kind_hint: str | None = None) -> Record
         if not isinstance(loaded, dict):
             raise InputError(f"{path}: front matter is not a mapping")
         front, body = loaded, match.group("body")
+    for key in SCALAR_KEYS:  # str() of a list or mapping would make a nonsense id, title or link
+        if isinstance(front.get(key), list | dict):
+            raise InputError(f"{path}: {key} must be a single value, got a {type(front[key]).__name__}")
     kind = str(front.get("type") or kind_hint or "")
     if kind not in KNOWLEDGE_TYPES:
         raise InputError(f"{path}: type must be one of {', '.join(KNOWLEDGE_TYPES)}, got {kind!r}")
@@ -123,8 +152,22 @@ def parse_record(path: Path, root: Path, kind_hint: str | None = None) -> Record
         supersedes=str(front["supersedes"]) if front.get("supersedes") else None,
         source_tool=str(front["source_tool"]) if front.get("source_tool") else None,
         source_session=str(front["source_session"]) if front.get("source_session") else None,
-        files=[str(f) for f in front.get("files") or [] if f], tags=[str(t) for t in front.get("tags") or [] if t],
+        files=_string_list(front, "files", path), tags=_string_list(front, "tags", path),
     )
+
+
+def _string_list(front: dict[str, Any], key: str, path: Path) -> list[str]:
+    """A list field of the front matter; a lone string is a one-item list (`tags: ops` is written by hand)."""
+    value = front.get(key)
+    if value is None or value == "":
+        return []
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list):
+        raise InputError(f"{path}: {key} must be a list of strings, got {type(value).__name__} {value!r}"[:300])
+    if any(isinstance(v, list | dict) for v in value):
+        raise InputError(f"{path}: {key} must be a list of strings, one item is a list or mapping")
+    return [str(v) for v in value if v is not None and v != ""]
 
 
 def load_records(knowledge_dir: Path, root: Path) -> tuple[list[Record], list[str]]:
@@ -274,6 +317,7 @@ def write_record(
     title, body = " ".join(title.split()), body.strip()
     if not inbox:  # extraction's candidates are cut to size where they are made
         check_size(title, body, files, tags, source_tool, source_session)
+        files, tags = project_refs(files, tags, root)
     title, body = redact_text(title), redact_text(body)
     if not title:
         raise InputError("a knowledge record needs a title (its first line)")

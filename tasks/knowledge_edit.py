@@ -16,6 +16,7 @@ from ctxlake.tasks.knowledge import (
     decide,
     heads,
     load_records,
+    project_refs,
     record_id,
     render,
 )
@@ -52,6 +53,10 @@ def revise_record(
     old = find_record(knowledge_dir, root, record)
     title, body = " ".join(title.split()), body.strip()
     check_size(title, body, files or (), tags or ())
+    if files is not None or tags is not None:
+        new_files, new_tags = project_refs(files or (), tags or (), root)
+        files = new_files if files is not None else None
+        tags = new_tags if tags is not None else None
     title, body = redact_text(title), redact_text(body)
     if not title:
         raise InputError("a knowledge record needs a title")

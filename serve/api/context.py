@@ -202,6 +202,7 @@ def list_sessions(lake: MemoryLake, limit: int = 20, tools: Sequence[str] | None
     """Sessions, most recently active first."""
     if limit < 1:
         raise InputError(f"limit must be at least 1, got {limit}")
+    check_tools(tools)
     _, sessions = lake.require_memory()
     where = _and(lake.scope(all_projects), _in("tool", tools), _since("ended_at", after),
                  _until("started_at", before))
@@ -216,6 +217,16 @@ def list_sessions(lake: MemoryLake, limit: int = 20, tools: Sequence[str] | None
     # message times from the same (UTC) day, whatever its mtime says.
     rows.sort(key=lambda r: (r["ended_at"].date(), r["id"] not in estimated, r["ended_at"]), reverse=True)
     return [_summary(r, r["id"] in estimated) for r in rows[:limit]]
+
+
+def check_tools(tools: Sequence[str] | None) -> None:
+    """InputError naming an agent tool no scraper writes (a typo would otherwise look like "no sessions")."""
+    from ctxlake.tasks.scrape import SCRAPERS
+
+    known = list(dict.fromkeys(s.tool for s in SCRAPERS.values()))
+    unknown = [t for t in tools or () if t not in known]
+    if unknown:
+        raise InputError(f"unknown agent tool {unknown[0]!r}", hint=f"known: {', '.join(known)}")
 
 
 def time_estimated(lake: MemoryLake, rows: Sequence[dict[str, Any]]) -> set[str]:
@@ -357,6 +368,7 @@ def search_context(
         raise InputError(f"unknown depth {depth!r}", hint="summary, detail or raw")
     if not 1 <= limit <= 200:
         raise InputError(f"limit must be between 1 and 200, got {limit}")
+    check_tools(tools)
     wanted = set(types or TYPES)
     unknown = wanted - set(TYPES) - {"knowledge"}
     if unknown:
@@ -524,17 +536,19 @@ def project_knowledge(lake: MemoryLake, kind: str | None = None, query: str | No
     if limit < 1:
         raise InputError(f"limit must be at least 1, got {limit}")
     inbox = len(inbox_records(lake.settings.knowledge_dir, lake.settings.root))
-    pending, replaced = _pending_files(lake, kind, query)
+    pending, replaced, problems = _pending_files(lake, kind, query)
+    # A file that cannot be read is left out of every answer; say which, so it is not lost silently.
+    warnings = [f"skipped {p}" for p in problems]
     if lake.knowledge is None or lake.knowledge.count_rows() == 0:
-        return KnowledgeList(records=pending[:limit], inbox=inbox)
+        return KnowledgeList(records=pending[:limit], inbox=inbox, warnings=warnings)
     if query:
         result = search_context(lake, query, types=[kind] if kind else ["knowledge"], limit=limit)
         ids = [h.ref for h in result.hits]
         if not ids:
-            return KnowledgeList(records=pending[:limit], inbox=inbox)
+            return KnowledgeList(records=pending[:limit], inbox=inbox, warnings=warnings)
         by_id = {r["id"]: r for r in lake.knowledge.search().where(_in("id", ids) or "").select(KNOWLEDGE_COLUMNS).limit(None).to_list()}
         found = [_knowledge(by_id[i]) for i in ids if i in by_id and i not in replaced]
-        return KnowledgeList(records=(pending + found)[:limit], inbox=inbox)
+        return KnowledgeList(records=(pending + found)[:limit], inbox=inbox, warnings=warnings)
     where = _and(None if include_superseded else "superseded_by IS NULL", kind and f"type = {sql_str(kind)}")
     search = lake.knowledge.search()
     if where:
@@ -542,17 +556,19 @@ def project_knowledge(lake: MemoryLake, kind: str | None = None, query: str | No
     rows = [r for r in search.select(KNOWLEDGE_COLUMNS).limit(None).to_list()
             if include_superseded or r["id"] not in replaced]
     merged = sorted([*map(_knowledge, rows), *pending], key=lambda k: k.created_at, reverse=True)
-    return KnowledgeList(records=merged[:limit], inbox=inbox)
+    return KnowledgeList(records=merged[:limit], inbox=inbox, warnings=warnings)
 
 
-def _pending_files(lake: MemoryLake, kind: str | None, query: str | None) -> tuple[list[KnowledgeOut], set[str]]:
+def _pending_files(lake: MemoryLake, kind: str | None,
+                   query: str | None) -> tuple[list[KnowledgeOut], set[str], list[str]]:
     """Knowledge files written since the last ingest (`ctx remember`, save_*), so they show at once;
-    and the ids they supersede. A query is matched as words in the title/body (they have no vectors yet)."""
+    the ids they supersede; one line per file that could not be read. A query is matched as words
+    in the title/body (they have no vectors yet)."""
     from ctxlake.tasks.knowledge import heads, load_records
 
-    records, _ = load_records(lake.settings.knowledge_dir, lake.settings.root)
+    records, problems = load_records(lake.settings.knowledge_dir, lake.settings.root)
     if not records:
-        return [], set()
+        return [], set(), problems
     stored: set[str] = set()
     if lake.knowledge is not None and lake.knowledge.count_rows() > 0:
         ids = lake.knowledge.search().select(["id"]).limit(None).to_arrow().column("id").to_pylist()
@@ -564,7 +580,7 @@ def _pending_files(lake: MemoryLake, kind: str | None, query: str | None) -> tup
     out = [KnowledgeOut(id=r.id, type=r.type, title=r.title, body=r.body, created_at=r.created_at,
                         supersedes=r.supersedes, superseded_by=None, source_tool=r.source_tool,
                         source_session=r.source_session, path=r.path, files=r.files, tags=r.tags) for r in new]
-    return out, {r.supersedes for r in new if r.supersedes}
+    return out, {r.supersedes for r in new if r.supersedes}, problems
 
 
 def remember(settings: Settings, kind: str, title: str, body: str = "", files: Sequence[str] = (),

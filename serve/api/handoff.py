@@ -107,7 +107,7 @@ def _pick(lake: MemoryLake, tool: str | None, ref: str | None) -> dict[str, Any]
     found = list_sessions(lake, limit=1, tools=[tool] if tool else None)
     if not found:
         raise InputError("no session to hand off from" + (f" for {tool}" if tool else " in this project"),
-                         hint="run `ctx run ingest`, or pass --session / --all-projects")
+                         hint="run `ctx run ingest`, or pass --session REF (`ctx sessions --all-projects` lists every project's)")
     return resolve_ref(lake, found[0].session_ref)
 
 

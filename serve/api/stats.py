@@ -64,6 +64,8 @@ class LakeStats(BaseModel):
 
     project: str
     scope: str = Field(description="'project' (its folder and below) or 'all projects' for conversation figures")
+    code_indexed: bool = Field(True, description="false when the project's code has no index yet (`ctx run index`): "
+                                                 "the code figures are then 0")
     files: int
     chunks: int
     embedded: int
@@ -137,6 +139,10 @@ def lake_stats(settings: Settings, top: int = 10, all_projects: bool = False) ->
                  lambda: _code_figures(settings, top))
     memory = _kept(("memory", root, str(settings.memory_dir), int(top), all_projects), memory_stamp,
                    lambda: _memory_figures(settings, top, all_projects))
+    ingested = memory.pop("ingested")
+    if not code["code_indexed"] and not ingested:  # nothing at all to show
+        raise NotIndexedError(f"no index at {settings.lake_dir} and no conversations ingested",
+                              hint="run `ctx run index` (code) or `ctx run ingest` (agent conversations) first")
     return LakeStats(project=root, scope="all projects" if all_projects else "project", lake_bytes=lake_bytes,
                      **code, **memory)
 
@@ -168,8 +174,9 @@ def _kept(key: tuple[str, str, str, int, bool], stamp: int, compute: Callable[[]
 def _code_figures(settings: Settings, top: int) -> dict[str, Any]:
     lake_dir = settings.lake_dir
     state = IndexState.read(lake_dir)
-    if state is None:
-        raise NotIndexedError(f"no index at {lake_dir}", hint="run `ctx run index` in the project first")
+    if state is None:  # the conversation figures may still be there: lake_stats decides
+        return {"code_indexed": False, "files": 0, "chunks": 0, "embedded": 0, "embedded_share": 0.0,
+                "last_index_run": None, "chunks_per_language": [], "index_size": []}
     db = connect(lake_dir)
     files, chunks, runs = open_table(db, FILES_TABLE), open_table(db, CHUNKS_TABLE), open_table(db, INDEX_RUNS_TABLE)
     n_chunks = chunks.count_rows() if chunks is not None else 0
@@ -187,7 +194,8 @@ def _code_figures(settings: Settings, top: int) -> dict[str, Any]:
                               "ORDER BY finished_at DESC LIMIT 200) ORDER BY finished_at", h=history)
             sizes = [IndexSize(finished_at=r[0], files=r[1], chunks=r[2], embedded=r[3], lake_bytes=r[4]) for r in rows]
     finished = (state.last_run or {}).get("finished_at") or None
-    return {"files": files.count_rows() if files is not None else 0, "chunks": n_chunks, "embedded": embedded,
+    return {"code_indexed": True, "files": files.count_rows() if files is not None else 0, "chunks": n_chunks,
+            "embedded": embedded,
             "embedded_share": round(embedded / n_chunks, 4) if n_chunks else 0.0,
             "last_index_run": str(finished) if finished else None,
             "chunks_per_language": [Count(label=str(r[0]), count=int(r[1] or 0)) for r in per_lang],
@@ -220,7 +228,8 @@ def _memory_figures(settings: Settings, top: int, all_projects: bool) -> dict[st
                                     f"left(split_part(trim(unnest(errors)), chr(10), 1), {ERROR_CHARS}) AS e "
                                     "FROM (SELECT row_number() OVER () AS rowid, errors FROM s)) WHERE e <> '' "
                                     f"GROUP BY e ORDER BY n DESC, e LIMIT {int(top)}", s=sessions)
-    return {"sessions": n_sessions, "messages": n_messages, "activity": activity,
-            "knowledge": knowledge.count_rows() if knowledge is not None else 0,
+    n_knowledge = knowledge.count_rows() if knowledge is not None else 0
+    return {"ingested": IndexState.read(settings.memory_dir) is not None or n_knowledge > 0,
+            "sessions": n_sessions, "messages": n_messages, "activity": activity, "knowledge": n_knowledge,
             "touched_files": [Count(label=str(r[0]), count=int(r[1])) for r in touched],
             "frequent_errors": [Count(label=str(r[0]), count=int(r[1])) for r in errors]}

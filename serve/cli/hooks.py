@@ -140,9 +140,13 @@ def context_text(root: Path, budget: int = BRIEF_BUDGET) -> str:
     except CtxError as exc:
         print(f"ctx hooks: no hand-off brief ({exc})", file=sys.stderr)
     try:
-        records = project_knowledge(lake, limit=KNOWLEDGE_LINES).records
+        found = project_knowledge(lake, limit=KNOWLEDGE_LINES)
     except CtxError:
         records = []
+    else:
+        records = found.records
+        for warning in found.warnings:
+            print(f"ctx hooks: {warning}", file=sys.stderr)
     if records:
         lines = [f"- [{k.type}] {k.title}" + (f": {' '.join(k.body.split())[:160]}" if k.body else "") for k in records]
         parts.append("## Project knowledge (newest; `ctx knowledge` for all)\n" + "\n".join(lines))

@@ -271,6 +271,8 @@ def knowledge(
     if found.inbox:
         typer.echo(f"{found.inbox} candidate(s) await review in .ctx/knowledge/inbox/ (move a file into "
                    "decisions/, errors/ or insights/ to accept it).")
+    for warning in found.warnings:
+        typer.echo(f"warning: {warning}", err=True)
 
 
 def remember(

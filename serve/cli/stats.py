@@ -26,9 +26,12 @@ def stats(
         return
     console = stdout_console()
     console.print(plain(figures.project), style="bold")
-    console.print(f"  files {figures.files:,}  chunks {figures.chunks:,}  embedded {figures.embedded_share:.0%}  "
-                  f"lake {human_bytes(figures.lake_bytes)}  last index run {figures.last_index_run or 'never'}",
-                  markup=False)
+    if figures.code_indexed:
+        console.print(f"  files {figures.files:,}  chunks {figures.chunks:,}  embedded {figures.embedded_share:.0%}  "
+                      f"lake {human_bytes(figures.lake_bytes)}  last index run {figures.last_index_run or 'never'}",
+                      markup=False)
+    else:
+        console.print("  code not indexed (`ctx run index`)", markup=False)
     console.print(f"  sessions {figures.sessions:,}  messages {figures.messages:,}  knowledge records "
                   f"{figures.knowledge:,}  ({figures.scope})", markup=False)
     lists = [("Chunks per language", figures.chunks_per_language), ("Files most touched in sessions", figures.touched_files),

@@ -11,7 +11,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-import orjson
 import xxhash
 
 from ctxlake.tasks.scrape.fields import parse_ts as parse_ts  # re-exported: older importers
@@ -20,6 +19,7 @@ from ctxlake.tasks.scrape.safe_read import (
     SNIFF_BYTES,
     ReadLimits,
     SkippedFile,
+    json_loads,
     lines,
     load_json,
     open_regular,
@@ -342,7 +342,7 @@ def mtime_ts(path: Path) -> datetime:
 
 def loads(data: bytes | str) -> Any:
     """A JSON document in UTF-8, UTF-16 (BOM or not) or Latin-1; ValueError when not JSON."""
-    return load_json(data) if isinstance(data, bytes) else orjson.loads(data)
+    return load_json(data) if isinstance(data, bytes) else json_loads(data)
 
 
 def reset_if_replaced(path: Path, pos: FileState) -> None:

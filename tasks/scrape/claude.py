@@ -111,6 +111,9 @@ class ClaudeScraper(JsonlScraper):
             out.malformed("no message", where)
             return
         content = message.get("content")
+        if content is not None and not isinstance(content, str | list):  # a number, a mapping: drifted, not empty
+            out.malformed("content not text or a list", where)
+            return
         if rec["type"] == "user":
             self._user(rec, content, base, extra, out)
         else:

@@ -9,7 +9,9 @@ swapped after a check) before reading a byte.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +30,9 @@ SKIP_CHUNK = 1 * MB  # an oversize line is skipped in chunks of this size, never
 UTF8_BOM = b"\xef\xbb\xbf"
 UTF16_LE_BOM = b"\xff\xfe"
 UTF16_BE_BOM = b"\xfe\xff"
+# A \uD800-\uDFFF escape: JS-based CLIs write a lone one when they cut a string inside an emoji.
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -107,28 +112,76 @@ def sniff_utf16(head: bytes) -> str | None:
 
 
 def decode_text(data: bytes) -> str:
-    """Bytes of a log -> text: a BOM decides, then UTF-16 by its zero bytes, then UTF-8, then
-    Latin-1 (which maps every byte, so nothing is dropped; a Windows-1252 file reads close enough)."""
+    """Bytes of a log -> text: a BOM decides, then UTF-16 by its zero bytes, then UTF-8 or Latin-1
+    by which the bytes mostly are (`utf8_or_latin1`)."""
     if data.startswith(UTF8_BOM):
         return data[3:].decode("utf-8", errors="replace")
     enc = sniff_utf16(data[:SNIFF_BYTES])
     if enc is not None:
         body = data[2:] if data[:2] in (UTF16_LE_BOM, UTF16_BE_BOM) else data
         return body.decode(enc, errors="replace")
+    return utf8_or_latin1(data)
+
+
+def utf8_or_latin1(data: bytes) -> str:
+    """UTF-8 bytes (a bad byte becomes U+FFFD, the rest of the text kept), or Latin-1 ones.
+
+    Latin-1 is for logs a person saved in a legacy encoding (which maps every byte, so nothing is
+    dropped; a Windows-1252 file reads close enough): there every accented letter is an invalid
+    UTF-8 sequence. A UTF-8 log with one cut or stray byte has more valid non-ASCII characters than
+    bad sequences, and reading it as Latin-1 would garble all of them (`café` -> `cafÃ©`).
+    """
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
-        return data.decode("latin-1")
+        pass
+    text = data.decode("utf-8", errors="replace")
+    already = data.count("\ufffd".encode())  # replacement characters that were in the bytes
+    bad = text.count("\ufffd") - already
+    valid = sum(1 for ch in text if ch > "\x7f") - bad
+    return text if valid >= bad else data.decode("latin-1")
+
+
+def json_loads(data: bytes | str) -> Any:
+    """orjson's parse, or for JSON it refuses that the standard allows (a lone surrogate escape,
+    `"\ud83d"`) the stdlib's, each lone surrogate then replaced by U+FFFD so the text can be
+    stored as UTF-8. Raises orjson.JSONDecodeError (a ValueError) when it is not JSON."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+        if not SURROGATE_ESCAPE.search(raw):  # the fast path stays the only one for other bad input
+            raise
+        first = exc
+    try:
+        value = json.loads(data, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        raise first from None
+    return _without_surrogates(value)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # NaN, Infinity: orjson refuses them too
+
+
+def _without_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        return LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_without_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {_without_surrogates(k): _without_surrogates(v) for k, v in value.items()}
+    return value
 
 
 def load_json(data: bytes) -> Any:
     """One JSON value from bytes in any encoding `decode_text` knows; raises ValueError when not JSON."""
     try:
-        return orjson.loads(data)
+        return json_loads(data)
     except orjson.JSONDecodeError:
         pass
     text = decode_text(data)
-    return orjson.loads(text.lstrip("\ufeff"))
+    return json_loads(text.lstrip("\ufeff"))
 
 
 # -- JSONL ---------------------------------------------------------------------------------------
@@ -192,7 +245,7 @@ def parse_line(line: bytes) -> tuple[Any, str]:
     """(value, "") for a JSON line in UTF-8, Latin-1 or UTF-16 (one converted line in a UTF-8
     file), else (None, reason)."""
     try:
-        return orjson.loads(line), ""
+        return json_loads(line), ""
     except orjson.JSONDecodeError:
         pass
     body = line.rstrip(b"\r\n")
@@ -202,7 +255,7 @@ def parse_line(line: bytes) -> tuple[Any, str]:
             if len(candidate) % 2 and enc == "utf-16-le":
                 candidate += b"\x00"
             try:
-                return orjson.loads(candidate.decode(enc)), ""
+                return json_loads(candidate.decode(enc)), ""
             except (UnicodeDecodeError, orjson.JSONDecodeError):
                 continue
         return None, "not JSON"
@@ -210,7 +263,7 @@ def parse_line(line: bytes) -> tuple[Any, str]:
         line.decode("utf-8")
     except UnicodeDecodeError:
         try:
-            return orjson.loads(line.decode("latin-1")), ""
+            return json_loads(utf8_or_latin1(line)), ""
         except orjson.JSONDecodeError:
             return None, "not JSON"
     if len(body) > 1 and body.lstrip()[:1] in (b"{", b"[") and not body.rstrip().endswith((b"}", b"]")):
@@ -226,6 +279,7 @@ __all__ = [
     "SkippedFile",
     "decode_text",
     "is_regular",
+    "json_loads",
     "lines",
     "load_json",
     "open_regular",
@@ -233,4 +287,5 @@ __all__ = [
     "read_bounded",
     "size_text",
     "sniff_utf16",
+    "utf8_or_latin1",
 ]

@@ -164,6 +164,26 @@ def test_unknown_client_is_an_input_error(repo: Path, capsys: pytest.CaptureFixt
     assert code == 2 and "unknown client 'vim'" in err
 
 
+def test_a_badly_typed_knowledge_file_is_a_warning_and_the_others_still_reach_the_agent(
+        repo: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(repo.parent / "home"))
+    folder = repo / ".ctx" / "knowledge" / "decisions"
+    folder.mkdir(parents=True)
+    (folder / "bad.md").write_text("---\nid: decision-x\ntype: decision\ntitle: tagged badly\ntags: 7\n---\nbody\n")
+    (folder / "broken.md").write_text("---\nid: [unclosed\n---\nbody\n")
+    (folder / "good.md").write_text("---\ntitle: Deploys use a dedicated key\ntags: ops\n---\nCI loads it with ssh-add.\n")
+    code, out, _ = call(capsys, "knowledge", "--json")
+    assert code == 0
+    listed = json.loads(out)
+    assert [(r["id"], r["tags"]) for r in listed["records"]] == [("good", ["ops"])]
+    assert len(listed["warnings"]) == 2
+    assert any("bad.md" in w and "tags must be a list" in w for w in listed["warnings"])
+    assert any("broken.md" in w and "not valid YAML" in w for w in listed["warnings"])
+    code, out, err = call(capsys, "hooks", "session-start", "--client", "claude")
+    assert code == 0 and "TypeError" not in err and "bad.md" in err
+    assert "Deploys use a dedicated key" in json.loads(out)["hookSpecificOutput"]["additionalContext"]
+
+
 # -- with a real lake ----------------------------------------------------------------------------
 
 
@@ -223,6 +243,19 @@ def test_sessions_without_timestamps_never_outrank_a_timestamped_one_of_the_same
     assert json.loads(out)["session_ref"] == "cursor:next-day" and json.loads(out)["time_estimated"] is True
     code, out, _ = call(capsys, "handoff", "--from", "claude", "--json")
     assert json.loads(out)["session_ref"] == "claude:c1" and json.loads(out)["time_estimated"] is False
+
+
+def test_an_unknown_tool_is_named_and_the_handoff_hint_gives_options_that_exist(
+        here: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (("sessions", "--tool", "bogus"), ("handoff", "--from", "bogus"),
+                 ("context", "search", "importer", "--tool", "bogus")):
+        code, out, err = call(capsys, *argv)
+        assert code == 2 and out == "", argv
+        assert "unknown agent tool 'bogus'" in err and "claude, codex" in err, (argv, err)
+    code, _, err = call(capsys, "handoff", "--from", "codex")  # a known tool with no session here
+    assert code == 2 and "no session to hand off from for codex" in err
+    assert "--all-projects" not in err.replace("ctx sessions --all-projects", "")  # `ctx handoff` has no such flag
+    assert "--session" in err
 
 
 def test_session_start_prints_the_brief_in_each_tools_shape(here: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:

@@ -77,7 +77,20 @@ def test_a_lake_without_sessions_or_history(make_repo: Callable[..., Path], cli:
 def test_not_indexed_is_exit_4(tmp_path: Path, cli: Callable[..., Any]) -> None:
     (tmp_path / ".ctx").mkdir()
     result = cli("stats", cwd=tmp_path)
-    assert result.exit_code == 4 and "ctx run index" in result.stderr
+    assert result.exit_code == 4 and "ctx run index" in result.stderr and "ctx run ingest" in result.stderr
+
+
+def test_conversations_without_a_code_index_still_show_their_figures(tmp_path: Path, cli: Callable[..., Any]) -> None:
+    repo = tmp_path / "notes"
+    (repo / ".ctx").mkdir(parents=True)
+    assert cli("run", "ingest", "--no-embed", f"--from=claude={_logs(tmp_path, str(repo))}", cwd=repo).exit_code == 0
+    result = cli("stats", "--json", cwd=repo)
+    assert result.exit_code == 0, result.stderr
+    figures = json.loads(result.stdout)
+    assert figures["code_indexed"] is False and (figures["files"], figures["chunks"]) == (0, 0)
+    assert (figures["sessions"], figures["messages"]) == (3, 12)
+    text = cli("stats", cwd=repo)
+    assert text.exit_code == 0 and "code not indexed" in text.stdout and "sessions 3" in text.stdout
 
 
 def test_charts_are_valid_svg_with_escaped_labels() -> None:

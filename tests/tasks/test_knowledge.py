@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
+from ctxlake.errors import InputError
 from ctxlake.tasks.embed import EmbeddingCache
 from ctxlake.tasks.embedders import FakeEmbedder
 from ctxlake.tasks.extract import extract_candidates
@@ -185,3 +186,42 @@ def test_extraction_proposes_error_fixes_and_decisions_once(project: Path, kit: 
     assert load_records(knowledge_dir, project)[0] == []
     assert extract_candidates.fn([seg], knowledge_dir, project, lake, **args) == []
     assert len(list((knowledge_dir / "inbox").glob("*.md"))) == 2
+
+
+def test_hand_written_lists_are_read_and_wrong_types_are_reported(project: Path, kit: dict[str, Any]) -> None:
+    folder = project / ".ctx" / "knowledge" / "decisions"
+    folder.mkdir(parents=True)
+    (folder / "scalar.md").write_text("---\ntitle: Deploys\ntags: ops\nfiles: deploy.sh\n---\nbody\n")
+    (folder / "listed.md").write_text("---\ntitle: Listed\ntags: [a, '', b]\nfiles:\n- src/app.py\n---\nbody\n")
+    (folder / "number.md").write_text("---\nid: decision-x\ntype: decision\ntitle: tagged badly\ntags: 7\n---\nbody\n")
+    (folder / "mapping.md").write_text("---\ntitle: mapped\nfiles: {a: 1}\n---\nbody\n")
+    (folder / "nested.md").write_text("---\ntitle: nested\ntags: [[a]]\n---\nbody\n")
+    (folder / "listid.md").write_text("---\nid: [a, b]\ntitle: list id\n---\nbody\n")
+    (folder / "unclosed.md").write_text("---\nid: [unclosed\n---\nbody\n")
+    records, problems = load_records(project / ".ctx" / "knowledge", project)
+    by_id = {r.id: r for r in records}
+    assert sorted(by_id) == ["listed", "scalar"]
+    assert (by_id["scalar"].tags, by_id["scalar"].files) == (["ops"], ["deploy.sh"])  # not ["o", "p", "s"]
+    assert (by_id["listed"].tags, by_id["listed"].files) == (["a", "b"], ["src/app.py"])
+    assert len(problems) == 5
+    for name, words in [("number.md", "tags must be a list"), ("mapping.md", "files must be a list"),
+                        ("nested.md", "tags must be a list"), ("listid.md", "id must be a single value"),
+                        ("unclosed.md", "not valid YAML")]:
+        assert any(name in p and words in p for p in problems), (name, problems)
+    # The writers read the same files: a bad neighbour does not stop a new record.
+    assert write(project, kit, "decision", *OTHER).status == "created"
+
+
+def test_a_record_names_project_files_and_one_line_tags(project: Path, kit: dict[str, Any]) -> None:
+    for files, tags, words in [(["/etc/passwd"], [], "outside the project"),
+                               (["../../outside"], [], "outside the project"),
+                               (["src/../../x"], [], "outside the project"),
+                               (["deploy.sh"], ["ops\ninjected: yes"], "line break"),
+                               (["deploy.sh"], ["  "], "empty")]:
+        with pytest.raises(InputError, match=words):
+            write(project, kit, "decision", TITLE, BODY, files=files, tags=tags)
+    assert not (project / ".ctx" / "knowledge" / "decisions").exists()  # nothing was written
+    done = write(project, kit, "decision", TITLE, BODY, tags=[" ops "],
+                 files=[str(project / "src" / "app.py"), "./src/app.py", "docs/../deploy.sh"])
+    front = yaml.safe_load((project / done.path).read_text().split("---")[1])
+    assert (front["files"], front["tags"]) == (["src/app.py", "deploy.sh"], ["ops"])

@@ -398,3 +398,41 @@ def test_walk_files_sorts_like_paths(tmp_path: Path) -> None:
     found = walk_files(tmp_path, (".jsonl",))
     assert found == sorted(found)  # pathlib's order: by parts, so a/ before a-b/
     assert [p.relative_to(tmp_path).as_posix() for p in found] == ["a/sub/y.jsonl", "a/x.jsonl", "a-b/x.jsonl", "b.jsonl"]
+
+
+def test_a_lone_surrogate_escape_keeps_the_gemini_session_and_the_claude_record(tmp_path: Path) -> None:
+    """JS-based CLIs write `"\\ud83d"` when they cut a string inside an emoji: valid JSON orjson refuses."""
+    roots = build_seven(tmp_path)
+    doc = json.dumps({"sessionId": "gem-cut", "messages": [
+        {"id": "m1", "timestamp": at(9), "type": "user", "content": "cut here \ud83d"},
+        {"id": "m2", "timestamp": at(10), "type": "gemini", "content": "whole \ud83d\ude00 emoji"}]})
+    assert '"cut here \\ud83d"' in doc  # the escape as written, not a character
+    path = roots["gemini"] / "h9" / "chats" / "session-cut.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(doc)
+    line = json.dumps(claude("user", "s1", 3, "claude cut \udc00 mid-emoji"))
+    with (roots["claude"] / "p" / "s.jsonl").open("a") as fh:
+        fh.write(line + "\n")
+    msgs, counts = scrape_all(roots)  # rows convert to Arrow: no surrogate may survive
+    assert_all_good(msgs)
+    gemini = [m.text for m in msgs["gemini"]]
+    assert "cut here \ufffd" in gemini and "whole \U0001f600 emoji" in gemini
+    assert "claude cut \ufffd mid-emoji" in [m.text for m in msgs["claude"]]
+    assert counts["gemini"].n_malformed == 0 and counts["claude"].n_malformed == 0
+
+
+def test_one_bad_byte_in_a_utf8_line_loses_only_that_byte(tmp_path: Path) -> None:
+    roots = build_seven(tmp_path)
+    line = json.dumps(claude("user", "b1", 3, "café crème BAD naïve"), ensure_ascii=False).encode()
+    with (roots["claude"] / "p" / "s.jsonl").open("ab") as fh:
+        fh.write(line.replace(b"BAD", b"\xff") + b"\n")
+    doc = json.dumps({"sessionId": "gem-b", "messages": [{"id": "m1", "timestamp": at(9), "type": "user",
+                                                          "content": "déjà BAD vu"}]}, ensure_ascii=False).encode()
+    path = roots["gemini"] / "h9" / "chats" / "session-b.json"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(doc.replace(b"BAD", b"\xe2\x82"))  # a 3-byte sequence cut short
+    msgs, counts = scrape_all(roots)
+    assert_all_good(msgs)
+    assert "café crème \ufffd naïve" in [m.text for m in msgs["claude"]]  # not "cafÃ© crÃ¨me"
+    assert "déjà \ufffd vu" in [m.text for m in msgs["gemini"]]
+    assert counts["claude"].n_malformed == 0

@@ -98,6 +98,16 @@ def test_malformed_and_unknown_records_are_counted_and_skipped(claude_root: Path
     assert out.counts.records == 6
 
 
+def test_content_of_the_wrong_type_is_malformed_not_ignored(claude_root: Path) -> None:
+    write_jsonl(claude_root / "p" / "s.jsonl", [
+        claude("user", "u1", 1, 7), claude("assistant", "a1", 2, {"text": "a mapping"}),
+        claude("user", "u2", 3, "kept"), claude("user", "u3", 4, []),  # an empty list: nothing to say, ignored
+    ])
+    out = run("claude", claude_root, ScrapeState())
+    assert texts(out) == ["kept"]
+    assert out.counts.malformed == {"content not text or a list": 2}
+
+
 def test_a_rewritten_file_is_read_again_from_the_start(claude_root: Path) -> None:
     log = write_jsonl(claude_root / "p" / "s.jsonl", [claude("user", "u1", 0, "one"), claude("user", "u2", 1, "two")])
     state = ScrapeState()
