@@ -91,6 +91,21 @@ def test_conversations_without_a_code_index_still_show_their_figures(tmp_path: P
     assert (figures["sessions"], figures["messages"]) == (3, 12)
     text = cli("stats", cwd=repo)
     assert text.exit_code == 0 and "code not indexed" in text.stdout and "sessions 3" in text.stdout
+    # The web UI's Analytics page says so too, instead of a file count of 0.
+    import os
+    import urllib.request
+
+    from ctxlake.serve.web.app import UiContext
+    from ctxlake.serve.web.server import UiServer
+
+    server = UiServer(UiContext(projects=lambda: [str(repo)], env=dict(os.environ), mode="standalone"), 0)
+    url = server.start()
+    try:
+        with urllib.request.urlopen(url + "analytics", timeout=60) as res:
+            page = res.read().decode()
+    finally:
+        server.stop()
+    assert "not indexed (<code>ctx run index</code>)" in page and ">12<" in page
 
 
 def test_charts_are_valid_svg_with_escaped_labels() -> None:
