@@ -107,6 +107,13 @@ class McpSettings(_Section):
         60_000, ge=4_000, description="a tool answer is trimmed or paged to stay under this size"
     )
 
+class SqlSettings(_Section):
+    """`ctx sql`: bounds for one statement, wherever it runs (the terminal or the service)."""
+
+    timeout_s: float = Field(60.0, gt=0, description="a statement still running after this long is stopped")
+    max_rows: int = Field(100_000, ge=1, description="rows kept from a result, whatever --limit asks")
+
+
 class ServiceSettings(_Section):
     autostart: bool = Field(
         False, description="a `ctx` command starts the service (`ctx up`) when it is not running"
@@ -303,6 +310,7 @@ class Settings(_Section):
     schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
     ui: UiSettings = Field(default_factory=UiSettings)
     run: RunSettings = Field(default_factory=RunSettings)
+    sql: SqlSettings = Field(default_factory=SqlSettings)
 
     @property
     def ctx_dir(self) -> Path:
@@ -349,6 +357,7 @@ SECTIONS: dict[str, type[_Section]] = {
     "schedule": ScheduleSettings,
     "ui": UiSettings,
     "run": RunSettings,
+    "sql": SqlSettings,
 }
 
 
