@@ -158,6 +158,10 @@ class AgentsSettings(_Section):
     prompt_tokens: int = Field(6000, ge=200, description="budget for the search hits written into prompt.md")
     hits: int = Field(20, ge=0, le=200, description="search hits considered for prompt.md")
     sandbox_dir: Path | None = Field(None, description="where ctx-<uuid>/ folders are made; default: the system temp dir")
+    pass_env: list[str] = Field(
+        default_factory=list,
+        description="more environment variables an agent gets (names or globs, e.g. AWS_*); "
+                    "by default only the basics, agents' own keys, proxies and CA bundles")
     # Split like a shell would (no shell runs); {prompt_file} and {mcp_config} are filled in.
     commands: dict[str, str] = Field(
         default_factory=lambda: {
