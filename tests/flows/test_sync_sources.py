@@ -266,6 +266,10 @@ def test_ask_and_chat_with_a_stub_agent(
         '[agents.commands]\nstub = "stub-agent {prompt_file}"\n\n'
         '[agents.chat_commands]\nstub = "stub-agent {prompt_file} --interactive"\n')
     assert cli("trust", cwd=project).exit_code == 0  # agent commands from the project file need it
+    # No index yet: the agent still answers, and the user learns how to give it search hits.
+    bare = cli("ask", "-s", "project", "-q", "graph nodes?", cwd=project)
+    assert bare.exit_code == 0, bare.stderr
+    assert "no index yet; `ctx run index` builds one" in bare.stderr and "0 search hits" not in bare.stderr
     ok_json(cli("add", "lib", url, "--paths", "libs/core", "--json", cwd=project))
 
     answer = ok_json(cli("ask", "-s", "lib", "-q", "How do I create a custom tool?", "--json", cwd=project))
