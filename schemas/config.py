@@ -107,6 +107,13 @@ class McpSettings(_Section):
         60_000, ge=4_000, description="a tool answer is trimmed or paged to stay under this size"
     )
 
+class SqlSettings(_Section):
+    """`ctx sql`: bounds for one statement, wherever it runs (the terminal or the service)."""
+
+    timeout_s: float = Field(60.0, gt=0, description="a statement still running after this long is stopped")
+    max_rows: int = Field(100_000, ge=1, description="rows kept from a result, whatever --limit asks")
+
+
 class ServiceSettings(_Section):
     autostart: bool = Field(
         False, description="a `ctx` command starts the service (`ctx up`) when it is not running"
@@ -151,6 +158,10 @@ class AgentsSettings(_Section):
     prompt_tokens: int = Field(6000, ge=200, description="budget for the search hits written into prompt.md")
     hits: int = Field(20, ge=0, le=200, description="search hits considered for prompt.md")
     sandbox_dir: Path | None = Field(None, description="where ctx-<uuid>/ folders are made; default: the system temp dir")
+    pass_env: list[str] = Field(
+        default_factory=list,
+        description="more environment variables an agent gets (names or globs, e.g. AWS_*); "
+                    "by default only the basics, agents' own keys, proxies and CA bundles")
     # Split like a shell would (no shell runs); {prompt_file} and {mcp_config} are filled in.
     commands: dict[str, str] = Field(
         default_factory=lambda: {
@@ -303,6 +314,7 @@ class Settings(_Section):
     schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
     ui: UiSettings = Field(default_factory=UiSettings)
     run: RunSettings = Field(default_factory=RunSettings)
+    sql: SqlSettings = Field(default_factory=SqlSettings)
 
     @property
     def ctx_dir(self) -> Path:
@@ -349,6 +361,7 @@ SECTIONS: dict[str, type[_Section]] = {
     "schedule": ScheduleSettings,
     "ui": UiSettings,
     "run": RunSettings,
+    "sql": SqlSettings,
 }
 
 

@@ -25,7 +25,7 @@ TRUST_FILE = "trusted-configs.json"
 # (a log store is read user-wide; ask/chat copy code into the sandbox folder).
 GATED: dict[str, tuple[str, ...]] = {
     "memory": ("llm_command", "llm_url", "roots"),
-    "agents": ("commands", "chat_commands", "sandbox_dir"),
+    "agents": ("commands", "chat_commands", "sandbox_dir", "pass_env"),  # pass_env: hands keys to a process
     "embed": ("trust_remote_code", "base_url"),
     # Connecting to a scheduler ships pickled code and the project's files to it, and runs what it
     # sends back; executor alone is harmless (without an address it means a LocalCluster here).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
 import os
 import shlex
@@ -13,7 +14,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any, NamedTuple
@@ -42,6 +43,20 @@ EMPTY_MCP_CONFIGS: dict[str, dict[str, Any]] = {
 PLACEHOLDERS = ("{prompt_file}", "{mcp_config}")
 CHARS_PER_TOKEN = 4  # a rough count, good enough for a budget
 KILL_GRACE_S = 3.0
+# What an agent's process gets of ours: what a shell and a Node/Python CLI need, the agents' own
+# configuration and keys, proxies and CA bundles; never the rest (cloud keys, tokens for other
+# services). [agents] pass_env adds names or globs (AWS_* for Claude Code on Bedrock, say).
+AGENT_ENV: tuple[str, ...] = (
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "COLORTERM", "NO_COLOR", "TZ", "TMPDIR",
+    "LANG", "LANGUAGE", "LC_*", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME",
+    "XDG_STATE_HOME", "XDG_RUNTIME_DIR",
+    "ANTHROPIC_*", "CLAUDE_*", "DISABLE_*",  # Claude Code (DISABLE_TELEMETRY, DISABLE_AUTOUPDATER ...)
+    "OPENAI_*", "CODEX_*",  # Codex CLI
+    "GEMINI_*", "GOOGLE_*", "CLOUDSDK_*",  # Gemini CLI (API key, or Vertex: project, location, ADC file)
+    "OPENCODE_*",  # opencode (its provider keys: add them with pass_env)
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "no_proxy", "all_proxy",
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
+)
 
 
 class SourceLink(NamedTuple):
@@ -160,8 +175,9 @@ def build_prompt(question: str, links: Sequence[SourceLink], hits: Sequence[Prom
         parts += ["# Question", "", question.strip(), ""]
     parts += [
         "# Sources", "",
-        f"Each source is linked read-only under ./{LINKS_DIR}/<name>/ in this folder. Read the files "
-        "there to answer; cite paths as <name>/<path>:<line>. Do not modify them.", "",
+        f"Each source is linked under ./{LINKS_DIR}/<name>/ in this folder. Read the files there to "
+        "answer; cite paths as <name>/<path>:<line>. The links lead to the real folders (a user's "
+        "project among them): do not create, change or delete anything under them.", "",
         "| name | type | origin | version |", "|---|---|---|---|",
     ]
     parts += [f"| {s.name} | {s.type} | {s.origin} | {s.version or '-'} |" for s in links]
@@ -192,6 +208,12 @@ def build_prompt(question: str, links: Sequence[SourceLink], hits: Sequence[Prom
 
 
 # --- running the agent -------------------------------------------------------------------------------
+
+
+def agent_env(environ: Mapping[str, str], extra: Sequence[str] = ()) -> dict[str, str]:
+    """The part of `environ` an agent gets: names matching AGENT_ENV or `extra` (exact or glob)."""
+    patterns = (*AGENT_ENV, *extra)
+    return {k: v for k, v in environ.items() if any(fnmatch.fnmatchcase(k, p) for p in patterns)}
 
 
 def agent_command(templates: dict[str, str], agent: str, sandbox: Path) -> list[str]:
@@ -226,22 +248,27 @@ def _drain(stream: IO[bytes], cap: int, kept: list[bytes], dropped: list[int]) -
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    # The agent runs in its own session: end its whole group (it may have started tools).
-    for sig, grace in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    """End the agent's whole process group (it runs in its own session, and may have started
+    tools or left background jobs), whether or not the agent itself has exited: TERM, a grace
+    for the agent to finish, then KILL for whatever of the group is left."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=KILL_GRACE_S)  # at once when it had exited already
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=KILL_GRACE_S)
 
 
-def run_captured(argv: list[str], cwd: Path, timeout_s: float, cap: int) -> AgentRun:
-    """Run `argv` in `cwd` without a terminal; stdout/stderr kept up to `cap` bytes each."""
+def run_captured(argv: list[str], cwd: Path, timeout_s: float, cap: int,
+                 env: Mapping[str, str] | None = None) -> AgentRun:
+    """Run `argv` in `cwd` without a terminal, with `env` only; stdout/stderr kept up to `cap`
+    bytes each; whatever it left running in its process group is ended when it returns."""
     started = time.perf_counter()
     proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
+                            stderr=subprocess.PIPE, start_new_session=True,
+                            env=None if env is None else dict(env))
     assert proc.stdout is not None and proc.stderr is not None
     out: list[bytes] = []
     err: list[bytes] = []
@@ -255,11 +282,10 @@ def run_captured(argv: list[str], cwd: Path, timeout_s: float, cap: int) -> Agen
         proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         timed_out = True
-        _stop(proc)
-    except BaseException:
-        _stop(proc)
-        raise
     finally:
+        # Also after a normal exit: a background job (`cmd &`) would outlive the run, holding
+        # the sandbox, the pipes and whatever it was doing.
+        _stop(proc)
         for reader in readers:
             reader.join(timeout=5)
     return AgentRun(
@@ -273,8 +299,10 @@ def run_captured(argv: list[str], cwd: Path, timeout_s: float, cap: int) -> Agen
 
 @stage("ask-agent")
 def ask_agent(question: str, links: Sequence[SourceLink], hits: Sequence[PromptHit],
-              agents: AgentsSettings, agent: str | None = None, timeout_s: float | None = None) -> AgentRun:
-    """Question + sources + hits -> the agent's captured answer, run in a sandbox removed after."""
+              agents: AgentsSettings, agent: str | None = None, timeout_s: float | None = None,
+              environ: Mapping[str, str] | None = None) -> AgentRun:
+    """Question + sources + hits -> the agent's captured answer, run in a sandbox removed after;
+    the agent sees `agent_env(environ)` (default: this process's environment) only."""
     if not question.strip():
         raise InputError("empty question")
     name = agent or agents.default_agent
@@ -285,7 +313,8 @@ def ask_agent(question: str, links: Sequence[SourceLink], hits: Sequence[PromptH
         argv = agent_command(agents.commands, name, sandbox)
         prompt, used = build_prompt(question, links, hits, agents.prompt_tokens)
         (sandbox / PROMPT_FILE).write_text(prompt, encoding="utf-8")
-        run = run_captured(argv, sandbox, float(timeout_s or agents.timeout_s), agents.max_output_bytes)
+        env = agent_env(os.environ if environ is None else environ, agents.pass_env)
+        run = run_captured(argv, sandbox, float(timeout_s or agents.timeout_s), agents.max_output_bytes, env)
     finally:
         shutil.rmtree(sandbox, ignore_errors=True)
     run.agent, run.swept, run.sources = name, swept, [s.name for s in links]
@@ -296,7 +325,8 @@ def ask_agent(question: str, links: Sequence[SourceLink], hits: Sequence[PromptH
     return run
 
 
-def chat_agent(links: Sequence[SourceLink], agents: AgentsSettings, agent: str | None = None) -> int:
+def chat_agent(links: Sequence[SourceLink], agents: AgentsSettings, agent: str | None = None,
+               environ: Mapping[str, str] | None = None) -> int:
     """Sources -> an interactive agent session in the terminal, in a sandbox removed after; its exit code."""
     name = agent or agents.default_agent
     parent = sandbox_parent(agents)
@@ -306,7 +336,10 @@ def chat_agent(links: Sequence[SourceLink], agents: AgentsSettings, agent: str |
         argv = agent_command(agents.chat_commands, name, sandbox)
         prompt, _ = build_prompt("", links, [], agents.prompt_tokens)
         (sandbox / PROMPT_FILE).write_text(prompt, encoding="utf-8")
-        proc = subprocess.Popen(argv, cwd=sandbox)
+        # In the terminal's process group (it reads the keyboard), so its background jobs are not
+        # ended here; the environment is filtered as for `ask`.
+        proc = subprocess.Popen(argv, cwd=sandbox,
+                                env=agent_env(os.environ if environ is None else environ, agents.pass_env))
         while True:
             try:
                 return proc.wait()

@@ -136,38 +136,51 @@ def _links_in(markdown: str, page_url: str) -> list[str]:
 
 
 class _Robots:
-    """robots.txt per host, fetched once per sync (RFC 9309: 4xx allows all, 5xx/errors disallow all)."""
+    """robots.txt per host, fetched once per sync. RFC 9309 2.3.1: a 4xx (or over five redirects)
+    means no rules; a 5xx or no answer at all means "assume complete disallow", which is reported
+    as what happened (robots.txt unreachable: ...), never as a rule the site does not have."""
 
     def __init__(self, client: httpx.Client, agent: str) -> None:
         self.client, self.agent = client, agent
-        self.parsers: dict[str, RobotFileParser | None] = {}
+        self.rules: dict[str, RobotFileParser | str | None] = {}  # str: why the host is off limits
         self.lock = threading.Lock()
 
-    def allowed(self, url: str) -> bool:
+    def refusal(self, url: str) -> str | None:
+        """Why `url` may not be fetched, or None when it may."""
         parts = urlsplit(url)
         base = f"{parts.scheme}://{parts.netloc}"
         with self.lock:
-            if base not in self.parsers:
-                self.parsers[base] = self._load(base)
-            parser = self.parsers[base]
-        return parser is None or parser.can_fetch(self.agent, url)
+            if base not in self.rules:
+                self.rules[base] = self._load(base)
+            rules = self.rules[base]
+        if isinstance(rules, str):
+            return rules
+        if rules is None or rules.can_fetch(self.agent, url):
+            return None
+        return "disallowed by robots.txt"
 
-    def _load(self, base: str) -> RobotFileParser | None:
+    def _load(self, base: str) -> RobotFileParser | str | None:
         import httpx
 
-        parser = RobotFileParser()
         try:
             resp = self.client.get(f"{base}/robots.txt")
-        except httpx.HTTPError:
-            parser.parse(["User-agent: *", "Disallow: /"])
-            return parser
+        except httpx.TooManyRedirects:
+            return None
+        except httpx.HTTPError as exc:
+            return f"robots.txt unreachable: {_http_error(exc)}"
         if 400 <= resp.status_code < 500:
             return None
         if resp.status_code >= 500:
-            parser.parse(["User-agent: *", "Disallow: /"])
-            return parser
+            return f"robots.txt unreachable: HTTP {resp.status_code}"
+        parser = RobotFileParser()
         parser.parse(resp.text.splitlines())
         return parser
+
+
+def _http_error(exc: Exception) -> str:
+    """`ConnectError: [Errno 111] Connection refused`; a bare timeout says only its kind."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 @dataclass
@@ -218,8 +231,8 @@ class _Crawl:
         import httpx
 
         file = self.file_for(url, file)
-        if not self.robots.allowed(url):
-            return _Page(url, "failed", file, error="disallowed by robots.txt")
+        if refusal := self.robots.refusal(url):
+            return _Page(url, "failed", file, error=refusal)
         old = self.old.get(url, {})
         headers: dict[str, str] = {}
         if old.get("file") and (self.pages_dir / old["file"]).is_file():
@@ -243,7 +256,7 @@ class _Crawl:
         except _TooBig as exc:
             return _Page(url, "failed", file, error=str(exc))
         except httpx.HTTPError as exc:
-            return _Page(url, "failed", file, error=f"{type(exc).__name__}: {exc}")
+            return _Page(url, "failed", file, error=_http_error(exc))
         if ctype in HTML_TYPES or (not ctype and text.lstrip().lower().startswith(("<!doctype html", "<html"))):
             markdown = html_to_markdown(text)
         elif ctype in TEXT_TYPES or not ctype:

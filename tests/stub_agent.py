@@ -30,10 +30,13 @@ record = {{
     "links": links, "configs": configs,
     "prompt": Path(sys.argv[1]).read_text() if len(sys.argv) > 1 and Path(sys.argv[1]).is_file() else None,
     "stdin_is_tty": sys.stdin.isatty(),
+    "env": dict(os.environ),
 }}
 mode = os.environ.get("STUB_MODE", "")
-if mode == "sleep":
+if mode in ("sleep", "background"):  # background: a job left running, as `(sleep 300) &` in a shell
     record["grandchild"] = subprocess.Popen(["sleep", "120"]).pid
+if mode == "background":
+    (cwd / "sources" / "notes" / "written-by-agent.txt").write_text("the links are not read-only\n")
 Path(os.environ["STUB_RECORD"]).write_text(json.dumps(record))
 if mode == "sleep":
     time.sleep(120)

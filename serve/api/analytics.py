@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +16,10 @@ from ctxlake.tasks.lake import connect
 if TYPE_CHECKING:
     import duckdb
     from lancedb.table import Table
+
+# How often the waiting thread wakes: Ctrl-C lands within this, and so does the deadline.
+POLL_S = 0.1
+INTERRUPT_WAIT_S = 5.0
 
 # Statements that read; DuckDB would happily write files or attach databases otherwise.
 _READ_TYPES = ("SELECT", "EXPLAIN", "PRAGMA")
@@ -72,8 +78,10 @@ def _lock_down(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("SET lock_configuration = true")
 
 
-def run_sql(lake_dir: Path, sql: str, limit: int = 1000, memory_dir: Path | None = None) -> dict[str, Any]:
-    """One read-only statement over the lake -> {columns, rows, row_count, truncated}."""
+def run_sql(lake_dir: Path, sql: str, limit: int = 1000, memory_dir: Path | None = None,
+            timeout_s: float = 60.0, max_rows: int = 100_000) -> dict[str, Any]:
+    """One read-only statement over the lake -> {columns, rows, row_count, truncated, limit, capped};
+    stopped after `timeout_s` or at Ctrl-C, and never more than min(limit, max_rows) rows kept."""
     import duckdb
 
     if limit < 1:
@@ -87,19 +95,63 @@ def run_sql(lake_dir: Path, sql: str, limit: int = 1000, memory_dir: Path | None
         raise InputError(f"ctx sql runs exactly one statement, not {len(statements)}")
     if statements[0].type.name not in _READ_TYPES or not _READ_ONLY.match(sql):
         raise InputError("ctx sql runs read-only statements (SELECT, WITH, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN)")
+    keep = min(limit, max_rows)
     try:
-        result = con.execute(statements[0])
+        columns, rows = _bounded(con, statements[0], keep + 1, timeout_s)
     except duckdb.Error as exc:
         raise InputError(f"SQL error: {str(exc).splitlines()[0]}",
                          hint=f"tables: {', '.join(sorted(lake_tables_names(con)))}") from exc
-    columns = [d[0] for d in result.description or []]
-    rows = result.fetchmany(limit + 1)
     return {
         "columns": columns,
-        "rows": [list(r) for r in rows[:limit]],
-        "row_count": min(len(rows), limit),
-        "truncated": len(rows) > limit,
+        "rows": [list(r) for r in rows[:keep]],
+        "row_count": min(len(rows), keep),
+        "truncated": len(rows) > keep,
+        "limit": keep,
+        "capped": len(rows) > keep and limit > max_rows,  # cut by [sql] max_rows, not by --limit
     }
+
+
+def _bounded(con: duckdb.DuckDBPyConnection, statement: Any, fetch: int,
+             timeout_s: float) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """(columns, up to `fetch` rows) of `statement`, run on a worker thread: DuckDB holds its
+    thread inside C until the query ends, so the calling thread waits in short joins, where
+    Ctrl-C lands and the deadline is checked, and either one interrupts the query."""
+    box: dict[str, Any] = {}
+    done = threading.Event()  # not Thread.is_alive(): a join cut by Ctrl-C can leave that False (CPython 3.11)
+
+    def work() -> None:
+        try:
+            result = con.execute(statement)
+            box["columns"] = [d[0] for d in result.description or []]
+            box["rows"] = result.fetchmany(fetch)
+        except BaseException as exc:  # handed to the waiting thread
+            box["error"] = exc
+        finally:
+            done.set()
+
+    deadline = time.monotonic() + timeout_s
+    threading.Thread(target=work, name="ctx-sql", daemon=True).start()
+    try:
+        while not done.wait(POLL_S):
+            if time.monotonic() >= deadline:
+                _interrupt(con, done)
+                raise InputError(f"the query ran past the {timeout_s:g} s limit and was stopped",
+                                 hint="narrow it, pass --timeout SECONDS, or raise [sql] timeout_s")
+    except KeyboardInterrupt:
+        _interrupt(con, done)
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box["columns"], box["rows"]
+
+
+def _interrupt(con: duckdb.DuckDBPyConnection, done: threading.Event) -> None:
+    # Repeated: an interrupt that arrives before DuckDB has started the query is not kept. The
+    # worker must be out of DuckDB before the process exits, or the exit aborts.
+    give_up = time.monotonic() + INTERRUPT_WAIT_S
+    while not done.is_set() and time.monotonic() < give_up:
+        con.interrupt()
+        done.wait(POLL_S)
 
 
 def lake_tables_names(con: duckdb.DuckDBPyConnection) -> list[str]:

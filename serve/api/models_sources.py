@@ -48,4 +48,5 @@ class AskResult(BaseModel):
     truncated: bool = Field(False, description="true when output went over the size cap and was cut")
     seconds: float = 0.0
     hits_in_prompt: int = Field(0, description="search hits from the index written into the agent's prompt")
+    indexed: bool = Field(True, description="false when the project has no index yet, so the prompt holds no search hits")
     prompt_tokens: int = 0

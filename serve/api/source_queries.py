@@ -205,15 +205,12 @@ def _hit_text(root: Path, path: str, start: int, end: int, fallback: str) -> str
 
 def prompt_hits(settings: Settings, question: str, links: Sequence[SourceLink],
                 lake: Lake | None = None) -> list[PromptHit]:
-    """The index's top hits for the question within the linked sources (none when not indexed)."""
+    """The index's top hits for the question within the linked sources; NotIndexedError without a lake."""
     if settings.agents.hits == 0 or not links:
         return []
     from ctxlake.serve.api import queries
 
-    try:
-        lake = lake or queries.Lake(settings)
-    except NotIndexedError:
-        return []
+    lake = lake or queries.Lake(settings)
     names = [link.name for link in links]
     try:
         result = queries.search(lake, question, limit=settings.agents.hits, sources=names, check_stale=False)
@@ -239,10 +236,13 @@ def ask(settings: Settings, names: Sequence[str] | None, question: str, agent: s
     links = resolve_links(settings, names)
     if not links:
         raise InputError("no source has been fetched yet", hint="`ctx add` one, or `ctx update`")
-    hits = prompt_hits(settings, question, links, lake)
+    try:
+        hits, indexed = prompt_hits(settings, question, links, lake), True
+    except NotIndexedError:
+        hits, indexed = [], False  # the agent can still read the files; it just gets no head start
     run = ask_agent.fn(question, links, hits, settings.agents, agent, timeout_s)
     return AskResult(
         agent=run.agent, sources=run.sources, answer=run.stdout, stderr=run.stderr, exit_code=run.exit_code,
         truncated=bool(run.stdout_dropped or run.stderr_dropped), seconds=run.seconds,
-        hits_in_prompt=run.hits_in_prompt, prompt_tokens=run.prompt_tokens,
+        hits_in_prompt=run.hits_in_prompt, prompt_tokens=run.prompt_tokens, indexed=indexed,
     )

@@ -367,14 +367,17 @@ cli_graph.register(app)
 @app.command()
 def sql(
     statement: Annotated[str, typer.Argument(help="a read-only SQL statement, e.g. \"SELECT lang, count(*) FROM files GROUP BY 1\"")],
-    limit: Annotated[int, typer.Option("-n", "--limit", min=1, help="at most this many rows")] = 1000,
+    limit: Annotated[int, typer.Option("-n", "--limit", min=1, help="at most this many rows (capped by sql.max_rows)")] = 1000,
+    timeout: Annotated[float | None, typer.Option(
+        "--timeout", min=0.001, help="seconds before the statement is stopped (default: sql.timeout_s, 60)")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Query the lake's tables with DuckDB (files, chunks, knowledge, ...; memory's messages, sessions)."""
-    settings = load_settings(resolve_root(None, for_write=False))
+    settings = load_settings(resolve_root(None, for_write=False), _overrides(sql={"timeout_s": timeout}))
     from ctxlake.serve.api.analytics import run_sql
 
-    result = run_sql(settings.lake_dir, statement, limit, memory_dir=settings.memory_dir)
+    result = run_sql(settings.lake_dir, statement, limit, memory_dir=settings.memory_dir,
+                     timeout_s=settings.sql.timeout_s, max_rows=settings.sql.max_rows)
     if as_json:
         from ctxlake.serve.cli.render import print_json
 
@@ -391,8 +394,11 @@ def sql(
         table.add_row(*(plain(v) for v in row))
     console = stdout_console()
     console.print(table)
-    if result["truncated"]:
-        typer.echo(f"(first {result['row_count']} rows; raise --limit for more)", err=True)
+    if result["capped"]:
+        typer.echo(f"(first {result['row_count']:,} rows: [sql] max_rows caps a result; aggregate or "
+                   "filter in SQL instead)", err=True)
+    elif result["truncated"]:
+        typer.echo(f"(first {result['row_count']:,} rows; raise --limit for more)", err=True)
 
 
 @app.command()

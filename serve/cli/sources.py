@@ -319,8 +319,9 @@ def register(app: typer.Typer) -> None:
 
             print_json(result.model_dump())
         else:
-            typer.echo(f"{result.agent} on {', '.join(result.sources)} ({result.hits_in_prompt} search hits "
-                       f"in its prompt)", err=True)
+            hits = (f"{result.hits_in_prompt} search hits in its prompt" if result.indexed else
+                    "no search hits in its prompt: this project has no index yet; `ctx run index` builds one")
+            typer.echo(f"{result.agent} on {', '.join(result.sources)} ({hits})", err=True)
             typer.echo(result.answer, nl=not result.answer.endswith("\n"))
             if result.truncated:
                 typer.echo("warning: the agent's output went over [agents] max_output_bytes and was cut", err=True)

@@ -133,6 +133,10 @@ def run(argv: list[str]) -> int:
         return in_process(argv)
     try:
         reply = forward(sock, request(argv, cwd))
+    except KeyboardInterrupt:
+        # The service keeps the command until it ends; `ctx sql` stops at [sql] timeout_s there.
+        print("ctx: interrupted.", file=sys.stderr)
+        return 130
     except TimeoutError:
         print(f"ctx: the service (socket {paths.socket}) did not answer in time: stopped or overloaded "
               f"(see {paths.log}); running here instead.", file=sys.stderr)

@@ -257,15 +257,20 @@ def test_ask_and_chat_with_a_stub_agent(
     project: Path, lib_remote: tuple[Path, str], cli: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, url = lib_remote
-    ok_json(cli("add", "lib", url, "--paths", "libs/core", "--json", cwd=project))
     install_stub(tmp_path / "bin")
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("STUB_RECORD", str(tmp_path / "record.json"))
+    (project / ".ctx").mkdir(exist_ok=True)
     (project / ".ctx" / "config.toml").write_text(
-        f'[agents]\ndefault_agent = "stub"\nsandbox_dir = "{tmp_path / "sandboxes"}"\n\n'
+        f'[agents]\ndefault_agent = "stub"\nsandbox_dir = "{tmp_path / "sandboxes"}"\npass_env = ["STUB_*"]\n\n'
         '[agents.commands]\nstub = "stub-agent {prompt_file}"\n\n'
         '[agents.chat_commands]\nstub = "stub-agent {prompt_file} --interactive"\n')
     assert cli("trust", cwd=project).exit_code == 0  # agent commands from the project file need it
+    # No index yet: the agent still answers, and the user learns how to give it search hits.
+    bare = cli("ask", "-s", "project", "-q", "graph nodes?", cwd=project)
+    assert bare.exit_code == 0, bare.stderr
+    assert "no index yet; `ctx run index` builds one" in bare.stderr and "0 search hits" not in bare.stderr
+    ok_json(cli("add", "lib", url, "--paths", "libs/core", "--json", cwd=project))
 
     answer = ok_json(cli("ask", "-s", "lib", "-q", "How do I create a custom tool?", "--json", cwd=project))
     assert answer["agent"] == "stub" and answer["answer"].strip() == "ANSWER from stub: see lib"

@@ -240,3 +240,56 @@ def test_status_lists_the_changed_files_under_the_line_that_counts_them(indexed:
     lines = cli("status", cwd=indexed).stdout.splitlines()
     fresh = next(i for i, line in enumerate(lines) if line.startswith("fresh"))
     assert "1 file(s) changed" in lines[fresh] and lines[fresh + 1].strip() == "app.py", lines
+
+
+ENDLESS = "select sum(hash(a)) from range(100000000000) a"  # hours of work in one C call
+
+
+def test_sql_is_bounded_by_a_timeout_and_a_row_cap(indexed: Path, cli: Callable[..., Any],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    started = time.monotonic()
+    slow = cli("sql", ENDLESS, "--timeout", "1", cwd=indexed)
+    assert time.monotonic() - started < 20
+    assert slow.exit_code == 2 and "ran past the 1 s limit and was stopped" in slow.stderr
+    assert "[sql] timeout_s" in slow.stderr and "Traceback" not in slow.stderr
+    # A result is never materialised past [sql] max_rows, whatever -n asks, and the cut is said.
+    monkeypatch.setenv("CTX_SQL_MAX_ROWS", "1000")
+    big = json.loads(cli("sql", "-n", "100000000", "--json", "select * from range(200000)", cwd=indexed).stdout)
+    assert big["row_count"] == 1000 and len(big["rows"]) == 1000 and big["truncated"] and big["capped"]
+    text = cli("sql", "-n", "100000000", "select * from range(200000)", cwd=indexed)
+    assert text.exit_code == 0 and "[sql] max_rows caps a result" in text.stderr
+    # --limit below the cap cuts as before, and says to raise it.
+    small = cli("sql", "-n", "5", "select * from range(10)", cwd=indexed)
+    assert "(first 5 rows; raise --limit for more)" in small.stderr
+
+
+def test_ctrl_c_stops_a_running_sql_statement_at_once(indexed: Path) -> None:
+    import signal
+    import sys
+    import time
+
+    # The worktree's code whatever `ctx` is installed: the console entry point, run as a module.
+    argv = [sys.executable, "-c", "from ctxlake.serve.service.client import main; main()"]
+    started = time.monotonic()
+    quick = subprocess.run([*argv, "sql", "select 1"], cwd=indexed, capture_output=True, text=True, timeout=120)
+    assert quick.returncode == 0, quick.stderr
+    start_up = time.monotonic() - started
+    proc = subprocess.Popen([*argv, "sql", ENDLESS], cwd=indexed, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        time.sleep(start_up + 2)  # well inside the statement, far from its 60 s default limit
+        assert proc.poll() is None, proc.communicate()
+        os.killpg(proc.pid, signal.SIGINT)
+        sent = time.monotonic()
+        try:
+            _, err = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            pytest.fail("ctx sql ignored Ctrl-C")
+        assert time.monotonic() - sent < 5
+        assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -22,6 +22,7 @@ from ctxlake.serve.mcp.sources import register_source_tools
 CONFIG = """[agents]
 default_agent = "stub"
 sandbox_dir = "{sandboxes}"
+pass_env = ["STUB_*"]
 
 [agents.commands]
 stub = "stub-agent {{prompt_file}}"

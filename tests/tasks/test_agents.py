@@ -40,6 +40,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
 
 def agents(env: dict[str, Path], **kw: object) -> AgentsSettings:
     commands = {"stub": "stub-agent {prompt_file} --mcp-config {mcp_config}", **kw.pop("commands", {})}  # type: ignore[dict-item]
+    kw.setdefault("pass_env", ["STUB_*"])  # the stub's own switches, passed like any extra name
     return AgentsSettings(default_agent="stub", sandbox_dir=env["sandboxes"], commands=commands, **kw)  # type: ignore[arg-type]
 
 
@@ -87,6 +88,40 @@ def test_agent_sees_only_linked_sources_empty_configs_and_the_prompt(env: dict[s
     # Cleaned up: the sandbox is gone, the sources it linked are intact.
     assert not sandbox.exists()
     assert (env["lib"] / "pkg" / "tools.py").is_file() and (env["notes"] / "ideas.md").is_file()
+
+
+def test_agent_gets_a_filtered_environment(env: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    secrets = {"AWS_SECRET_ACCESS_KEY": "aws-secret", "GITHUB_TOKEN": "ghp_x", "DATABASE_URL": "postgres://u:p@h/db"}
+    kept = {"ANTHROPIC_API_KEY": "sk-ant", "CLAUDE_CONFIG_DIR": "/c", "OPENAI_API_KEY": "sk-o",
+            "GEMINI_API_KEY": "g", "GOOGLE_CLOUD_PROJECT": "p", "HTTPS_PROXY": "http://proxy:3128",
+            "no_proxy": "localhost", "SSL_CERT_FILE": "/ca.pem", "NODE_EXTRA_CA_CERTS": "/ca.pem",
+            "LC_ALL": "C.UTF-8", "HOME": str(env["lib"].parent), "MY_TEAM_FLAG": "on"}
+    for key, value in {**secrets, **kept}.items():
+        monkeypatch.setenv(key, value)
+    run = ask_agent.fn("q", links(env), [], agents(env, pass_env=["STUB_*", "MY_TEAM_FLAG"]))
+    assert run.exit_code == 0, run.stderr
+    seen = read_record(env["record"])["env"]
+    assert not set(secrets) & set(seen)
+    assert {k: seen.get(k) for k in kept} == kept
+    assert seen["PATH"] == os.environ["PATH"]
+    # Without the extra name it is not passed.
+    ask_agent.fn("q", links(env), [], agents(env))
+    assert "MY_TEAM_FLAG" not in read_record(env["record"])["env"]
+
+
+def test_background_jobs_end_with_the_agent_and_the_prompt_claims_no_read_only(env: dict[str, Path],
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STUB_MODE", "background")
+    started = time.monotonic()
+    run = ask_agent.fn("q", links(env), [], agents(env))
+    assert run.exit_code == 0 and "ANSWER from stub" in run.stdout
+    assert time.monotonic() - started < 15  # not held by the job's copy of the output pipes
+    seen = read_record(env["record"])
+    assert not running(seen["grandchild"])
+    # The links are plain symlinks: an agent can write through them, so the prompt asks it not
+    # to and claims nothing more (README, "Asking an agent", says what is and is not isolated).
+    assert (env["notes"] / "written-by-agent.txt").is_file()
+    assert "read-only" not in seen["prompt"] and "do not create, change or delete anything" in seen["prompt"]
 
 
 def test_timeout_kills_the_agent_and_its_children(env: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:

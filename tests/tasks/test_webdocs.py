@@ -150,6 +150,43 @@ def test_unreachable_index_is_an_error(site: DocSite, tmp_path: Path) -> None:
         sync(site, tmp_path / "home", "/html/llms.txt")
 
 
+def closed_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_a_host_that_is_down_is_reported_as_down_not_as_a_robots_refusal(site: DocSite, tmp_path: Path) -> None:
+    down = f"http://127.0.0.1:{closed_port()}"
+    # The index itself on a dead host: the user reads the connection error.
+    from ctxlake.tasks.webdocs import fetch_web
+
+    spec = SourceSpec(name="nohost", type="web", origin=f"{down}/llms.txt")
+    with pytest.raises(SourceError, match=r"cannot fetch .*/llms.txt: robots.txt unreachable: ConnectError: .*refused") as raised:
+        fetch_web.fn(spec, storage_dir(tmp_path / "home", spec), SourcesSettings(), tmp_path / "project")
+    assert "disallowed" not in str(raised.value)
+    # A page on a dead host, and a host whose robots.txt answers 503: both say what happened.
+    busy = DocSite(pages={"/robots.txt": Page("busy", "text/plain", status=503), "/busy.md": Page("# Busy\n")})
+    with serve(busy):
+        site.pages["/llms.txt"] = Page(LLMS + f"- [Elsewhere]({down}/docs/elsewhere.md)\n"
+                                       f"- [Busy]({busy.url('/busy.md')})\n")
+        got = sync(site, tmp_path / "home")
+    assert busy.requests("/busy.md") == []
+    assert got.message is not None
+    assert "elsewhere.md (robots.txt unreachable: ConnectError:" in got.message
+    assert "(robots.txt unreachable: HTTP 503)" in got.message
+    # The rule this site does have is still honoured and named as a rule.
+    assert got.message.count("disallowed by robots.txt") == 1 and "secret.md (disallowed by robots.txt)" in got.message
+    # RFC 9309: robots.txt that is missing (4xx) allows everything, the private page included.
+    del site.pages["/robots.txt"]
+    site.pages["/llms.txt"] = Page(LLMS)
+    allowed = sync(site, tmp_path / "home")
+    assert (allowed.root / "private/secret.md").is_file()
+
+
 def test_llms_full_txt_is_saved_whole(site: DocSite, tmp_path: Path) -> None:
     site.pages["/llms-full.txt"] = Page("# DemoLib\n\n## Tools\n\nAll of it, inline. [link](/docs/x.md)\n", "text/plain")
     got = sync(site, tmp_path / "home", "/llms-full.txt")
