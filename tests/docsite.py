@@ -42,15 +42,17 @@ class DocSite:
 def _handler(site: DocSite) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            # Counted in flight while it waits, not while the answer goes out: a client that has
+            # read the answer may send its next request before this thread would have counted down.
             with site.lock:
                 site.in_flight += 1
                 site.max_in_flight = max(site.max_in_flight, site.in_flight)
             try:
                 time.sleep(site.delay_s)
-                self._get()
             finally:
                 with site.lock:
                     site.in_flight -= 1
+            self._get()
 
         def _get(self) -> None:
             page = site.pages.get(self.path)
