@@ -250,6 +250,8 @@ def index_code(
     if state is not None and (not state.clean or source in journal):
         diff = freshness.with_journal(diff, tree, journal.get(source, []))
     report.files_seen, report.skipped = stats.seen, dict(stats.skipped)
+    report.warnings.extend(f"skipped {path}: its name is not valid UTF-8 (rename the file to index it)"
+                           for path in stats.bad_names)
     report.added, report.modified, report.removed = len(diff.added), len(diff.modified), len(diff.removed)
 
     writer = Writer(settings, source, root, embedder, state)
