@@ -191,6 +191,8 @@ class Writer:
 
     def finish(self, tree: Tree, report: IndexReport) -> None:
         """After the last write: the snapshot, then the state says the lake matches it."""
+        report.warnings.extend(self.cache.warnings)  # a damaged cache it moved aside
+        self.cache.warnings.clear()
         save_snapshot(self.lake, self.source, tree)
         freshness.clear_journal(self.lake, self.source)
         self.state.pending_vectors = self.pending_vectors()
