@@ -103,6 +103,8 @@ class EmbeddingCache:
         self._appends = 0
         try:
             self._open_tables()
+        except LakeError:
+            raise  # its folder cannot be made: nothing to repair
         except CACHE_ERRORS as exc:
             if resource_error(exc):
                 raise LakeError(f"cannot open the embedding cache at {cache_dir}: {lance_message(exc)}",
@@ -137,7 +139,10 @@ class EmbeddingCache:
     def _repair_lock(self) -> Iterator[None]:
         import fcntl
 
-        fd = os.open(self.cache_dir / REPAIR_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.cache_dir / REPAIR_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise LakeError(f"cannot open {self.cache_dir / REPAIR_LOCK}: {exc.strerror}") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # held for a reopen and two renames at most
             yield
