@@ -36,6 +36,7 @@ DEFINITIONS_TABLE = "definitions"
 REFERENCES_TABLE = "refs"
 IMPORTS_TABLE = "imports"
 STATE_FILE = "state.json"
+STATE_DAMAGED_HINT = "`ctx run index --force` rebuilds the lake and its state (or `ctx clean --yes`, then `ctx run index`)"
 WRITER_LOCK_FILE = "writer.lock"
 
 
@@ -132,9 +133,20 @@ class IndexState:
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:
-            raise LakeError(f"cannot read {path}: {exc}") from exc
+            raise LakeError(f"cannot read {path}: {exc}", hint=STATE_DAMAGED_HINT) from exc
+        if not isinstance(data, dict):
+            raise LakeError(f"cannot read {path}: not a JSON object", hint=STATE_DAMAGED_HINT)
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**known)
+
+    @classmethod
+    def read_or_none(cls, lake_dir: Path) -> IndexState | None:
+        """The state, or None when state.json is missing or unreadable (`ctx run index --force`
+        rebuilds the lake whatever it says)."""
+        try:
+            return cls.read(lake_dir)
+        except LakeError:
+            return None
 
     def write(self, lake_dir: Path) -> None:
         write_atomic(lake_dir / STATE_FILE, json.dumps(self.__dict__, indent=2, default=str))
@@ -301,6 +313,36 @@ def resource_error(exc: BaseException) -> bool:
         return True
     cause = exc.__cause__
     return any(word in str(exc) for word in _RESOURCE_WORDS) or (cause is not None and resource_error(cause))
+
+
+# How Lance says a table's files cannot be read: a truncated data file ("failed to fill whole
+# buffer"), lost manifests ("Table 'chunks' was not found"), an index's files gone ("Not found:
+# .../_indices/<uuid>/tokens.lance"). Matched on the text: Lance raises plain RuntimeError,
+# ValueError and OSError.
+_LANCE_MARKERS = ("lance error", "LanceError", "was not found", "Not found:", "not found:", "Dataset at path",
+                  "corrupt", "failed to fill whole buffer")
+_TABLE_IN_PATH = re.compile(r"/([A-Za-z0-9_]+)\.lance(?:/|\b)")
+_TABLE_NAMED = re.compile(r"Table '([^']+)' was not found")
+
+
+def lance_failure(exc: BaseException) -> LakeError | None:
+    """A Lance error that says the lake's files are damaged -> one LakeError naming the table and
+    how to rebuild it; None for anything else (a bug keeps its traceback). The single place the
+    read side (CLI, MCP tools) turns Lance's errors into ours."""
+    if isinstance(exc, LakeError) or not isinstance(exc, (RuntimeError, ValueError, OSError)):
+        return None
+    text = str(exc)
+    if not any(marker in text for marker in _LANCE_MARKERS) or resource_error(exc):
+        return None
+    named = _TABLE_NAMED.search(text)
+    in_path = [m for m in _TABLE_IN_PATH.findall(text) if m not in ("data", "_indices")]
+    table = named.group(1) if named else (in_path[0] if in_path else None)
+    if table is not None and table.startswith("emb_"):
+        return LakeError(f"the embedding cache table {table} cannot be read: {lance_message(exc)}",
+                         hint="the next `ctx run index` moves it aside; or delete it, it is rebuilt as files are embedded")
+    what = "index files" if "/_indices/" in text else "table"
+    where = f"the lake's {table} {what}" if table else "a table of the lake"
+    return LakeError(f"{where} cannot be read: {lance_message(exc)}", hint=DAMAGED_HINT)
 
 
 WRITE_FAILED_HINT = "the previous index stays readable; fix the cause and re-run"
