@@ -282,3 +282,24 @@ def test_a_damaged_lake_is_one_line_for_readers_and_rebuilt_by_force(
     assert "app.py" in found.stdout
     assert cli("status", cwd=indexed).exit_code == 0
 
+
+def test_ctx_home_that_is_a_file_is_a_config_error(indexed: Path, cli: Callable[..., Any], tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # It was a NotADirectoryError traceback from whichever command first made models/.
+    not_a_folder = tmp_path / "home-file"
+    not_a_folder.write_text("")
+    for home in (not_a_folder, not_a_folder / "below"):
+        monkeypatch.setenv("CTX_HOME", str(home))
+        for args in (("search", "total"), ("run", "index")):
+            result = cli(*args, cwd=indexed)
+            assert result.exit_code == 3, result.stderr
+            assert result.stderr.startswith("ctx: error: CTX_HOME is ") and "Traceback" not in result.stderr
+
+
+def test_an_embedding_cache_folder_that_cannot_be_made_is_named_as_such(
+        indexed: Path, cli: Callable[..., Any], ctx_home: Path) -> None:
+    shutil.rmtree(ctx_home / "embeddings")
+    (ctx_home / "embeddings").write_text("")  # a file where the cache's folder goes
+    result = cli("run", "index", "--force", cwd=indexed)
+    assert result.exit_code == 8, result.stderr
+    assert f"cannot create the embedding cache at {ctx_home / 'embeddings'}" in result.stderr
