@@ -11,6 +11,7 @@ from typing import Any
 
 from prefect import flow
 
+from ctxlake.errors import LakeError
 from ctxlake.schemas.config import Settings
 from ctxlake.schemas.tables import PROJECT_SOURCE
 from ctxlake.tasks import freshness
@@ -21,7 +22,14 @@ from ctxlake.tasks.embedders import Embedder, make_embedder
 from ctxlake.tasks.graph import forget_known
 from ctxlake.tasks.graph_store import clear_graph, open_graph, optimize_graph, write_graph
 from ctxlake.tasks.heap import give_back_freed_memory
-from ctxlake.tasks.lake import IndexState, check_model, missing_tables, reset_lake
+from ctxlake.tasks.lake import (
+    COLD_WRITE_FAILED_HINT,
+    WRITE_FAILED_HINT,
+    IndexState,
+    check_model,
+    missing_tables,
+    reset_lake,
+)
 from ctxlake.tasks.merkle import Diff, Tree, load_snapshot, save_snapshot, scan
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.run_log import record_run
@@ -29,6 +37,7 @@ from ctxlake.tasks.store import (
     FTS_TAG,
     append_chunks,
     build_fts,
+    drop_unreadable,
     indexed_paths,
     open_for_write,
     optimize,
@@ -191,6 +200,8 @@ class Writer:
 
     def finish(self, tree: Tree, report: IndexReport) -> None:
         """After the last write: the snapshot, then the state says the lake matches it."""
+        report.warnings.extend(self.cache.warnings)  # a damaged cache it moved aside
+        self.cache.warnings.clear()
         save_snapshot(self.lake, self.source, tree)
         freshness.clear_journal(self.lake, self.source)
         self.state.pending_vectors = self.pending_vectors()
@@ -227,6 +238,16 @@ def index_code(
     embed: bool = True,
 ) -> IndexReport:
     """Index one source tree (the project itself by default) into the lake, incrementally."""
+    cold = IndexState.read_or_none(settings.lake_dir) is None
+    try:
+        return _index_code(settings, source, root, force, embed)
+    except LakeError as exc:
+        if cold and exc.hint == WRITE_FAILED_HINT:  # there is no previous index to stay readable
+            exc.hint = COLD_WRITE_FAILED_HINT
+        raise
+
+
+def _index_code(settings: Settings, source: str, root: Path | None, force: bool, embed: bool) -> IndexReport:
     started = time.perf_counter()
     root = (root or settings.root).resolve()
     lake = settings.lake_dir
@@ -234,10 +255,14 @@ def index_code(
     report = IndexReport(source=source, root=str(root))
 
     embedder = make_embedder(settings.embed, settings.models_dir)
-    state = IndexState.read(lake)
+    # --force rebuilds whatever it finds: an unreadable state.json is no state, an unreadable table
+    # or index is dropped and built again (the files are on disk, the vectors in the cache).
+    state = IndexState.read_or_none(lake) if force else IndexState.read(lake)
     if check_model(state, embedder, force):
         reset_lake(lake)
         state = None
+    if force:
+        report.warnings.extend(drop_unreadable(lake))
     # A table gone from disk: every file is chunked again (vectors come from the cache), as the
     # snapshot would otherwise say nothing changed.
     lost = state is not None and bool(missing_tables(lake, settings.index.graph))
@@ -250,6 +275,8 @@ def index_code(
     if state is not None and (not state.clean or source in journal):
         diff = freshness.with_journal(diff, tree, journal.get(source, []))
     report.files_seen, report.skipped = stats.seen, dict(stats.skipped)
+    report.warnings.extend(f"skipped {path}: its name is not valid UTF-8 (rename the file to index it)"
+                           for path in stats.bad_names)
     report.added, report.modified, report.removed = len(diff.added), len(diff.modified), len(diff.removed)
 
     writer = Writer(settings, source, root, embedder, state)

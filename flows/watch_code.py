@@ -9,6 +9,7 @@ from typing import cast
 
 from prefect import flow
 
+from ctxlake.errors import InputError, LakeError
 from ctxlake.schemas.config import Settings
 from ctxlake.schemas.tables import PROJECT_SOURCE
 from ctxlake.tasks import freshness
@@ -85,7 +86,12 @@ def watch_code(settings: Settings, source: str = PROJECT_SOURCE, root: Path | No
             else:
                 new_tree = tree.update(rehash_paths(root, paths, tree, keep, settings.index.max_file_bytes))
                 diff = diff_trees(tree, new_tree)
-            tree = apply_batch(writer, tree, new_tree, diff, total)
+            try:
+                tree = apply_batch(writer, tree, new_tree, diff, total)
+            except LakeError as exc:
+                if not root.is_dir():  # its .ctx/lake went with it: nothing left to write into
+                    raise InputError(f"the project folder {root} is gone; the watcher stopped") from exc
+                raise
             dirty = True
         if dirty:
             _optimize(writer)

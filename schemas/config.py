@@ -368,7 +368,15 @@ SECTIONS: dict[str, type[_Section]] = {
 def default_home(env: dict[str, str] | None = None) -> Path:
     source = os.environ if env is None else env
     if source.get("CTX_HOME"):
-        return Path(source["CTX_HOME"]).expanduser().resolve()
+        home = Path(source["CTX_HOME"]).expanduser().resolve()
+        # The first part of it that exists must be a folder: a file there failed later, deep in
+        # whichever command first made models/ or embeddings/ (a NotADirectoryError traceback).
+        existing = next((p for p in (home, *home.parents) if p.exists()), None)
+        if existing is not None and not existing.is_dir():
+            raise ConfigError(f"CTX_HOME is {source['CTX_HOME']}, and {existing} is not a folder",
+                              hint="point CTX_HOME at a folder (ctxlake's user data: models, embedding cache), "
+                                   "or unset it for the default")
+        return home
     from platformdirs import user_data_dir
 
     return Path(user_data_dir("ctxlake", appauthor=False))

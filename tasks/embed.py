@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -16,7 +18,7 @@ import xxhash
 from ctxlake.errors import LakeError
 from ctxlake.schemas.tables import embeddings_schema
 from ctxlake.tasks.heap import give_back_freed_memory
-from ctxlake.tasks.lake import connect, open_table, writing
+from ctxlake.tasks.lake import connect, lance_message, open_table, resource_error, writing
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.stage import stage
 from ctxlake.tasks.store import (
@@ -76,6 +78,12 @@ REPLACE_ATOL = 1e-5
 # new session's ingest went from 1.4 to 3.4 s (bench history --reuse).
 FOLD_ROWS = 8_192
 RECENT_OPTIMIZE_FRAGMENTS = 16
+# How LanceDB reports a table it cannot read (a truncated data file, a lost manifest): the cache
+# is derived data, so such a table is moved aside and a fresh one started (see _recover).
+CACHE_ERRORS = (OSError, RuntimeError, ValueError, LakeError)
+REPAIR_LOCK = ".repair.lock"
+
+T = TypeVar("T")
 
 
 class EmbeddingCache:
@@ -88,11 +96,92 @@ class EmbeddingCache:
     def __init__(self, cache_dir: Path, model_id: str, dims: int) -> None:
         self.model_id = model_id
         self.dims = dims
+        self.cache_dir = cache_dir
         self.name = "emb_" + xxhash.xxh3_64(model_id.encode()).hexdigest()
-        db = connect(cache_dir, create=True)
+        self.warnings: list[str] = []  # what this object found damaged and did about it, for the run report
+        self._unreadable = False  # lookups failed and could not be repaired: every one is a miss for this run
+        self._appends = 0
+        try:
+            self._open_tables()
+        except LakeError:
+            raise  # its folder cannot be made: nothing to repair
+        except CACHE_ERRORS as exc:
+            if resource_error(exc):
+                raise LakeError(f"cannot open the embedding cache at {cache_dir}: {lance_message(exc)}",
+                                hint="fix the cause and re-run") from exc
+            self._recover(exc, lambda: None)
+
+    def _open_tables(self) -> None:
+        db = connect(self.cache_dir, create=True, what="the embedding cache")
         self.table: Table = self._open(db, self.name)
         self.recent: Table = self._open(db, self.name + "_recent")
-        self._appends = 0
+        self._identity = self._folder_ids()
+
+    def _folders(self) -> list[Path]:
+        return [self.cache_dir / f"{self.name}.lance", self.cache_dir / f"{self.name}_recent.lance"]
+
+    def _folder_ids(self) -> tuple[int | None, ...]:
+        def inode(path: Path) -> int | None:
+            try:
+                return path.stat().st_ino
+            except OSError:
+                return None
+
+        return tuple(inode(p) for p in self._folders())
+
+    def _follow_replacement(self) -> None:
+        """Reopen when another process moved a damaged cache aside since we opened it: writing
+        through the old handles would add versions to the fresh table that name the old files."""
+        if self._folder_ids() != self._identity:
+            self._open_tables()
+
+    @contextlib.contextmanager
+    def _repair_lock(self) -> Iterator[None]:
+        import fcntl
+
+        try:
+            fd = os.open(self.cache_dir / REPAIR_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise LakeError(f"cannot open {self.cache_dir / REPAIR_LOCK}: {exc.strerror}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # held for a reopen and two renames at most
+            yield
+        finally:
+            os.close(fd)
+
+    def _recover(self, exc: BaseException, attempt: Callable[[], T]) -> T:
+        """After `exc` from the cache's tables: retry `attempt` on fresh handles; if the tables
+        still fail it, move them aside (`<name>.damaged-<time>`), start empty ones and retry there.
+
+        Under a lock file, so two processes that hit the same damage move it once; one that finds
+        the folders replaced since it opened them (another process repaired them) only reopens.
+        A full disk or a permission problem is never damage: it propagates.
+        """
+        with self._repair_lock():
+            replaced = self._folder_ids() != self._identity if hasattr(self, "_identity") else False
+            try:
+                self._open_tables()
+                return attempt()
+            except CACHE_ERRORS as again:
+                if replaced or resource_error(again):
+                    raise
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            moved = []
+            for folder in self._folders():
+                if folder.exists():
+                    target = folder.with_name(f"{folder.name.removesuffix('.lance')}.damaged-{stamp}")
+                    try:
+                        folder.rename(target)
+                    except OSError as err:
+                        raise LakeError(f"cannot move the damaged embedding cache {folder} aside: {err.strerror}",
+                                        hint=f"delete {folder}; the cache is rebuilt as files are embedded") from err
+                    moved.append(str(target))
+            self._open_tables()
+        self.warnings.append(
+            f"the embedding cache could not be read ({lance_message(exc)}): moved it aside to "
+            f"{', '.join(moved)} and started a fresh one (this run embeds again what it held; "
+            "delete the old folder when you like)")
+        return attempt()
 
     def _open(self, db: Any, name: str) -> Table:
         table = open_table(db, name)
@@ -105,8 +194,29 @@ class EmbeddingCache:
             return db.open_table(name)
 
     def get_many(self, hashes: Sequence[str]) -> dict[str, np.ndarray]:
-        found: dict[str, np.ndarray] = {}
+        """The cached vector of each hash the cache holds. A cache that cannot be read is moved
+        aside (see _recover) or, failing that, answers every lookup of this run with a miss:
+        its vectors are encoded again, and the run still indexes."""
+        if self._unreadable or not hashes:
+            return {}
         unique = list(dict.fromkeys(hashes))
+        try:
+            self._follow_replacement()
+            return self._lookup(unique)
+        except CACHE_ERRORS as exc:
+            first = exc
+        try:
+            if resource_error(first):
+                raise first
+            return self._recover(first, lambda: self._lookup(unique))
+        except CACHE_ERRORS as exc:
+            self._unreadable = True
+            self.warnings.append(f"the embedding cache at {self.cache_dir} cannot be read ({lance_message(exc)}): "
+                                 "this run embeds again what it would have found there")
+            return {}
+
+    def _lookup(self, unique: list[str]) -> dict[str, np.ndarray]:
+        found: dict[str, np.ndarray] = {}
         for start in range(0, len(unique), LOOKUP_BATCH):
             part = unique[start : start + LOOKUP_BATCH]
             for table in (self.table, self.recent):
@@ -125,16 +235,24 @@ class EmbeddingCache:
     def put_many(self, hashes: Sequence[str], vectors: np.ndarray) -> None:
         if not hashes:
             return
-        # Appends from concurrent writers commit independently in Lance; a race can store a
-        # hash twice, which lookups tolerate, whereas a merge would conflict and retry.
-        with writing("the embedding cache"):
-            (self.table if len(hashes) >= FOLD_ROWS else self.recent).add(
-                pa.Table.from_arrays(
-                    [pa.array([self.model_id] * len(hashes)), pa.array(list(hashes)),
-                     vector_array(vectors, self.dims)],
-                    schema=embeddings_schema(self.dims),
-                )
-            )
+        rows = pa.Table.from_arrays(
+            [pa.array([self.model_id] * len(hashes)), pa.array(list(hashes)), vector_array(vectors, self.dims)],
+            schema=embeddings_schema(self.dims),
+        )
+
+        def append() -> None:
+            # Appends from concurrent writers commit independently in Lance; a race can store a
+            # hash twice, which lookups tolerate, whereas a merge would conflict and retry.
+            with writing("the embedding cache"):
+                (self.table if len(hashes) >= FOLD_ROWS else self.recent).add(rows)
+
+        try:
+            self._follow_replacement()
+            append()
+        except CACHE_ERRORS as exc:
+            if resource_error(exc):
+                raise
+            self._recover(exc, append)
         self._appends += 1
         if self._appends % CACHE_CHECK_APPENDS == 0:
             self.maintain()
@@ -153,9 +271,18 @@ class EmbeddingCache:
                    if h in stored and not np.allclose(stored[h], v, rtol=0.0, atol=REPLACE_ATOL)}
         if changed:
             where = _hashes_in(changed)
-            with writing("the embedding cache"):
-                for table in (self.table, self.recent):
-                    table.delete(where)
+
+            def delete() -> None:
+                with writing("the embedding cache"):
+                    for table in (self.table, self.recent):
+                        table.delete(where)
+
+            try:
+                delete()
+            except CACHE_ERRORS as exc:
+                if resource_error(exc):
+                    raise
+                self._recover(exc, delete)
         keep = [i for i, h in enumerate(hashes) if h not in stored or h in changed]
         self.put_many([hashes[i] for i in keep], vectors[keep])
         return len(keep)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -34,6 +36,7 @@ DEFINITIONS_TABLE = "definitions"
 REFERENCES_TABLE = "refs"
 IMPORTS_TABLE = "imports"
 STATE_FILE = "state.json"
+STATE_DAMAGED_HINT = "`ctx run index --force` rebuilds the lake and its state (or `ctx clean --yes`, then `ctx run index`)"
 WRITER_LOCK_FILE = "writer.lock"
 
 
@@ -74,12 +77,13 @@ def import_lancedb() -> types.ModuleType:
 
 
 def connect(
-    lake_dir: Path, *, create: bool = False, read_consistency: timedelta | None = None
+    lake_dir: Path, *, create: bool = False, read_consistency: timedelta | None = None, what: str = "the lake"
 ) -> lancedb.DBConnection:
     """A connection to the lake folder; `create` makes it, else a missing lake is NotIndexedError.
 
     `read_consistency` makes long-lived readers pick up versions committed after they opened a
-    table (lancedb otherwise keeps reading the version it opened).
+    table (lancedb otherwise keeps reading the version it opened). `what` names the folder in an
+    error (the embedding cache is a LanceDB folder too).
     """
     if not lake_dir.is_dir():
         if not create:
@@ -89,7 +93,7 @@ def connect(
         try:
             lake_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise LakeError(f"cannot create the lake at {lake_dir}: {exc.strerror}") from exc
+            raise LakeError(f"cannot create {what} at {lake_dir}: {exc.strerror}") from exc
     return import_lancedb().connect(str(lake_dir), read_consistency_interval=read_consistency)
 
 
@@ -129,9 +133,20 @@ class IndexState:
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:
-            raise LakeError(f"cannot read {path}: {exc}") from exc
+            raise LakeError(f"cannot read {path}: {exc}", hint=STATE_DAMAGED_HINT) from exc
+        if not isinstance(data, dict):
+            raise LakeError(f"cannot read {path}: not a JSON object", hint=STATE_DAMAGED_HINT)
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**known)
+
+    @classmethod
+    def read_or_none(cls, lake_dir: Path) -> IndexState | None:
+        """The state, or None when state.json is missing or unreadable (`ctx run index --force`
+        rebuilds the lake whatever it says)."""
+        try:
+            return cls.read(lake_dir)
+        except LakeError:
+            return None
 
     def write(self, lake_dir: Path) -> None:
         write_atomic(lake_dir / STATE_FILE, json.dumps(self.__dict__, indent=2, default=str))
@@ -275,6 +290,66 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+# Where Lance's Rust side raised, appended to its messages (", /root/.cargo/registry/src/.../x.rs:258:9",
+# "/rustc/<hash>/library/core/src/ops/function.rs:250:5"): noise to a user, left out of what we show.
+_RUST_LOCATION = re.compile(r",?\s*/\S+\.rs:\d+:\d+")
+# What the machine lacks, as opposed to what a file lacks: errors a retry after fixing the cause
+# cures, which must never count as a damaged table (moving a cache aside for a full disk loses it).
+_RESOURCE_ERRNOS = frozenset([errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EMFILE,
+                              errno.ENFILE, errno.ENOMEM])
+_RESOURCE_WORDS = ("No space", "ermission denied", "Read-only file system", "Too many open files",
+                   "Disk quota", "Cannot allocate memory", "os error 28", "os error 13", "os error 30")
+
+
+def lance_message(exc: BaseException) -> str:
+    """An error from LanceDB as one line a user can read: its first line, without Rust source locations."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return _RUST_LOCATION.sub("", text)[:300]
+
+
+def resource_error(exc: BaseException) -> bool:
+    """Disk full, no permission, read-only, out of file handles: the machine's state, not damage."""
+    if isinstance(exc, OSError) and exc.errno in _RESOURCE_ERRNOS:
+        return True
+    cause = exc.__cause__
+    return any(word in str(exc) for word in _RESOURCE_WORDS) or (cause is not None and resource_error(cause))
+
+
+# How Lance says a table's files cannot be read: a truncated data file ("failed to fill whole
+# buffer"), lost manifests ("Table 'chunks' was not found"), an index's files gone ("Not found:
+# .../_indices/<uuid>/tokens.lance"). Matched on the text: Lance raises plain RuntimeError,
+# ValueError and OSError.
+_LANCE_MARKERS = ("lance error", "LanceError", "was not found", "Not found:", "not found:", "Dataset at path",
+                  "corrupt", "failed to fill whole buffer")
+_TABLE_IN_PATH = re.compile(r"/([A-Za-z0-9_]+)\.lance(?:/|\b)")
+_TABLE_NAMED = re.compile(r"Table '([^']+)' was not found")
+
+
+def lance_failure(exc: BaseException) -> LakeError | None:
+    """A Lance error that says the lake's files are damaged -> one LakeError naming the table and
+    how to rebuild it; None for anything else (a bug keeps its traceback). The single place the
+    read side (CLI, MCP tools) turns Lance's errors into ours."""
+    if isinstance(exc, LakeError) or not isinstance(exc, (RuntimeError, ValueError, OSError)):
+        return None
+    text = str(exc)
+    if not any(marker in text for marker in _LANCE_MARKERS) or resource_error(exc):
+        return None
+    named = _TABLE_NAMED.search(text)
+    in_path = [m for m in _TABLE_IN_PATH.findall(text) if m not in ("data", "_indices")]
+    table = named.group(1) if named else (in_path[0] if in_path else None)
+    if table is not None and table.startswith("emb_"):
+        return LakeError(f"the embedding cache table {table} cannot be read: {lance_message(exc)}",
+                         hint="the next `ctx run index` moves it aside; or delete it, it is rebuilt as files are embedded")
+    what = "index files" if "/_indices/" in text else "table"
+    where = f"the lake's {table} {what}" if table else "a table of the lake"
+    return LakeError(f"{where} cannot be read: {lance_message(exc)}", hint=DAMAGED_HINT)
+
+
+WRITE_FAILED_HINT = "the previous index stays readable; fix the cause and re-run"
+COLD_WRITE_FAILED_HINT = "nothing was indexed yet; fix the cause and re-run"
+DAMAGED_HINT = "`ctx run index --force` rebuilds it"
+
+
 @contextlib.contextmanager
 def writing(what: str) -> Iterator[None]:
     """Turn an I/O failure while writing the lake (disk full, permission denied, a damaged file)
@@ -284,16 +359,15 @@ def writing(what: str) -> Iterator[None]:
         yield
     except LakeError:
         raise
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        raise LakeError(f"cannot write {what}: {reason}",
-                        hint="the previous index stays readable; fix the cause and re-run") from exc
-    except RuntimeError as exc:
+    except (OSError, RuntimeError) as exc:
         text = str(exc)
-        if not any(marker in text for marker in ("IO", "Io", "os error", "No space", "ermission")):
+        if isinstance(exc, RuntimeError) and not any(m in text for m in ("IO", "Io", "os error", "No space", "ermission")):
             raise
-        raise LakeError(f"cannot write {what}: {text.splitlines()[0][:300]}",
-                        hint="the previous index stays readable; fix the cause and re-run") from exc
+        reason = (exc.strerror if isinstance(exc, OSError) else None) or lance_message(exc)
+        # A full disk leaves the tables as they were; a file Lance cannot read is damage, which
+        # re-running does not cure.
+        hint = WRITE_FAILED_HINT if resource_error(exc) else DAMAGED_HINT
+        raise LakeError(f"cannot write {what}: {reason}", hint=hint) from exc
 
 
 def check_model(state: IndexState | None, embedder: Embedder, force: bool) -> bool:

@@ -59,6 +59,18 @@ INDEXED = "indexed"
 # A file that is a secret by its name (.env, id_rsa, *.pem...) while [index] secret_files = "skip":
 # never read, counted in the run report and `ctx status`.
 SECRET = "secret"
+# A path that is not valid UTF-8 (a byte-named file from another system): the lake stores paths
+# as UTF-8 strings, so such a file cannot be indexed. It is recorded under its escaped name
+# (`bad\xffname.py`, see storable_path), never read, and counted in the run report and `ctx status`.
+BAD_NAME = "bad_name"
+
+
+def storable_path(rel: str) -> str:
+    """`rel` as a UTF-8 string: itself, or with the bytes that are not UTF-8 written as `\\xNN`
+    (os.listdir hands them over as lone surrogates, which no encoder, hash or Arrow column takes)."""
+    if rel.isascii():
+        return rel
+    return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 class Entry(NamedTuple):
@@ -66,7 +78,7 @@ class Entry(NamedTuple):
     size: int
     mtime_ns: int
     hash: str
-    status: str  # indexed | binary | too_large | unreadable | secret
+    status: str  # indexed | binary | too_large | unreadable | secret | generated | special | bad_name
 
 
 class Diff(NamedTuple):
@@ -93,6 +105,7 @@ class ScanStats:
     symlinks: int = 0
     vanished: int = 0  # listed, then gone before we could read it
     skipped: dict[str, int] = field(default_factory=dict)  # status -> count, for non-indexed files
+    bad_names: list[str] = field(default_factory=list)  # paths that are not UTF-8, escaped (storable_path)
 
 
 def _folder_hash(folder: str, kids: dict[str, tuple[bool, str]], dirs: dict[str, str]) -> str:
@@ -422,6 +435,9 @@ def entry_for(root: Path, rel: str, keep: PathFilter, max_bytes: int) -> Entry |
         return None
     if not stat.S_ISREG(st.st_mode) or not keep.keeps(rel):
         return None
+    key = storable_path(rel)
+    if key != rel:
+        return Entry(key, st.st_size, st.st_mtime_ns, f"{BAD_NAME}:{st.st_size}", BAD_NAME)
     if skipped_as_secret(rel, keep.secret_files):
         return Entry(rel, st.st_size, st.st_mtime_ns, f"{SECRET}:{st.st_size}", SECRET)
     try:
@@ -436,25 +452,27 @@ def rehash_paths(root: Path, paths: set[str], tree: Tree, keep: PathFilter, max_
     """Event paths -> {file path: its new Merkle entry, or None when it is gone or now ignored}.
 
     An event can name a folder (moved or deleted whole): every file the tree had under it,
-    and every file now on disk under it, is looked at again.
+    and every file now on disk under it, is looked at again. A name that is not UTF-8 is keyed by
+    its escaped form, as a scan records it; the tree's escaped key is looked up on disk by the
+    real name when the disk still has it, and otherwise found gone.
     """
-    affected: set[str] = set()
+    affected: dict[str, str] = {}  # the tree's key -> the path on disk to look at
     for rel in paths:
-        affected.add(rel)
-        prefix = rel + "/"
-        affected.update(p for p in tree.entries if p.startswith(prefix))
+        affected[storable_path(rel)] = rel
+        prefix = storable_path(rel) + "/"
+        affected.update((p, p) for p in tree.entries if p.startswith(prefix))
         folder = root / rel
         if folder.is_dir() and not folder.is_symlink():
             for dirpath, dirnames, filenames in os.walk(folder):
                 dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
                 base = Path(dirpath).relative_to(root).as_posix()
-                affected.update(f"{base}/{name}" for name in filenames)
+                affected.update((storable_path(f"{base}/{name}"), f"{base}/{name}") for name in filenames)
     changes: dict[str, Entry | None] = {}
-    for rel in affected:
+    for key, rel in affected.items():
         entry = entry_for(root, rel, keep, max_bytes)
-        before = tree.entries.get(rel)
+        before = tree.entries.get(key)
         if entry != before and not (entry is None and before is None):
-            changes[rel] = entry
+            changes[key] = entry
     return changes
 
 
@@ -612,9 +630,15 @@ def scan_tree(
     skip_secrets = index.secret_files == "skip"
     for rel, st in walk_files(root, index, stats):
         stats.seen += 1
+        key = storable_path(rel)
         before = old.get(rel)
+        if key != rel:
+            if key in entries:  # a real file of that (escaped-looking) name keeps its place
+                continue
+            stats.bad_names.append(key)
+            entries[key] = Entry(key, st.st_size, st.st_mtime_ns, f"{BAD_NAME}:{st.st_size}", BAD_NAME)
         # skipped_as_secret, with the name the walk already has (this loop sees every file).
-        if skip_secrets and is_secret_name(rel[rel.rfind("/") + 1 :]):
+        elif skip_secrets and is_secret_name(rel[rel.rfind("/") + 1 :]):
             entries[rel] = Entry(rel, st.st_size, st.st_mtime_ns, f"{SECRET}:{st.st_size}", SECRET)
         elif (
             before is not None
@@ -633,7 +657,7 @@ def scan_tree(
                 continue
             entries[rel] = Entry(rel, st.st_size, st.st_mtime_ns, digest, status)
             stats.hashed += 1
-        status = entries[rel].status
+        status = entries[key].status
         if status != INDEXED:
             stats.skipped[status] = stats.skipped.get(status, 0) + 1
         if on_file is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -9,9 +10,18 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pyarrow as pa
 
+from ctxlake.errors import LakeError
 from ctxlake.schemas.tables import FILES, chunks_schema
 from ctxlake.tasks.heap import give_back_freed_memory
-from ctxlake.tasks.lake import CHUNKS_TABLE, FILES_TABLE, connect, open_table, writing
+from ctxlake.tasks.lake import (
+    CHUNKS_TABLE,
+    FILES_TABLE,
+    connect,
+    lance_message,
+    open_table,
+    resource_error,
+    writing,
+)
 from ctxlake.tasks.stage import stage
 
 if TYPE_CHECKING:
@@ -236,3 +246,52 @@ def delete_source(tables: LakeTables, source: str) -> None:
     with writing(f"the lake (removing {source})"):
         tables.chunks.delete(f"source = {sql_str(source)}")
         tables.files.delete(f"source = {sql_str(source)}")
+
+
+def drop_unreadable(lake_dir: Path) -> list[str]:
+    """Before `ctx run index --force`: tables whose files Lance cannot read (a truncated data file,
+    lost manifests) are dropped, and indexes whose files are gone, so the run rebuilds them from
+    the source files and the embedding cache; a note per thing dropped.
+
+    Reads one column of every table and asks each index one question: seconds on a big lake, and
+    only on a forced run.
+    """
+    if not lake_dir.is_dir():
+        return []
+    notes: list[str] = []
+    db = connect(lake_dir)
+    for folder in sorted(lake_dir.glob("*.lance")):
+        name = folder.name.removesuffix(".lance")
+        try:
+            table = db.open_table(name)
+            table.search().select([table.schema.names[0]]).limit(None).to_arrow()
+        except (OSError, RuntimeError, ValueError) as exc:
+            if resource_error(exc):
+                raise LakeError(f"cannot read the lake's {name} table: {lance_message(exc)}",
+                                hint="fix the cause and re-run") from exc
+            shutil.rmtree(folder)
+            notes.append(f"the lake's {name} table could not be read ({lance_message(exc)}): rebuilt")
+            continue
+        for idx in table.list_indices():
+            try:
+                _ask_index(table, idx.columns[0], str(idx.index_type))
+            except (OSError, RuntimeError, ValueError) as exc:
+                if resource_error(exc):
+                    raise LakeError(f"cannot read an index of the lake's {name} table: {lance_message(exc)}",
+                                    hint="fix the cause and re-run") from exc
+                with writing(f"the lake's {name} table"):
+                    table.drop_index(idx.name)
+                notes.append(f"the {idx.name} index of the lake's {name} table could not be read: rebuilt")
+    return notes
+
+
+def _ask_index(table: Table, column: str, kind: str) -> None:
+    """One query that has to read `column`'s index (its files gone: Lance raises "Not found")."""
+    first = table.schema.names[0]
+    if "FTS" in kind.upper():
+        table.search("probe", query_type="fts", fts_columns=column).select([first]).limit(1).to_arrow()
+    elif table.schema.field(column).type.equals(pa.string()):
+        table.search().where(f"{column} = 'probe'").select([first]).limit(1).to_arrow()
+    elif pa.types.is_fixed_size_list(table.schema.field(column).type):
+        dims = table.schema.field(column).type.list_size
+        table.search([0.0] * dims, vector_column_name=column).select([first]).limit(1).to_arrow()

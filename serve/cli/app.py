@@ -529,10 +529,12 @@ def run(argv: list[str] | None = None, started_at: float | None = None, reuse: b
         else:
             typer.echo(f"ctx: error: {exc}", err=True)
         return int(getattr(exc, "exit_code", 2))
-    except OSError as exc:
-        lake_error = _as_lake_error(exc)
-        if lake_error is None:
-            raise  # not a storage failure: a bug, keep its traceback
+    except (OSError, RuntimeError, ValueError) as exc:
+        from ctxlake.tasks.lake import lance_failure
+
+        lake_error = _as_lake_error(exc) or lance_failure(exc)
+        if lake_error is None or (argv is not None and ("-v" in argv or "--verbose" in argv)):
+            raise  # not a storage failure: a bug, keep its traceback (or -v asked for it)
         typer.echo(f"ctx: error: {lake_error.message}", err=True)
         if lake_error.hint:
             typer.echo(f"ctx: hint: {lake_error.hint}", err=True)

@@ -199,6 +199,7 @@ NOT_INDEXED_WHY = {
     "generated": "minified or generated code",
     "special": "not a regular file (FIFO, socket, device, link loop)",
     "unreadable": "could not be read (permissions)",
+    "bad_name": "the name is not valid UTF-8 (shown escaped); rename the file to index it",
 }
 
 

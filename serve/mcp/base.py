@@ -23,6 +23,7 @@ from mcp.types import ToolAnnotations
 from ctxlake.errors import CtxError, LakeError, NotIndexedError
 from ctxlake.schemas.config import Settings
 from ctxlake.serve.api.docs import DocsReader
+from ctxlake.tasks.lake import lance_failure
 
 if TYPE_CHECKING:
     from ctxlake.serve.api.queries import Lake
@@ -281,6 +282,11 @@ def tool_errors(fn: Callable[P, R]) -> Callable[P, R]:
             return fn(*args, **kwargs)
         except CtxError as exc:
             raise ToolError(f"{exc.message}" + (f" (hint: {exc.hint})" if exc.hint else "")) from exc
+        except (OSError, RuntimeError, ValueError) as exc:
+            damaged = lance_failure(exc)
+            if damaged is None:
+                raise
+            raise ToolError(f"{damaged.message} (hint: {damaged.hint})") from exc
 
     # The docstring is the tool's description: without the source's indentation on later lines.
     wrapper.__doc__ = inspect.cleandoc(fn.__doc__ or "")

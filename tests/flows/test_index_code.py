@@ -230,6 +230,25 @@ def test_bad_input_is_skipped_and_counted(make_repo: Callable[..., Path], cli: C
     assert covered == set(range(1, 21001))
 
 
+def test_a_file_name_that_is_not_utf8_is_skipped_and_the_rest_indexed(
+        make_repo: Callable[..., Path], cli: Callable[..., Any]) -> None:
+    repo = make_repo({"ok.py": "def ok():\n    return 1\n"}, commit=False)
+    with open(os.fsencode(repo) + b"/bad\xffname.py", "wb") as fh:
+        fh.write(b"def f():\n    pass\n")
+    result = cli("run", "index", "--json", cwd=repo)
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["skipped"] == {"bad_name": 1}
+    assert any("bad\\xffname.py" in w and "not valid UTF-8" in w for w in report["warnings"])
+    assert set(chunk_paths(repo)) == {"ok.py"}
+    skipped = cli("status", "--skipped", "--json", cwd=repo)
+    assert skipped.exit_code == 0, skipped.stderr
+    assert [(r["path"], r["reason"]) for r in json.loads(skipped.stdout)["not_indexed"]] == [
+        ("bad\\xffname.py", "bad_name")]
+    again = cli("status", "--json", cwd=repo)
+    assert json.loads(again.stdout)["stale"] is False
+
+
 def test_empty_repo_and_missing_path(make_repo: Callable[..., Path], cli: Callable[..., Any], tmp_path: Path) -> None:
     repo = make_repo({}, name="empty")
     result = cli("run", "index", "--json", cwd=repo)

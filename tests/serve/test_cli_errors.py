@@ -111,6 +111,7 @@ def test_a_really_full_disk_is_exit_8_with_one_line(tiny_disk: Path, ctx_home: P
                           env={"CTX_EMBED_PROVIDER": "fake", "CTX_EMBED_MODEL": "hash"})
     assert done.returncode == 8, done.stderr
     assert "No space left" in done.stderr and "Traceback" not in done.stderr
+    assert "stays readable" not in done.stderr  # a first run: there is no previous index
     filler = tiny_disk / "filler"  # now fill what is left, so even .ctx/config.toml cannot be written
     with pytest.raises(OSError), filler.open("wb") as out:
         while True:
@@ -293,3 +294,65 @@ def test_ctrl_c_stops_a_running_sql_statement_at_once(indexed: Path) -> None:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def _damage(lake: Path, how: str) -> None:
+    chunks = lake / "chunks.lance"
+    if how == "truncated":  # a crash or a bad disk cut a data file short
+        biggest = max((chunks / "data").glob("*.lance"), key=lambda f: f.stat().st_size)
+        with open(biggest, "r+b") as fh:
+            fh.truncate(500)
+    elif how == "no_manifest":
+        for f in (chunks / "_versions").glob("*.manifest"):
+            f.unlink()
+    elif how == "no_indices":
+        shutil.rmtree(chunks / "_indices")
+    else:
+        (lake / "state.json").write_text("{garbage")
+
+
+@pytest.mark.parametrize("how", ["truncated", "no_manifest", "no_indices", "state"])
+def test_a_damaged_lake_is_one_line_for_readers_and_rebuilt_by_force(
+        indexed: Path, cli: Callable[..., Any], how: str) -> None:
+    # Readers died with a Lance traceback (Rust file names and all), and `ctx run index --force`
+    # either failed too ("the previous index stays readable", which it was not) or left search broken.
+    _damage(indexed / ".ctx" / "lake", how)
+    for args in (("search", "total"), ("status",), ("sql", "select count(*) from chunks")):
+        result = cli(*args, cwd=indexed)
+        if (how == "no_indices" and args[0] != "search") or (how == "state" and args[0] == "sql"):
+            continue  # only a keyword query reads the BM25 index; `ctx sql` reads the tables alone
+        assert result.exit_code == 8, (args, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert lines[0].startswith("ctx: error: ") and "Traceback" not in result.stderr, result.stderr
+        assert ".rs:" not in result.stderr
+        assert "ctx run index --force" in lines[-1]
+        if how in ("no_manifest", "no_indices"):
+            assert "chunks" in lines[0]
+    forced = cli("run", "index", "--force", "--json", cwd=indexed)
+    assert forced.exit_code == 0, forced.stderr
+    found = cli("search", "total", "--json", cwd=indexed)
+    assert found.exit_code == 0, found.stderr
+    assert "app.py" in found.stdout
+    assert cli("status", cwd=indexed).exit_code == 0
+
+
+def test_ctx_home_that_is_a_file_is_a_config_error(indexed: Path, cli: Callable[..., Any], tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # It was a NotADirectoryError traceback from whichever command first made models/.
+    not_a_folder = tmp_path / "home-file"
+    not_a_folder.write_text("")
+    for home in (not_a_folder, not_a_folder / "below"):
+        monkeypatch.setenv("CTX_HOME", str(home))
+        for args in (("search", "total"), ("run", "index")):
+            result = cli(*args, cwd=indexed)
+            assert result.exit_code == 3, result.stderr
+            assert result.stderr.startswith("ctx: error: CTX_HOME is ") and "Traceback" not in result.stderr
+
+
+def test_an_embedding_cache_folder_that_cannot_be_made_is_named_as_such(
+        indexed: Path, cli: Callable[..., Any], ctx_home: Path) -> None:
+    shutil.rmtree(ctx_home / "embeddings")
+    (ctx_home / "embeddings").write_text("")  # a file where the cache's folder goes
+    result = cli("run", "index", "--force", cwd=indexed)
+    assert result.exit_code == 8, result.stderr
+    assert f"cannot create the embedding cache at {ctx_home / 'embeddings'}" in result.stderr

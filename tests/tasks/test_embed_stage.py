@@ -294,3 +294,62 @@ def test_dedupe_keeps_one_row_per_hash_and_every_lookup(tmp_path: Path) -> None:
     found = cache.get_many(hashes)
     np.testing.assert_allclose(np.stack([found[h] for h in hashes]), first)
     assert cache.dedupe() == 0
+
+
+def _damage(cache_dir: Path, how: str) -> None:
+    """Break every table of the cache as a crash or a bad disk does."""
+    for table in cache_dir.glob("*.lance"):
+        if how == "truncate":
+            for f in (table / "data").glob("*.lance"):
+                with open(f, "r+b") as fh:
+                    fh.truncate(500)
+        else:
+            for f in (table / "_versions").glob("*.manifest"):
+                f.unlink()
+
+
+@pytest.mark.parametrize("how", ["truncate", "no_manifest"])
+def test_a_damaged_cache_is_moved_aside_and_a_fresh_one_used(tmp_path: Path, how: str) -> None:
+    # A truncated data file made every lookup raise, in every project of the user: `ctx run index`
+    # failed with a traceback and `--force` with "writing vectors failed".
+    cache_dir = tmp_path / "embeddings"
+    vectors = np.ones((3, 8), dtype=np.float32)
+    EmbeddingCache(cache_dir, "fake:hash:8", 8).put_many(["a", "b", "c"], vectors)
+    _damage(cache_dir, how)
+    cache = EmbeddingCache(cache_dir, "fake:hash:8", 8)
+    assert cache.get_many(["a", "b"]) == {}  # a miss, not an error
+    moved = sorted(p.name for p in cache_dir.iterdir() if ".damaged-" in p.name)
+    assert len(moved) == 2 and all(name.startswith("emb_") for name in moved)
+    assert len(cache.warnings) == 1 and moved[0] in cache.warnings[0]
+    assert ".rs:" not in cache.warnings[0]
+    cache.put_many(["a"], vectors[:1])
+    assert set(EmbeddingCache(cache_dir, "fake:hash:8", 8).get_many(["a", "b"])) == {"a"}
+
+
+def test_a_cache_repaired_by_another_process_is_reopened_not_moved_again(tmp_path: Path) -> None:
+    cache_dir = tmp_path / "embeddings"
+    vectors = np.ones((2, 8), dtype=np.float32)
+    EmbeddingCache(cache_dir, "fake:hash:8", 8).put_many(["a", "b"], vectors)
+    _damage(cache_dir, "truncate")
+    first = EmbeddingCache(cache_dir, "fake:hash:8", 8)
+    second = EmbeddingCache(cache_dir, "fake:hash:8", 8)  # opened on the damaged tables too
+    assert first.get_many(["a"]) == {}  # moves them aside
+    second.put_many(["b"], vectors[:1])  # through its old handles: must land in the fresh table
+    assert second.warnings == []
+    assert len([p for p in cache_dir.iterdir() if ".damaged-" in p.name]) == 2
+    assert set(EmbeddingCache(cache_dir, "fake:hash:8", 8).get_many(["a", "b"])) == {"b"}
+
+
+def test_a_full_disk_is_not_taken_for_damage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ctxlake.errors import LakeError
+
+    cache_dir = tmp_path / "embeddings"
+    cache = EmbeddingCache(cache_dir, "fake:hash:8", 8)
+
+    def full(*_: Any, **__: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(type(cache.recent), "add", full)
+    with pytest.raises(LakeError, match="No space"):
+        cache.put_many(["a"], np.ones((1, 8), dtype=np.float32))
+    assert not [p for p in cache_dir.iterdir() if ".damaged-" in p.name]

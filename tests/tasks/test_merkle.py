@@ -368,3 +368,46 @@ def test_utf16_text_with_its_bom_is_text_and_binary_behind_those_bytes_is_not(tm
         "Greeter.cs": "indexed", "Legacy.sql": "indexed", "blob.dat2": "binary"}
     text, warning = decode_text((tmp_path / "Greeter.cs").read_bytes())
     assert warning is None and text is not None and 'Console.WriteLine("héllo")' in text
+
+
+def test_a_name_that_is_not_utf8_is_skipped_and_counted_not_fatal(tmp_path: Path) -> None:
+    # Linux allows any bytes in a name; os.listdir hands the bad ones over as lone surrogates,
+    # which crashed the folder hash (every run of the project failed) and cannot go into Arrow.
+    write_files(tmp_path, {"ok.py": "def ok(): pass\n"})
+    root = os.fsencode(tmp_path)
+    with open(root + b"/bad\xffname.py", "wb") as f:
+        f.write(b"def f(): pass\n")
+    os.mkdir(root + b"/dir\xfe")
+    with open(root + b"/dir\xfe/inner.py", "wb") as f:
+        f.write(b"x = 1\n")
+    tree, stats = scan_tree(tmp_path, IndexSettings())
+    assert indexed(tree) == {"ok.py"}
+    assert stats.skipped == {"bad_name": 2}
+    assert sorted(stats.bad_names) == ["bad\\xffname.py", "dir\\xfe/inner.py"]
+    assert tree.root_hash  # the folders hash
+    save_snapshot(tmp_path / "lake", "project", tree)
+    assert merkle.not_indexed(tmp_path / "lake", "project") == [
+        ("bad\\xffname.py", "bad_name", 14), ("dir\\xfe/inner.py", "bad_name", 6)]
+    again = load_snapshot(tmp_path / "lake", "project")
+    assert again is not None
+    assert diff_trees(again, scan(tmp_path, previous=again)) == Diff([], [], [])
+
+
+def test_watch_events_for_a_name_that_is_not_utf8_match_a_scan(tmp_path: Path) -> None:
+    write_files(tmp_path, {"ok.py": "def ok(): pass\n", "pkg/a.py": "a = 1\n"})
+    index = IndexSettings()
+    keep = merkle.PathFilter(tmp_path, index)
+    before = scan(tmp_path)
+    bad = os.fsencode(tmp_path) + b"/pkg/bad\xffname.py"
+    with open(bad, "wb") as f:
+        f.write(b"def f(): pass\n")
+    event = os.fsdecode(b"pkg/bad\xffname.py")  # as watchfiles reports it
+    after = before.update(merkle.rehash_paths(tmp_path, {event}, before, keep, index.max_file_bytes))
+    assert after.entries == scan(tmp_path).entries
+    assert after.root_hash == scan(tmp_path).root_hash
+    assert "pkg/bad\\xffname.py" in after.entries
+    assert diff_trees(before, after) == Diff([], [], [])
+    os.unlink(bad)
+    # Deleted, seen through its folder's event: the escaped entry goes, as from a scan.
+    gone = after.update(merkle.rehash_paths(tmp_path, {"pkg"}, after, keep, index.max_file_bytes))
+    assert gone.entries == before.entries
