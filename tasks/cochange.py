@@ -103,7 +103,8 @@ def update_cochange(db: Any, lake_dir: Path, root: Path, source: str, rev: str =
         state = json.loads(state_path.read_text(encoding="utf-8")).get(source, {})
     except (OSError, ValueError):
         state = {}
-    if state.get("head") == now and state.get("paths") == PATHS:
+    # Up to date only while the table is there too (`ctx run index --force` drops one it cannot read).
+    if state.get("head") == now and state.get("paths") == PATHS and (lake_dir / f"{COCHANGE_TABLE}.lance").is_dir():
         return 0
     since = state.get("head")
     table = open_table(db, COCHANGE_TABLE)

@@ -84,6 +84,17 @@ def test_new_commits_are_added_incrementally(repo: Path, cli: Callable[..., Any]
     assert {p: (r.commits, r.strength) for p, r in rebuilt.items()} == {p: (r.commits, r.strength) for p, r in after.items()}
 
 
+def test_a_lost_table_is_built_again_though_no_commit_came(repo: Path, cli: Callable[..., Any]) -> None:
+    """`ctx run index --force` drops a table it cannot read; the co-change state still names HEAD,
+    which used to mean "up to date" and left `ctx related` without co-change until a new commit."""
+    import shutil
+
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    shutil.rmtree(repo / ".ctx" / "lake" / "cochange.lance")
+    assert cli("run", "index", "--force", cwd=repo).exit_code == 0
+    assert related(repo, "a.py")["b.py"].commits == 1
+
+
 def test_rewritten_history_is_rebuilt(repo: Path, cli: Callable[..., Any]) -> None:
     assert cli("run", "index", cwd=repo).exit_code == 0
     subprocess.run(["git", "reset", "-q", "--hard", "HEAD~2"], cwd=repo, check=True)  # a-c's commit is gone
