@@ -41,7 +41,7 @@ def ensure_venv(dev: bool) -> None:
     if not PY.exists():
         say(f"creating {VENV}")
         venv.EnvBuilder(with_pip=True, clear=True).create(VENV)
-        run(PY, "-m", "pip", "install", "-q", "--upgrade", "pip", "setuptools>=68", "wheel")
+        run(PY, "-m", "pip", "install", "-q", "--upgrade", "pip", "setuptools>=77", "wheel")
     digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:16]
     stamp = VENV / f".deps-{'dev' if dev else 'run'}-{digest}"
     target = ".[dev]" if dev else "."
