@@ -290,7 +290,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-# Where Lance's Rust side raised, appended to its messages (", /root/.cargo/registry/src/.../x.rs:258:9",
+# Where Lance's Rust side raised, appended to its messages (", <cargo home>/registry/src/.../x.rs:258:9",
 # "/rustc/<hash>/library/core/src/ops/function.rs:250:5"): noise to a user, left out of what we show.
 _RUST_LOCATION = re.compile(r",?\s*/\S+\.rs:\d+:\d+")
 # What the machine lacks, as opposed to what a file lacks: errors a retry after fixing the cause
