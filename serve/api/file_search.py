@@ -35,12 +35,15 @@ from ctxlake.serve.api.ranking import (
     down_weight_tests,
     file_scores,
     folder_scores,
+    module_stem_scores,
     neighbour_scores,
     ordered,
     path_scores,
     rrf,
+    scaled,
     stem_scores,
     symbol_scores,
+    typo_stem_scores,
     wants_tests,
 )
 
@@ -57,6 +60,8 @@ class FileEvidence:
     semantic: list[dict[str, Any]] = field(default_factory=list)  # vector chunk rows
     symbol: dict[FileKey, float] = field(default_factory=dict)
     title_symbol: dict[FileKey, float] = field(default_factory=dict)  # files defining the title's names
+    title_stem: dict[FileKey, float] = field(default_factory=dict)  # modules named like a title word
+    typo_stem: dict[FileKey, float] = field(default_factory=dict)  # files one edit from a query word
     path: dict[FileKey, float] = field(default_factory=dict)
     stem: dict[FileKey, float] = field(default_factory=dict)
     folder: dict[FileKey, float] = field(default_factory=dict)
@@ -114,6 +119,10 @@ def file_evidence(
         out.symbol = symbol_scores(analysis, catalog) if options.symbol_evidence else {}
         if options.title_symbols and title:
             out.title_symbol = symbol_scores(analyse(title), catalog)
+        if options.title_stems and title:
+            out.title_stem = module_stem_scores(analyse(title), catalog)
+        if options.typo_stems:
+            out.typo_stem = typo_stem_scores(analysis, catalog)
         out.path = path_scores(analysis, catalog) if options.path_evidence else {}
         if options.stem_evidence:
             out.stem = stem_scores(analysis, catalog)
@@ -145,7 +154,7 @@ def fuse_files(evidence: FileEvidence, options: RankOptions) -> list[tuple[FileK
     if options.prose_list:
         lists.append((files(evidence.prose), options.prose_weight))
     k = options.rrf_k
-    fused = rrf(lists, k)
+    fused = scaled(lists, k) if options.score_fusion else rrf(lists, k)
     if options.symbol_evidence:
         add_bonus(fused, evidence.symbol, options.symbol_weight, options.symbol_scale, k)
     if options.title_symbols:
@@ -156,7 +165,12 @@ def fuse_files(evidence: FileEvidence, options: RankOptions) -> list[tuple[FileK
         names = dict(evidence.stem)
         for key, score in evidence.folder.items():
             names[key] = names.get(key, 0.0) + options.folder_share * score
+        if options.typo_stems:
+            for key, score in evidence.typo_stem.items():
+                names[key] = names.get(key, 0.0) + score
         add_bonus(fused, names, options.stem_weight, options.stem_scale, k)
+    if options.title_stems:
+        add_bonus(fused, evidence.title_stem, options.stem_weight, options.stem_scale, k)
     if options.import_neighbours and evidence.imports:
         neighbours = neighbour_scores(fused, evidence.imports, options.neighbour_hits)
         add_bonus(fused, neighbours, options.neighbour_weight, options.neighbour_scale, k)

@@ -60,6 +60,9 @@ class RankOptions:
     prose_list: bool = False  # tried: BM25 of the issue's prose (code blocks and log lines dropped) as a list
     prose_weight: float = 1.0
     title_symbols: bool = False  # tried: files defining the names the title mentions gain once more
+    title_stems: bool = False  # tried: modules named like a word of the title gain once more
+    typo_stems: bool = False  # tried: a long query word one edit from a file's name counts as naming it
+    score_fusion: bool = False  # tried: lists add their min-max scaled scores instead of 1 / (k + rank)
     file_sum_chunks: int = 3
     rrf_k: int = 60
     keyword_weight: float = 1.0
@@ -102,6 +105,9 @@ class RankOptions:
             "+title_boost": {"title_weight": 3.0},
             "+prose_list": {"prose_list": True},
             "+title_symbols": {"title_symbols": True},
+            "+title_stems": {"title_stems": True},
+            "+typo_stems": {"typo_stems": True},
+            "+score_fusion": {"score_fusion": True},
         }
         if name not in changes:
             raise ValueError(f"unknown variant {name!r}; known: {', '.join(changes)}")
@@ -112,13 +118,14 @@ class RankOptions:
         return replace(self, title_list=False, semantic_title=False, identifier_list=False, symbol_evidence=False,
                        path_evidence=False, stem_evidence=False, test_weight=1.0, squeeze_logs=False,
                        file_sum_weight=0.0, folder_share=0.0, import_neighbours=False,
-                       cochange_neighbours=False, prose_list=False, title_symbols=False)
+                       cochange_neighbours=False, prose_list=False, title_symbols=False, title_stems=False,
+                       typo_stems=False, score_fusion=False)
 
 
 TECHNIQUES = ("title_list", "semantic_title", "identifier_list", "symbol_evidence", "path_evidence", "stem_evidence",
               "test_weight", "semantic")
 TRIED = ("squeeze_logs", "file_sum", "folder_names", "import_neighbours", "cochange", "title_boost", "prose_list",
-         "title_symbols")
+         "title_symbols", "title_stems", "typo_stems", "score_fusion")
 VARIANTS = tuple(f"-{t}" for t in TECHNIQUES) + tuple(f"+{t}" for t in TRIED)
 
 
@@ -274,6 +281,45 @@ def stem_scores(analysis: QueryAnalysis, catalog: LakeCatalog) -> dict[FileKey, 
     return _name_scores(_mentioned_words(analysis), catalog.by_stem, catalog)
 
 
+def module_stem_scores(analysis: QueryAnalysis, catalog: LakeCatalog) -> dict[FileKey, float]:
+    """Modules (not packages' `__init__`) named like a word or identifier of the query."""
+    return {key: s for key, s in stem_scores(analysis, catalog).items() if not key[1].endswith("__init__.py")}
+
+
+def one_edit_apart(a: str, b: str) -> bool:
+    """True when b is a with one letter added, dropped, changed, or two neighbours swapped."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) > len(b):
+        a, b = b, a
+    i = 0
+    while i < len(a) and a[i] == b[i]:
+        i += 1
+    if len(a) < len(b):
+        return a[i:] == b[i + 1:]
+    return a[i + 1:] == b[i + 1:] or (i + 1 < len(a) and a[i] == b[i + 1] and a[i + 1] == b[i] and a[i + 2:] == b[i + 2:])
+
+
+TYPO_MIN_LETTERS = 7  # shorter words are one edit from too many names (`parse` / `parser`)
+
+
+def typo_stem_scores(analysis: QueryAnalysis, catalog: LakeCatalog) -> dict[FileKey, float]:
+    """Files named one edit away from a long query word that names no file itself (`matematica`
+    -> mathematica.py)."""
+    mentioned = {w: c for w, c in _mentioned_words(analysis).items()
+                 if len(w) >= TYPO_MIN_LETTERS and w not in catalog.by_stem}
+    if not mentioned:
+        return {}
+    near: dict[str, int] = defaultdict(int)
+    for stem in catalog.by_stem:
+        if len(stem) + 1 < TYPO_MIN_LETTERS:
+            continue
+        for word, count in mentioned.items():
+            if one_edit_apart(word, stem):
+                near[stem] += count
+    return _name_scores(near, catalog.by_stem, catalog)
+
+
 def folder_scores(analysis: QueryAnalysis, catalog: LakeCatalog) -> dict[FileKey, float]:
     """Files under a folder named like a word of the query (`autodoc_typehints` -> ext/autodoc/)."""
     return _name_scores(_mentioned_words(analysis), catalog.by_folder, catalog)
@@ -302,6 +348,20 @@ def rrf(lists: Sequence[tuple[Mapping[FileKey, float], float]], k: int) -> dict[
             continue
         for rank, key in enumerate(sorted(scores, key=lambda p: (-scores[p], p)), start=1):
             fused[key] += weight / (k + rank)
+    return dict(fused)
+
+
+def scaled(lists: Sequence[tuple[Mapping[FileKey, float], float]], k: int) -> dict[FileKey, float]:
+    """Score fusion: each list adds weight * (s - min) / (max - min) / (k + 1), so its first file
+    counts what a first place counts in `rrf` and the rest by how close their scores come."""
+    fused: dict[FileKey, float] = defaultdict(float)
+    for scores, weight in lists:
+        if weight <= 0 or not scores:
+            continue
+        low, high = min(scores.values()), max(scores.values())
+        span = high - low
+        for key, s in scores.items():
+            fused[key] += weight * ((s - low) / span if span > 0 else 1.0) / (k + 1)
     return dict(fused)
 
 

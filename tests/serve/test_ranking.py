@@ -158,3 +158,38 @@ def test_prose_list_and_title_symbols_count_only_when_switched_on() -> None:
     assert prose == pytest.approx({a: 1 / (k + 1) + 1 / (k + 2), b: 1 / (k + 1)})
     named = dict(fuse_files(evidence, off.variant("+title_symbols")))
     assert named[b] == pytest.approx(50 / 55 / (k + 1)) and named[a] == pytest.approx(1 / (k + 1))
+
+
+def test_one_edit_apart_takes_one_added_dropped_changed_or_swapped_letter() -> None:
+    from ctxlake.serve.api.ranking import one_edit_apart
+
+    for a, b in (("matematica", "mathematica"), ("mathematica", "matematica"), ("sqlmigrat", "sqlmigrate"),
+                 ("widgest", "widgets"), ("autodocx", "autodoc"), ("formating", "formatting"), ("abxdef", "abcdef")):
+        assert one_edit_apart(a, b), (a, b)
+    for a, b in (("same", "same"), ("abcd", "dcba"), ("widgets", "gadgets"), ("ab", "abcd"), ("abcdef", "abxdex")):
+        assert not one_edit_apart(a, b), (a, b)
+
+
+def test_typo_and_title_stems_name_modules() -> None:
+    from ctxlake.serve.api.ranking import module_stem_scores, typo_stem_scores
+
+    catalog = LakeCatalog.build([(P, "sympy/printing/mathematica.py", "mcode"), (P, "sympy/printing/latex.py", "latex"),
+                                 (P, "pkg/widgets/__init__.py", None), (P, "pkg/widgets/render.py", "render")])
+    typo = typo_stem_scores(analyse("the matematica printer and the latex printer"), catalog)
+    assert set(typo) == {(P, "sympy/printing/mathematica.py")}
+    # a word that names a file itself, or one too short to trust, finds nothing one edit away
+    assert typo_stem_scores(analyse("mathematica and latx"), catalog) == {}
+    # a package's __init__ is named by its folder for stem evidence, but is not a module named so
+    assert (P, "pkg/widgets/__init__.py") in stem_scores(analyse("widgets render"), catalog)
+    assert set(module_stem_scores(analyse("widgets render"), catalog)) == {(P, "pkg/widgets/render.py")}
+
+
+def test_score_fusion_scales_each_list_between_its_best_and_worst() -> None:
+    from ctxlake.serve.api.ranking import scaled
+
+    a, b, c = (P, "a.py"), (P, "b.py"), (P, "c.py")
+    k = 60
+    fused = scaled([({a: 10.0, b: 9.0, c: 0.0}, 1.0), ({c: 0.9, a: 0.5}, 0.5)], k)
+    assert fused == pytest.approx({a: 1 / (k + 1), b: 0.9 / (k + 1), c: 0.5 / (k + 1)})
+    # a list of one file (no spread) gives it a first place
+    assert scaled([({a: 2.0}, 1.0)], k) == pytest.approx({a: 1 / (k + 1)})
