@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ctxlake.errors import CtxError
 from ctxlake.schemas.config import CTX_DIR, default_config_toml
 
 
@@ -40,6 +41,14 @@ def _prefect_quietly(verbose: bool) -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 
+SERVER_START_ATTEMPTS = 3  # ports tried for Prefect's temporary server
+OWN_SERVER_WAIT_S = 120.0  # for the server Prefect started to listen (or exit) after a health answer
+
+
+class PrefectStartError(CtxError):
+    """Prefect's temporary API server did not come up as this process's own."""
+
+
 def start_prefect_shielded() -> None:
     """Start Prefect's temporary API server now (when no server is configured), with SIGINT
     blocked in it. Prefect starts it in the terminal's process group, so a Ctrl-C reached it too:
@@ -65,10 +74,44 @@ def start_prefect_shielded() -> None:
     if arm is not None:  # only Prefect's server module sees the shim, and only while it starts the server
         prefect_server.subprocess = _SpawnWith(real, arm)  # type: ignore[assignment]
     try:
-        server.start()
+        for _ in range(SERVER_START_ATTEMPTS):
+            server.start()
+            if _own_server_answers(server):
+                return
+            # Another process took the port between Prefect's choice and the bind: the health check
+            # was answered by that process's server (see orchestrator.listens). Another port, on the
+            # same instance (Prefect's stop() would also drop it from the instances its clients use).
+            process = server.server_process
+            if process is not None:
+                if process.poll() is None:
+                    process.kill()
+                process.wait()
+            server.server_process, server.running, server.port = None, False, None
+        raise PrefectStartError("Prefect's temporary server could not bind a free port "
+                                f"({SERVER_START_ATTEMPTS} tries; other processes took each one first)",
+                                hint="try again, or run a Prefect server and set PREFECT_API_URL")
     finally:
         prefect_server.subprocess = real
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _own_server_answers(server: Any) -> bool:
+    """Wait until the server Prefect started is the one listening on its port (True), or has
+    exited (False): Prefect's start() returns at the first healthy answer on the port, whoever gave
+    it."""
+    import time
+
+    from ctxlake.serve.service.orchestrator import listens
+
+    process = server.server_process
+    deadline = time.monotonic() + OWN_SERVER_WAIT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            return False
+        if listens(process.pid, server.port):
+            return True
+        time.sleep(0.05)
+    return False
 
 
 class _SpawnWith:

@@ -39,6 +39,7 @@ START_TIMEOUT_S = 120.0  # a busy 2-core machine needs ~10-20 s for the first st
 # it (no change to the load p99 that two rounds of A/B could show: docs/measurements/service.md,
 # run 16).
 SERVER_NICE = 10
+SERVER_PORT_ATTEMPTS = 3  # ports tried when another process takes one before the server binds it
 # How often the failure monitor asks the server for each deployment's last runs. Each check costs
 # a Prefect client and settings context in the service and a query per deployment in the server:
 # at 2 s that was ~8% of a core under query load, for runs whose schedules are minutes apart.
@@ -62,6 +63,31 @@ def healthy(api_url: str, timeout: float = 2.0) -> bool:
             return bool(resp.status == 200)
     except OSError:
         return False
+
+
+def listens(pid: int, port: int) -> bool:
+    """True when process `pid` (or a process it started) listens on 127.0.0.1:`port`.
+
+    A health check alone cannot tell whose server answered: between the choice of a free port and
+    the server's bind, another process may take the port (two `ctx` commands starting Prefect's
+    temporary server at once pick from the same 1,000 ports). The check then succeeds against that
+    other server, ours exits with "address already in use", and the runs go to a server that stops
+    when its own command ends ("Connection refused" minutes into a run)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return False
+    for proc in procs:
+        try:
+            connections = proc.net_connections(kind="tcp")
+        except psutil.Error:
+            continue
+        if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in connections):
+            return True
+    return False
 
 
 class Orchestrator:
@@ -123,7 +149,6 @@ class Orchestrator:
     def _start_server(self) -> None:
         prefect_home = self.home / "prefect"
         prefect_home.mkdir(parents=True, exist_ok=True)
-        port = free_port()
         env = dict(os.environ)
         env.update({
             "PREFECT_HOME": str(prefect_home),
@@ -138,8 +163,20 @@ class Orchestrator:
         env.setdefault("PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS", "5")
         if stale := reap_prefect_server(self.paths):  # the service holds its lock: that one's owner died
             self.trigger_errors.append(f"stopped the Prefect server (pid {stale}) a dead service had left")
-        log = open(prefect_home / "server.log", "ab")  # noqa: SIM115 - the child keeps it open
         started = time.perf_counter()
+        for _ in range(SERVER_PORT_ATTEMPTS):
+            # A port another process takes before the server binds it: the server exits, try another.
+            if self._spawn_server(free_port(), env, prefect_home):
+                self.server_start_s = time.perf_counter() - started
+                return
+        assert self._server is not None
+        raise ServiceError(f"prefect server exited with {self._server.returncode}",
+                           hint=f"see {prefect_home / 'server.log'}")
+
+    def _spawn_server(self, port: int, env: dict[str, str], prefect_home: Path) -> bool:
+        """Start `prefect server start` on `port` and wait for it: True once it answers as itself,
+        False when it exited first."""
+        log = open(prefect_home / "server.log", "ab")  # noqa: SIM115 - the child keeps it open
         self._server = subprocess.Popen(
             [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
@@ -151,12 +188,11 @@ class Orchestrator:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self._server.poll() is not None:
-                raise ServiceError(f"prefect server exited with {self._server.returncode}",
-                                   hint=f"see {prefect_home / 'server.log'}")
-            if healthy(url, timeout=1):
+                return False
+            # `listens`: the answer must come from this server, not from whoever else holds the port.
+            if healthy(url, timeout=1) and listens(self._server.pid, port):
                 self._api_url = url
-                self.server_start_s = time.perf_counter() - started
-                return
+                return True
             time.sleep(0.2)
         self._kill_server()
         raise ServiceError(f"prefect server did not answer within {START_TIMEOUT_S:.0f} s",

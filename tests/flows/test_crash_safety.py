@@ -181,3 +181,47 @@ def test_a_killed_run_takes_its_temporary_prefect_server_with_it(tmp_path: Path,
             run.kill()
         if server is not None and server.is_running():  # a failed check leaves nothing behind
             server.kill()
+
+
+RACE = textwrap.dedent('''
+    import http.server, threading
+    import prefect.server.api.server as prefect_server
+    from prefect import flow
+    from ctxlake.serve.cli.base import start_prefect_shielded
+
+    class Ok(http.server.BaseHTTPRequestHandler):  # another process's server, as the health check sees it
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"true")
+        def log_message(self, *args):
+            pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ok)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    real_choice, choices = prefect_server.SubprocessASGIServer.find_available_port, []
+    def choose(self):  # the first port was free when chosen, then the other process bound it
+        choices.append(1)
+        return other.server_address[1] if len(choices) == 1 else real_choice(self)
+    prefect_server.SubprocessASGIServer.find_available_port = choose
+    start_prefect_shielded()
+    other.shutdown()
+    other.server_close()  # that other command ended: its server is gone
+
+    @flow
+    def answer():
+        return 42
+
+    print("ports chosen", len(choices), "answer", answer())
+''')
+
+
+def test_a_port_another_process_takes_first_does_not_become_the_runs_server(tmp_path: Path) -> None:
+    """Prefect's start() returned at the first healthy answer on its port, whoever gave it: when
+    another `ctx` command's temporary server took the port first, this run's flows went to that
+    server and failed ("Connection refused") once its command ended."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect")
+    done = subprocess.run([sys.executable, "-c", RACE], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ports chosen 2 answer 42" in done.stdout, done.stdout + done.stderr[-2000:]

@@ -240,3 +240,51 @@ def _is_server(process: psutil.Process) -> bool:
         return any("uvicorn" in part for part in process.cmdline())
     except psutil.Error:
         return False
+
+
+def _health_answerer() -> Any:
+    """An HTTP server on a free port of 127.0.0.1 that answers 200 to everything, as another
+    process's Prefect server would."""
+    import http.server
+    import threading
+
+    class Ok(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            self.wfile.write(b"true")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ok)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    return other
+
+
+def test_a_port_taken_before_the_server_binds_it_is_not_mistaken_for_ours(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process may take the free port between its choice and the server's bind; its
+    server then answered the health check, ours exited, and the service used the other's."""
+    import ctxlake.serve.service.orchestrator as orchestrator
+
+    other = _health_answerer()
+    taken = other.server_address[1]
+    ports, real_free_port = iter([taken]), orchestrator.free_port
+    monkeypatch.setattr(orchestrator, "free_port", lambda: next(ports, None) or real_free_port())
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    project = tmp_path / "proj"
+    project.mkdir()
+    orch = Orchestrator(tmp_path / "home", load_settings(project))
+    try:
+        orch._start_server()
+        assert orch._server is not None and orch.api_url
+        assert f":{taken}/" not in orch.api_url
+        assert orchestrator.listens(orch._server.pid, int(orch.api_url.rsplit(":", 1)[1].split("/")[0]))
+        other.shutdown()
+        assert healthy(orch.api_url)
+    finally:
+        other.shutdown()
+        other.server_close()
+        orch._kill_server()
