@@ -305,6 +305,7 @@ def run_eval(base: Settings, plan: EvalPlan, log: Log | None = None) -> EvalRepo
                                 title_symbols=plan.options.title_symbols or plan.ablate,
                                 title_stems=plan.options.title_stems or plan.ablate,
                                 typo_stems=plan.options.typo_stems or plan.ablate,
+                                title_calls=plan.options.title_calls or plan.ablate,
                                 cochange_neighbours=plan.options.cochange_neighbours or plan.ablate))
                         cache[retrieval] = (gathered, time.perf_counter() - t0)
                     evidence, gather_s = cache[retrieval]

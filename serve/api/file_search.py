@@ -31,6 +31,7 @@ from ctxlake.serve.api.ranking import (
     FileKey,
     RankOptions,
     add_bonus,
+    called_name_scores,
     cochange_scores,
     down_weight_tests,
     file_scores,
@@ -62,6 +63,7 @@ class FileEvidence:
     title_symbol: dict[FileKey, float] = field(default_factory=dict)  # files defining the title's names
     title_stem: dict[FileKey, float] = field(default_factory=dict)  # modules named like a title word
     typo_stem: dict[FileKey, float] = field(default_factory=dict)  # files one edit from a query word
+    title_call: dict[FileKey, float] = field(default_factory=dict)  # files defining the title's first call
     path: dict[FileKey, float] = field(default_factory=dict)
     stem: dict[FileKey, float] = field(default_factory=dict)
     folder: dict[FileKey, float] = field(default_factory=dict)
@@ -123,6 +125,8 @@ def file_evidence(
             out.title_stem = module_stem_scores(analyse(title), catalog)
         if options.typo_stems:
             out.typo_stem = typo_stem_scores(analysis, catalog)
+        if options.title_calls and title:
+            out.title_call = called_name_scores(title, catalog)
         out.path = path_scores(analysis, catalog) if options.path_evidence else {}
         if options.stem_evidence:
             out.stem = stem_scores(analysis, catalog)
@@ -171,6 +175,8 @@ def fuse_files(evidence: FileEvidence, options: RankOptions) -> list[tuple[FileK
         add_bonus(fused, names, options.stem_weight, options.stem_scale, k)
     if options.title_stems:
         add_bonus(fused, evidence.title_stem, options.stem_weight, options.stem_scale, k)
+    if options.title_calls:
+        add_bonus(fused, evidence.title_call, options.symbol_weight, options.symbol_scale, k)
     if options.import_neighbours and evidence.imports:
         neighbours = neighbour_scores(fused, evidence.imports, options.neighbour_hits)
         add_bonus(fused, neighbours, options.neighbour_weight, options.neighbour_scale, k)

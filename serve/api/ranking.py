@@ -62,6 +62,7 @@ class RankOptions:
     title_symbols: bool = False  # tried: files defining the names the title mentions gain once more
     title_stems: bool = False  # tried: modules named like a word of the title gain once more
     typo_stems: bool = False  # tried: a long query word one edit from a file's name counts as naming it
+    title_calls: bool = False  # tried: files defining the first name the title calls (`ccode(sinc(x))`) gain
     score_fusion: bool = False  # tried: lists add their min-max scaled scores instead of 1 / (k + rank)
     file_sum_chunks: int = 3
     rrf_k: int = 60
@@ -107,6 +108,7 @@ class RankOptions:
             "+title_symbols": {"title_symbols": True},
             "+title_stems": {"title_stems": True},
             "+typo_stems": {"typo_stems": True},
+            "+title_calls": {"title_calls": True},
             "+score_fusion": {"score_fusion": True},
         }
         if name not in changes:
@@ -119,13 +121,13 @@ class RankOptions:
                        path_evidence=False, stem_evidence=False, test_weight=1.0, squeeze_logs=False,
                        file_sum_weight=0.0, folder_share=0.0, import_neighbours=False,
                        cochange_neighbours=False, prose_list=False, title_symbols=False, title_stems=False,
-                       typo_stems=False, score_fusion=False)
+                       typo_stems=False, title_calls=False, score_fusion=False)
 
 
 TECHNIQUES = ("title_list", "semantic_title", "identifier_list", "symbol_evidence", "path_evidence", "stem_evidence",
               "test_weight", "semantic")
 TRIED = ("squeeze_logs", "file_sum", "folder_names", "import_neighbours", "cochange", "title_boost", "prose_list",
-         "title_symbols", "title_stems", "typo_stems", "score_fusion")
+         "title_symbols", "title_stems", "typo_stems", "title_calls", "score_fusion")
 VARIANTS = tuple(f"-{t}" for t in TECHNIQUES) + tuple(f"+{t}" for t in TRIED)
 
 
@@ -205,6 +207,20 @@ def symbol_scores(analysis: QueryAnalysis, catalog: LakeCatalog) -> dict[FileKey
                     scores[path] += catalog.idf(len(paths))
                 break
     return dict(scores)
+
+
+_CALL = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*)\(")
+
+
+def called_name_scores(title: str, catalog: LakeCatalog) -> dict[FileKey, float]:
+    """Files defining the first name a title calls (`ccode(sinc(x)) doesn't work` -> ccode), by
+    how rare the name is: the subject of a one-line bug report."""
+    for match in _CALL.finditer(title):
+        name = match.group(1).rsplit(".", 1)[-1]
+        paths = catalog.defines.get(name)
+        if paths:
+            return dict.fromkeys(paths, catalog.idf(len(paths)))
+    return {}
 
 
 def _suffix_matches(query_path: str, catalog: LakeCatalog) -> dict[FileKey, int]:

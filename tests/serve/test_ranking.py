@@ -193,3 +193,14 @@ def test_score_fusion_scales_each_list_between_its_best_and_worst() -> None:
     assert fused == pytest.approx({a: 1 / (k + 1), b: 0.9 / (k + 1), c: 0.5 / (k + 1)})
     # a list of one file (no spread) gives it a first place
     assert scaled([({a: 2.0}, 1.0)], k) == pytest.approx({a: 1 / (k + 1)})
+
+
+def test_title_calls_name_the_first_called_name_that_the_lake_defines() -> None:
+    from ctxlake.serve.api.ranking import called_name_scores
+
+    catalog = LakeCatalog.build([(P, "sympy/printing/ccode.py", "ccode"), (P, "sympy/functions/trig.py", "sinc"),
+                                 (P, "lib/matplotlib/__init__.py", "get_backend"), (P, "a.py", "helper")])
+    assert set(called_name_scores("ccode(sinc(x)) doesn't work", catalog)) == {(P, "sympy/printing/ccode.py")}
+    # a dotted call names its last part; a call of a name the lake does not define is passed over
+    assert set(called_name_scores("print(plt.get_backend())", catalog)) == {(P, "lib/matplotlib/__init__.py")}
+    assert called_name_scores("get_backend clears figures", catalog) == {}
