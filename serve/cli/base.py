@@ -54,9 +54,11 @@ def start_prefect_shielded() -> None:
     blocked in it. Prefect starts it in the terminal's process group, so a Ctrl-C reached it too:
     the flow's last state updates then retried against a dead server, and `ctx run index --watch`
     hung after Ctrl-C (or ended in an httpx traceback). The server stops with this process:
-    Prefect stops it at exit, and on Linux the kernel sends it SIGTERM when this process dies any
-    other way (`kill -9`, SIGTERM), which used to leave a ~220 MB server behind per killed run."""
+    Prefect stops it at exit, and on Linux, when started from the main thread (a command, not the
+    service), the kernel sends it SIGTERM when this process dies any other way (`kill -9`, SIGTERM),
+    which used to leave a ~220 MB server behind per killed run."""
     import signal
+    import threading
 
     from prefect.settings import PREFECT_API_URL
 
@@ -66,11 +68,18 @@ def start_prefect_shielded() -> None:
 
     server = prefect_server.SubprocessASGIServer()  # the one instance Prefect's clients use
     if server.running:
-        return
+        process = server.server_process
+        if process is None or process.poll() is None:
+            return
+        # It died since it started (killed, crashed): Prefect would go on sending to its port.
+        server.server_process, server.running, server.port = None, False, None
     # A blocked signal stays blocked across fork and exec; a Ctrl-C meanwhile waits for this process.
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     real = prefect_server.subprocess
-    arm = _die_with_this_process()
+    # The kernel's parent-death signal follows the thread that spawned the child: started from one
+    # of the service's request threads, the server was killed as that request ended, and the next
+    # `ctx run ingest` sent to a dead port (the service stops its children when it stops).
+    arm = _die_with_this_process() if threading.current_thread() is threading.main_thread() else None
     if arm is not None:  # only Prefect's server module sees the shim, and only while it starts the server
         prefect_server.subprocess = _SpawnWith(real, arm)  # type: ignore[assignment]
     try:

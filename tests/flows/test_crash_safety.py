@@ -225,3 +225,29 @@ def test_a_port_another_process_takes_first_does_not_become_the_runs_server(tmp_
     done = subprocess.run([sys.executable, "-c", RACE], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "ports chosen 2 answer 42" in done.stdout, done.stdout + done.stderr[-2000:]
+
+
+REVIVE = textwrap.dedent('''
+    import prefect.server.api.server as prefect_server
+    from prefect import flow
+    from ctxlake.serve.cli.base import start_prefect_shielded
+
+    start_prefect_shielded()
+    first = prefect_server.SubprocessASGIServer().server_process
+    first.kill()
+    first.wait()
+    start_prefect_shielded()  # the next run of a long-lived process (the service) starts another
+
+    @flow
+    def answer():
+        return 42
+
+    print("answer", answer())
+''')
+
+
+def test_a_temporary_server_that_died_is_started_again(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect")
+    done = subprocess.run([sys.executable, "-c", REVIVE], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "answer 42" in done.stdout, done.stderr[-3000:]

@@ -249,6 +249,17 @@ def test_help_and_flow_output_through_the_service_are_as_in_process(indexed: Pat
     assert "INFO" not in ingested.stderr and "Task run" not in ingested.stderr, ingested.stderr
 
 
+def test_flow_runs_in_a_service_without_schedules_each_find_prefect_up(indexed: Path, service: Path) -> None:
+    """Without its own Prefect server (schedules off) the service starts Prefect's temporary one in
+    the thread of the first flow run's request. The kernel's parent-death signal, set for a
+    command's server, killed it as that thread ended, and every later run ended in
+    `httpx.ConnectError: Connection refused`."""
+    for _ in range(3):
+        ingested = ctx("run", "ingest", "--force", cwd=indexed, timeout=300)
+        assert ingested.returncode == 0, ingested.stderr[-3000:]
+        assert "ConnectError" not in ingested.stderr, ingested.stderr[-3000:]
+
+
 def test_thin_client_imports_nothing_heavy(indexed: Path, service: Path) -> None:
     run = subprocess.run([sys.executable, "-X", "importtime", "-m", "ctxlake.serve.service.client", "search",
                           "invoice"], cwd=indexed, capture_output=True, text=True, timeout=60, check=False)
