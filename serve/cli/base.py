@@ -117,7 +117,7 @@ def _own_server_answers(server: Any) -> bool:
     while time.monotonic() < deadline:
         if process.poll() is not None:
             return False
-        if listens(process.pid, server.port):
+        if listens(process.pid, server.port) is not False:  # None: the system will not say
             return True
         time.sleep(0.05)
     return False

@@ -65,8 +65,9 @@ def healthy(api_url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def listens(pid: int, port: int) -> bool:
-    """True when process `pid` (or a process it started) listens on 127.0.0.1:`port`.
+def listens(pid: int, port: int) -> bool | None:
+    """True when process `pid` (or a process it started) listens on 127.0.0.1:`port`; None when
+    the system will not say (no rights to read its sockets), so the caller trusts its health check.
 
     A health check alone cannot tell whose server answered: between the choice of a free port and
     the server's bind, another process may take the port (two `ctx` commands starting Prefect's
@@ -80,14 +81,18 @@ def listens(pid: int, port: int) -> bool:
         procs = [root, *root.children(recursive=True)]
     except psutil.Error:
         return False
+    unknown = False
     for proc in procs:
         try:
             connections = proc.net_connections(kind="tcp")
+        except psutil.AccessDenied:
+            unknown = True
+            continue
         except psutil.Error:
             continue
         if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in connections):
             return True
-    return False
+    return None if unknown else False
 
 
 class Orchestrator:
@@ -190,7 +195,7 @@ class Orchestrator:
             if self._server.poll() is not None:
                 return False
             # `listens`: the answer must come from this server, not from whoever else holds the port.
-            if healthy(url, timeout=1) and listens(self._server.pid, port):
+            if healthy(url, timeout=1) and listens(self._server.pid, port) is not False:
                 self._api_url = url
                 return True
             time.sleep(0.2)

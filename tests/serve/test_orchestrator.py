@@ -281,7 +281,7 @@ def test_a_port_taken_before_the_server_binds_it_is_not_mistaken_for_ours(
         orch._start_server()
         assert orch._server is not None and orch.api_url
         assert f":{taken}/" not in orch.api_url
-        assert orchestrator.listens(orch._server.pid, int(orch.api_url.rsplit(":", 1)[1].split("/")[0]))
+        assert orchestrator.listens(orch._server.pid, int(orch.api_url.rsplit(":", 1)[1].split("/")[0])) is True
         other.shutdown()
         assert healthy(orch.api_url)
     finally:
