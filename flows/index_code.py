@@ -30,7 +30,7 @@ from ctxlake.tasks.lake import (
     missing_tables,
     reset_lake,
 )
-from ctxlake.tasks.merkle import Diff, Tree, load_snapshot, save_snapshot, scan
+from ctxlake.tasks.merkle import Diff, Tree, load_snapshot, save_snapshot, scan, unreadable_warning
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.run_log import record_run
 from ctxlake.tasks.store import (
@@ -277,6 +277,8 @@ def _index_code(settings: Settings, source: str, root: Path | None, force: bool,
     report.files_seen, report.skipped = stats.seen, dict(stats.skipped)
     report.warnings.extend(f"skipped {path}: its name is not valid UTF-8 (rename the file to index it)"
                            for path in stats.bad_names)
+    if stats.unreadable:
+        report.warnings.append(unreadable_warning(stats.unreadable))
     report.added, report.modified, report.removed = len(diff.added), len(diff.modified), len(diff.removed)
 
     writer = Writer(settings, source, root, embedder, state)
