@@ -91,8 +91,8 @@ def _update(settings: Settings, specs: list[SourceSpec], wait: float, verbose: b
     if refused:  # recorded as a sync would record them, so `ctx list` says the same
         lock = WriterLock(settings.lake_dir, purpose="ctx update").acquire(wait_s=wait)
         try:
-            for name, (spec, exc) in refused.items():
-                current[name] = record_failure(settings.lake_dir, spec, rows.get(name), exc)
+            for name, (refused_spec, why) in refused.items():
+                current[name] = record_failure(settings.lake_dir, refused_spec, rows.get(name), why)
         finally:
             lock.release()
     todo = [spec for spec in specs if spec.name not in current]
