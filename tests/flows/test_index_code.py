@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -404,6 +405,38 @@ def test_small_edit_lands_with_its_vectors_and_skips_the_embed_stage(project: Pa
     assert len(asked) == 1 and asked[0] is not None and asked[0].count("'") >= 2 * 12
     state = IndexState.read(project / ".ctx" / "lake")
     assert state is not None and state.clean and state.pending_vectors == 0
+
+
+_opened: list[str] | None = None  # while set, the paths the interpreter opens (see opened_files)
+
+
+def _record_open(event: str, args: tuple[Any, ...]) -> None:
+    if _opened is not None and event == "open" and isinstance(args[0], (str, os.PathLike)):
+        _opened.append(os.fspath(args[0]))
+
+
+sys.addaudithook(_record_open)  # an audit hook cannot be removed: it records only inside opened_files
+
+
+@contextmanager
+def opened_files() -> Iterator[list[str]]:
+    """The files opened meanwhile (any mode), as the interpreter's "open" audit events report them."""
+    global _opened
+    _opened = []
+    try:
+        yield _opened
+    finally:
+        _opened = None
+
+
+def test_a_run_reads_state_json_once(project: Path, cli: Callable[..., Any]) -> None:
+    assert cli("run", "index", cwd=project).exit_code == 0
+    write_files(project, {"app/util.py": UTIL + "\n\ndef another():\n    return 2\n"})
+    state_file = str(project / ".ctx" / "lake" / "state.json")
+    with opened_files() as opened:
+        report = index_code.index_code(load_settings(project))
+    assert report.modified == 1
+    assert opened.count(state_file) == 1, [p for p in opened if p.endswith(".json")]
 
 
 @contextmanager
