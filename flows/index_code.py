@@ -30,7 +30,7 @@ from ctxlake.tasks.lake import (
     missing_tables,
     reset_lake,
 )
-from ctxlake.tasks.merkle import Diff, Tree, load_snapshot, save_snapshot, scan
+from ctxlake.tasks.merkle import Diff, Tree, load_snapshot, save_snapshot, scan, unreadable_warning
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.run_log import record_run
 from ctxlake.tasks.store import (
@@ -238,16 +238,24 @@ def index_code(
     embed: bool = True,
 ) -> IndexReport:
     """Index one source tree (the project itself by default) into the lake, incrementally."""
-    cold = IndexState.read_or_none(settings.lake_dir) is None
+    # state.json is read once a run: the run goes on from it, and without it (missing or unreadable)
+    # there is no previous index for a failed write to leave readable.
+    damaged: LakeError | None = None
     try:
-        return _index_code(settings, source, root, force, embed)
+        state = IndexState.read(settings.lake_dir)
     except LakeError as exc:
-        if cold and exc.hint == WRITE_FAILED_HINT:  # there is no previous index to stay readable
+        state, damaged = None, exc
+    try:
+        return _index_code(settings, source, root, force, embed, state, damaged)
+    except LakeError as exc:
+        if state is None and exc.hint == WRITE_FAILED_HINT:
             exc.hint = COLD_WRITE_FAILED_HINT
         raise
 
 
-def _index_code(settings: Settings, source: str, root: Path | None, force: bool, embed: bool) -> IndexReport:
+def _index_code(settings: Settings, source: str, root: Path | None, force: bool, embed: bool,
+                state: IndexState | None, damaged: LakeError | None) -> IndexReport:
+    """The run, from the state index_code read (`damaged`: why state.json could not be read)."""
     started = time.perf_counter()
     root = (root or settings.root).resolve()
     lake = settings.lake_dir
@@ -257,7 +265,8 @@ def _index_code(settings: Settings, source: str, root: Path | None, force: bool,
     embedder = make_embedder(settings.embed, settings.models_dir)
     # --force rebuilds whatever it finds: an unreadable state.json is no state, an unreadable table
     # or index is dropped and built again (the files are on disk, the vectors in the cache).
-    state = IndexState.read_or_none(lake) if force else IndexState.read(lake)
+    if damaged is not None and not force:
+        raise damaged
     if check_model(state, embedder, force):
         reset_lake(lake)
         state = None
@@ -277,6 +286,8 @@ def _index_code(settings: Settings, source: str, root: Path | None, force: bool,
     report.files_seen, report.skipped = stats.seen, dict(stats.skipped)
     report.warnings.extend(f"skipped {path}: its name is not valid UTF-8 (rename the file to index it)"
                            for path in stats.bad_names)
+    if stats.unreadable:
+        report.warnings.append(unreadable_warning(stats.unreadable))
     report.added, report.modified, report.removed = len(diff.added), len(diff.modified), len(diff.removed)
 
     writer = Writer(settings, source, root, embedder, state)

@@ -14,7 +14,13 @@ from ctxlake.schemas.config import Settings
 from ctxlake.schemas.sources import SourceSpec
 from ctxlake.tasks import freshness
 from ctxlake.tasks.progress import reporter
-from ctxlake.tasks.source_store import SyncReport, read_sources, record_source, source_row
+from ctxlake.tasks.source_store import (
+    SyncReport,
+    read_sources,
+    record_failure,
+    record_source,
+    source_row,
+)
 from ctxlake.tasks.sources import Fetched, check_access, fetch_git, fetch_local, storage_dir
 from ctxlake.tasks.webdocs import fetch_web
 
@@ -64,9 +70,6 @@ def _sync_one(settings: Settings, spec: SourceSpec, previous: dict[str, Any] | N
         ))
     except CtxError as exc:
         progress.finish(f"fetch:{spec.name}")
-        report.message, report.hint, report.exit_code = exc.message, exc.hint, exc.exit_code
-        root = (previous or {}).get("root") or ""
-        record_source(settings.lake_dir, source_row(
-            spec.name, previous, **declared, root=root, status="failed", message=exc.message))
+        record_failure(settings.lake_dir, spec, previous, exc, report)
     report.seconds = round(time.perf_counter() - started, 3)
     return report

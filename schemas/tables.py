@@ -85,7 +85,7 @@ MANIFEST = pa.schema(
         pa.field("size", pa.int64(), nullable=False),
         pa.field("mtime_ns", pa.int64(), nullable=False),
         pa.field("hash", pa.string(), nullable=False),
-        pa.field("status", pa.string(), nullable=False),  # indexed | binary | too_large | unreadable
+        pa.field("status", pa.string(), nullable=False),  # indexed | binary | too_large | unreadable | ... (tasks/merkle.py)
     ],
     metadata=_meta("path", "Merkle snapshot of one source's files"),
 )

@@ -210,10 +210,12 @@ def build_prompt(question: str, links: Sequence[SourceLink], hits: Sequence[Prom
 # --- running the agent -------------------------------------------------------------------------------
 
 
-def agent_env(environ: Mapping[str, str], extra: Sequence[str] = ()) -> dict[str, str]:
-    """The part of `environ` an agent gets: names matching AGENT_ENV or `extra` (exact or glob)."""
+def agent_env(environ: Mapping[str, str] | None, extra: Sequence[str] = ()) -> dict[str, str]:
+    """The part of `environ` (None: this process's environment) an agent gets: names matching
+    AGENT_ENV or `extra` (exact or glob). `ask` and `chat` both pass what they were given here."""
     patterns = (*AGENT_ENV, *extra)
-    return {k: v for k, v in environ.items() if any(fnmatch.fnmatchcase(k, p) for p in patterns)}
+    source = os.environ if environ is None else environ
+    return {k: v for k, v in source.items() if any(fnmatch.fnmatchcase(k, p) for p in patterns)}
 
 
 def agent_command(templates: dict[str, str], agent: str, sandbox: Path) -> list[str]:
@@ -313,8 +315,8 @@ def ask_agent(question: str, links: Sequence[SourceLink], hits: Sequence[PromptH
         argv = agent_command(agents.commands, name, sandbox)
         prompt, used = build_prompt(question, links, hits, agents.prompt_tokens)
         (sandbox / PROMPT_FILE).write_text(prompt, encoding="utf-8")
-        env = agent_env(os.environ if environ is None else environ, agents.pass_env)
-        run = run_captured(argv, sandbox, float(timeout_s or agents.timeout_s), agents.max_output_bytes, env)
+        run = run_captured(argv, sandbox, float(timeout_s or agents.timeout_s), agents.max_output_bytes,
+                           agent_env(environ, agents.pass_env))
     finally:
         shutil.rmtree(sandbox, ignore_errors=True)
     run.agent, run.swept, run.sources = name, swept, [s.name for s in links]
@@ -338,8 +340,7 @@ def chat_agent(links: Sequence[SourceLink], agents: AgentsSettings, agent: str |
         (sandbox / PROMPT_FILE).write_text(prompt, encoding="utf-8")
         # In the terminal's process group (it reads the keyboard), so its background jobs are not
         # ended here; the environment is filtered as for `ask`.
-        proc = subprocess.Popen(argv, cwd=sandbox,
-                                env=agent_env(os.environ if environ is None else environ, agents.pass_env))
+        proc = subprocess.Popen(argv, cwd=sandbox, env=agent_env(environ, agents.pass_env))
         while True:
             try:
                 return proc.wait()

@@ -84,22 +84,27 @@ def check_size(title: str, body: str, files: Sequence[str] = (), tags: Sequence[
             raise InputError(f"{name} is {len(value):,} characters; at most {ITEM_MAX_CHARS} are allowed")
 
 
-def project_refs(files: Sequence[str], tags: Sequence[str], root: Path) -> tuple[list[str], list[str]]:
+def project_refs(files: Sequence[str], tags: Sequence[str], root: Path,
+                 base: Path | None = None) -> tuple[list[str], list[str]]:
     """Files as project-relative POSIX paths and tags as one-line words, each once; InputError for
     a file outside the project (`/etc/passwd`, `../../x`) or a tag with a line break: a record names
-    this project's files, and its tags are listed one per line."""
+    this project's files, and its tags are listed one per line. A relative file is read from
+    `base` when given (the CLI's current folder, like every path a shell user types), else from
+    the root (agents and the UI name files by their project path)."""
     root = root.resolve()
+    start = root if base is None else base.resolve()
     out = []
     for f in files:
         given = Path(f.strip())
         if not f.strip() or any(c in f for c in "\n\r\x00"):
             raise InputError(f"file {f!r} is not a path")
-        full = given if given.is_absolute() else root / given
+        full = given if given.is_absolute() else start / given
         # normpath, not resolve(): a symlink inside the project is named by its own path.
         rel = Path(os.path.normpath(full))
         if not rel.is_relative_to(root) or rel == root:
+            where = "relative to its root" if base is None else "relative to the current folder"
             raise InputError(f"file {f!r} is outside the project {root}",
-                             hint="name files by their path inside the project (relative to its root)")
+                             hint=f"name files by their path inside the project ({where})")
         out.append(rel.relative_to(root).as_posix())
     for t in tags:
         if not t.strip() or any(ord(c) < 32 for c in t):
@@ -307,17 +312,18 @@ def write_record(
     knowledge_dir: Path, root: Path, kind: str, title: str, body: str, *, cache: EmbeddingCache, embedder: Embedder,
     duplicate_above: float, supersede_from: float, files: Sequence[str] = (), tags: Sequence[str] = (),
     source_tool: str | None = None, source_session: str | None = None, inbox: bool = False,
-    when: datetime | None = None, pool: ComparisonPool | None = None,
+    when: datetime | None = None, pool: ComparisonPool | None = None, files_from: Path | None = None,
 ) -> WriteResult:
     """A new knowledge file (redacted), unless a record of the same type says the same thing:
     similarity > duplicate_above is a duplicate (nothing written), >= supersede_from supersedes it.
-    `pool`: the records to compare with, shared by a run's writes (default: read them now)."""
+    `pool`: the records to compare with, shared by a run's writes (default: read them now).
+    `files_from`: the folder relative `files` are read from (default: the root)."""
     if kind not in KNOWLEDGE_TYPES:
         raise InputError(f"unknown knowledge type {kind!r}", hint=f"one of {', '.join(KNOWLEDGE_TYPES)}")
     title, body = " ".join(title.split()), body.strip()
     if not inbox:  # extraction's candidates are cut to size where they are made
         check_size(title, body, files, tags, source_tool, source_session)
-        files, tags = project_refs(files, tags, root)
+        files, tags = project_refs(files, tags, root, files_from)
     title, body = redact_text(title), redact_text(body)
     if not title:
         raise InputError("a knowledge record needs a title (its first line)")

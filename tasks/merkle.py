@@ -63,6 +63,12 @@ SECRET = "secret"
 # as UTF-8 strings, so such a file cannot be indexed. It is recorded under its escaped name
 # (`bad\xffname.py`, see storable_path), never read, and counted in the run report and `ctx status`.
 BAD_NAME = "bad_name"
+# A file the scan may not read, or a folder it may not list (permissions): recorded under its own
+# path (a folder's entry stands for everything below it), warned about once per run and listed by
+# `ctx status --skipped`. Permissions change without touching mtime (chmod sets only the ctime),
+# so an unreadable file is tried again by every scan rather than taken from the snapshot.
+UNREADABLE = "unreadable"
+UNREADABLE_FOLDER = "unreadable_folder"
 
 
 def storable_path(rel: str) -> str:
@@ -78,7 +84,7 @@ class Entry(NamedTuple):
     size: int
     mtime_ns: int
     hash: str
-    status: str  # indexed | binary | too_large | unreadable | secret | generated | special | bad_name
+    status: str  # indexed | binary | too_large | unreadable | unreadable_folder | secret | generated | special | bad_name
 
 
 class Diff(NamedTuple):
@@ -106,6 +112,9 @@ class ScanStats:
     vanished: int = 0  # listed, then gone before we could read it
     skipped: dict[str, int] = field(default_factory=dict)  # status -> count, for non-indexed files
     bad_names: list[str] = field(default_factory=list)  # paths that are not UTF-8, escaped (storable_path)
+    unreadable: list[str] = field(default_factory=list)  # files it may not read, folders (ending in /) it may not list
+    # Folders whose listing was refused, as (path, lstat mtime_ns); "" is the root itself.
+    unreadable_folders: list[tuple[str, int]] = field(default_factory=list)
 
 
 def _folder_hash(folder: str, kids: dict[str, tuple[bool, str]], dirs: dict[str, str]) -> str:
@@ -147,7 +156,7 @@ def _add_folders(children: dict[str, dict[str, tuple[bool, str]]], folder: str) 
     while folder:
         parent, _, name = folder.rpartition("/")
         siblings = children.setdefault(parent, {})
-        if name in siblings:
+        if siblings.get(name, (False, ""))[0]:
             break
         siblings[name] = (True, "")
         children.setdefault(folder, {})
@@ -211,7 +220,9 @@ class Tree:
         entries = dict(self.entries)
         children = {folder: dict(kids) for folder, kids in self.children.items()}
         dirty: set[str] = set()
-        for path, entry in changes.items():
+        # Removals first: a folder that became readable is an unreadable-folder entry removed and
+        # files added under the same name, whatever order the changes came in.
+        for path, entry in sorted(changes.items(), key=lambda change: change[1] is not None):
             parent, _, name = path.rpartition("/")
             if entry is None:
                 if entries.pop(path, None) is not None:
@@ -234,7 +245,9 @@ class Tree:
                 children.pop(folder, None)
                 dirs.pop(folder, None)
                 parent, _, name = folder.rpartition("/")
-                children.get(parent, {}).pop(name, None)
+                siblings = children.get(parent, {})
+                if siblings.get(name, (False, ""))[0]:  # not an unreadable-folder entry in its place
+                    siblings.pop(name)
                 continue
             dirs[folder] = _folder_hash(folder, kids, dirs)
         return Tree(entries, dirs, children, time.time_ns())
@@ -419,6 +432,12 @@ class PathFilter:
         self._stacks[folder] = stack
         return stack
 
+    def scans(self, folder: str) -> bool:
+        """Would a full scan try to list `folder`? (Its own pyvenv.cfg is not looked for: a folder
+        that cannot be listed cannot be seen to be a virtualenv either.)"""
+        stack = self._stack(folder.rpartition("/")[0])
+        return stack is not None and not self.rules.ignored(folder, True, stack)
+
     def keeps(self, rel: str) -> bool:
         stack = self._stack(rel.rpartition("/")[0])
         if stack is None:
@@ -433,6 +452,8 @@ def entry_for(root: Path, rel: str, keep: PathFilter, max_bytes: int) -> Entry |
         st = full.lstat()
     except OSError:
         return None
+    if stat.S_ISDIR(st.st_mode):
+        return _unreadable_folder_entry(full, rel, st.st_mtime_ns) if keep.scans(rel) else None
     if not stat.S_ISREG(st.st_mode) or not keep.keeps(rel):
         return None
     key = storable_path(rel)
@@ -445,6 +466,18 @@ def entry_for(root: Path, rel: str, keep: PathFilter, max_bytes: int) -> Entry |
     except FileNotFoundError:
         return None
     return Entry(rel, st.st_size, st.st_mtime_ns, digest, status)
+
+
+def _unreadable_folder_entry(full: Path, rel: str, mtime_ns: int) -> Entry | None:
+    """The entry of a folder the scan may not list (as walk_files finds it), else None."""
+    try:
+        with os.scandir(full):
+            return None
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError:
+        key = storable_path(rel)
+        return Entry(key, 0, mtime_ns, f"{UNREADABLE_FOLDER}:0", UNREADABLE_FOLDER)
 
 
 @stage("rehash-paths")
@@ -466,7 +499,8 @@ def rehash_paths(root: Path, paths: set[str], tree: Tree, keep: PathFilter, max_
             for dirpath, dirnames, filenames in os.walk(folder):
                 dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
                 base = Path(dirpath).relative_to(root).as_posix()
-                affected.update((storable_path(f"{base}/{name}"), f"{base}/{name}") for name in filenames)
+                # Folders too: one os.walk cannot list is recorded as a scan records it.
+                affected.update((storable_path(f"{base}/{name}"), f"{base}/{name}") for name in filenames + dirnames)
     changes: dict[str, Entry | None] = {}
     for key, rel in affected.items():
         entry = entry_for(root, rel, keep, max_bytes)
@@ -505,8 +539,15 @@ def walk_files(
         try:
             with os.scandir(folder) as it:
                 items = list(it)
+        except (FileNotFoundError, NotADirectoryError):
+            stats.vanished += 1  # gone or replaced since its parent was listed
+            continue
         except OSError:
-            stats.skipped["unreadable"] = stats.skipped.get("unreadable", 0) + 1
+            try:
+                mtime_ns = os.lstat(folder).st_mtime_ns
+            except OSError:
+                mtime_ns = 0
+            stats.unreadable_folders.append((rel_folder, mtime_ns))
             continue
         names = {item.name for item in items}
         if rel_folder and "pyvenv.cfg" in names:
@@ -569,7 +610,7 @@ def hash_file(path: Path, size: int, max_bytes: int) -> tuple[str, str]:
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             return f"special:{size}", "special"
-        return f"unreadable:{size}", "unreadable"
+        return f"{UNREADABLE}:{size}", UNREADABLE
     if b"\0" in data[:SNIFF_BYTES] and not _utf16_text(data[:SNIFF_BYTES]):
         return f"binary:{size}", "binary"
     if is_generated(path.name, data):
@@ -642,7 +683,7 @@ def scan_tree(
             entries[rel] = Entry(rel, st.st_size, st.st_mtime_ns, f"{SECRET}:{st.st_size}", SECRET)
         elif (
             before is not None
-            and before.status != SECRET  # skipped under the other setting: read it now
+            and before.status not in (SECRET, UNREADABLE)  # skipped under the other setting, or chmod since
             and before.size == st.st_size
             and before.mtime_ns == st.st_mtime_ns
             and st.st_mtime_ns < racy_after
@@ -660,11 +701,26 @@ def scan_tree(
         status = entries[key].status
         if status != INDEXED:
             stats.skipped[status] = stats.skipped.get(status, 0) + 1
+        if status == UNREADABLE:
+            stats.unreadable.append(key)
         if on_file is not None:
             on_file(stats.seen)
+    for rel, mtime_ns in stats.unreadable_folders:
+        stats.skipped[UNREADABLE_FOLDER] = stats.skipped.get(UNREADABLE_FOLDER, 0) + 1
+        stats.unreadable.append(f"{storable_path(rel)}/" if rel else "./")
+        if rel:  # nothing below it was listed, so its path is free for an entry that stands for them all
+            key = storable_path(rel)
+            entries[key] = Entry(key, 0, mtime_ns, f"{UNREADABLE_FOLDER}:0", UNREADABLE_FOLDER)
     if previous is not None and entries == old:  # nothing changed (~12 ms for 100,000 files)
         return previous.rescanned(started), stats
     return Tree.build(entries, started), stats
+
+
+def unreadable_warning(paths: list[str], shown: int = 5) -> str:
+    """One warning line for a run's unreadable files and folders (folders end in /), the first few named."""
+    named = ", ".join(paths[:shown]) + (f" and {len(paths) - shown:,} more" if len(paths) > shown else "")
+    return (f"{len(paths):,} path(s) could not be read (permission denied) and are not indexed: {named}; "
+            "fix their permissions and run `ctx run index` again (`ctx status --skipped` lists them)")
 
 
 @stage("scan")
@@ -699,7 +755,8 @@ def load_snapshot(lake_dir: Path, source: str) -> Tree | None:
 
 def not_indexed(lake_dir: Path, source: str) -> list[tuple[str, str, int]]:
     """(path, why, size) of the files the last scan of `source` saw but did not index (binary,
-    too_large, secret, generated, special, unreadable), by path; read from its snapshot alone."""
+    too_large, secret, generated, special, unreadable, bad_name) and the folders it could not list
+    (unreadable_folder, size 0), by path; read from its snapshot alone."""
     try:
         with pa.memory_map(str(snapshot_path(lake_dir, source))) as source_file:
             table = ipc.open_file(source_file).read_all().select(["path", "status", "size"])

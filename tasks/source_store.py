@@ -11,7 +11,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from ctxlake.errors import LakeError
+from ctxlake.errors import CtxError, LakeError
+from ctxlake.schemas.sources import SourceSpec
 from ctxlake.schemas.tables import COCHANGE_TABLE, SOURCES
 from ctxlake.tasks import freshness
 from ctxlake.tasks.cochange import forget_history
@@ -93,6 +94,19 @@ def record_source(lake_dir: Path, row: dict[str, Any]) -> None:
         table.merge_insert("name").when_matched_update_all().when_not_matched_insert_all().execute(data)
     except OSError as exc:
         raise LakeError(f"cannot record source {row['name']!r} in {lake_dir}: {exc}") from exc
+
+
+def record_failure(lake_dir: Path, spec: SourceSpec, previous: dict[str, Any] | None, exc: CtxError,
+                   report: SyncReport | None = None) -> SyncReport:
+    """A source that could not be synced: its SOURCES row says failed with the error's message (the
+    root it had is kept), and `report` (default: a new one) carries the message, hint and exit code.
+    The caller holds the lake's writer lock."""
+    report = report or SyncReport(spec.name, spec.type, spec.origin, "failed")
+    report.status, report.message, report.hint, report.exit_code = "failed", exc.message, exc.hint, exc.exit_code
+    record_source(lake_dir, source_row(
+        spec.name, previous, type=spec.type, origin=spec.origin, ref=spec.ref, paths=spec.paths,
+        excludes=spec.exclude, root=(previous or {}).get("root") or "", status="failed", message=exc.message))
+    return report
 
 
 def forget_source(lake_dir: Path, name: str) -> tuple[int, int]:

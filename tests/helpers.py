@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -32,13 +34,32 @@ def write_files(root: Path, files: dict[str, str | bytes]) -> None:
             path.write_text(content, encoding="utf-8")
 
 
-def ctx_subprocess(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Run the installed `ctx` in a fresh process (for start-up, exit-code and signal behaviour)."""
+def ctx_subprocess(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300,
+                   via: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
+    """Run the installed `ctx` in a fresh process (for start-up, exit-code and signal behaviour);
+    `via` is a command prefix to start it through (see permission_bound)."""
     exe = Path(sys.executable).parent / "ctx"
     return subprocess.run(
-        [str(exe), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        [*via, str(exe), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
         env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL,
     )
+
+
+def permission_bound(probe: Path) -> list[str]:
+    """A command prefix that starts a process the kernel holds to file permissions, for the tests
+    of unreadable files: root reads a chmod 000 file anyway (CAP_DAC_OVERRIDE), so as root the
+    child is started without the two capabilities that bypass permissions in its bounding set
+    (`setpriv`); it stays root and owns what it writes. `probe` is a file made unreadable: when
+    the child can still read it, the test is skipped."""
+    prefix = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv: every file is readable here")
+        prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+    done = subprocess.run([*prefix, "cat", str(probe)], capture_output=True)
+    if done.returncode == 0:
+        pytest.skip(f"{probe} (chmod 000) is still readable by a child process here")
+    return prefix
 
 
 def shared_path(*parts: str) -> Path:

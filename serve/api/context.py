@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from ctxlake.errors import InputError, NotIndexedError
@@ -584,8 +585,10 @@ def _pending_files(lake: MemoryLake, kind: str | None,
 
 
 def remember(settings: Settings, kind: str, title: str, body: str = "", files: Sequence[str] = (),
-             tags: Sequence[str] = (), source_tool: str | None = None, source_session: str | None = None) -> RememberResult:
-    """Write a knowledge file (never a table): created, superseded (a similar record replaced) or duplicate."""
+             tags: Sequence[str] = (), source_tool: str | None = None, source_session: str | None = None,
+             files_from: Path | None = None) -> RememberResult:
+    """Write a knowledge file (never a table): created, superseded (a similar record replaced) or duplicate.
+    Relative `files` are project paths, or read from `files_from` (the CLI's current folder)."""
     from ctxlake.tasks.embed import EmbeddingCache
     from ctxlake.tasks.embedders import make_embedder
     from ctxlake.tasks.knowledge import write_record
@@ -595,6 +598,7 @@ def remember(settings: Settings, kind: str, title: str, body: str = "", files: S
     mem = settings.memory
     result = write_record(settings.knowledge_dir, settings.root, kind, title, body, cache=cache, embedder=embedder,
                           duplicate_above=mem.duplicate_threshold, supersede_from=mem.supersede_threshold,
-                          files=files, tags=tags, source_tool=source_tool, source_session=source_session)
+                          files=files, tags=tags, source_tool=source_tool, source_session=source_session,
+                          files_from=files_from)
     return RememberResult(status=result.status, id=result.id, path=result.path, similar_to=result.similar_to,
                           similarity=result.similarity)

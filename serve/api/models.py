@@ -79,7 +79,8 @@ class Status(BaseModel):
     secret_files_skipped: int = Field(0, description="files not indexed because their name says they hold secrets")
     not_indexed: dict[str, int] = Field(
         default_factory=dict, description="the project's files seen but not indexed, per reason (binary, too_large, "
-                                          "secret, generated, special, unreadable); `ctx status --skipped` lists them")
+                                          "secret, generated, special, unreadable, bad_name; unreadable_folder counts folders "
+                                          "that could not be listed); `ctx status --skipped` lists them")
     masked_chunks: int = Field(0, description="chunks in which the secrets stage masked a value")
 
 

@@ -279,7 +279,8 @@ def remember(
     kind: Annotated[str, typer.Argument(help="decision | error | insight")],
     text: Annotated[str, typer.Argument(help="first line is the title, the rest the body; '-' reads stdin")],
     title: Annotated[str | None, typer.Option("--title", help="title (then TEXT is the body)")] = None,
-    files: Annotated[list[str] | None, typer.Option("--file", help="a file it concerns (repeatable)")] = None,
+    files: Annotated[list[str] | None, typer.Option(
+        "--file", help="a file it concerns, relative to the current folder (repeatable)")] = None,
     tags: Annotated[list[str] | None, typer.Option("--tag", help="a tag (repeatable)")] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -295,7 +296,7 @@ def remember(
     from ctxlake.schemas.config import resolve_root
 
     settings = load_settings(resolve_root(None, for_write=False))
-    result = write(settings, kind, title, body, files=files or [], tags=tags or [])
+    result = write(settings, kind, title, body, files=files or [], tags=tags or [], files_from=Path.cwd())
     if as_json:
         _print_json(_dump(result))
         return

@@ -198,7 +198,8 @@ NOT_INDEXED_WHY = {
     "secret": "named like a secret (.env*, keys, credentials); [index] secret_files = \"mask\" indexes them masked",
     "generated": "minified or generated code",
     "special": "not a regular file (FIFO, socket, device, link loop)",
-    "unreadable": "could not be read (permissions)",
+    "unreadable": "could not be read (permissions); fix them and run `ctx run index`",
+    "unreadable_folder": "a folder that could not be listed (permissions): nothing below it is indexed",
     "bad_name": "the name is not valid UTF-8 (shown escaped); rename the file to index it",
 }
 
@@ -216,7 +217,7 @@ def print_not_indexed(root: Path, rows: list[tuple[str, str, int]], as_json: boo
         paths = [(path, size) for path, reason, size in rows if reason == why]
         print(f"{why} ({len(paths):,}): {NOT_INDEXED_WHY.get(why, '')}")
         for path, size in paths:
-            print(f"  {path}  ({human_bytes(size)})")
+            print(f"  {path}/" if why == "unreadable_folder" else f"  {path}  ({human_bytes(size)})")
 
 
 def print_json(data: Any) -> None:

@@ -67,23 +67,34 @@ def _sync(settings: Settings, specs: list[SourceSpec], wait: float, verbose: boo
 
 
 def _update(settings: Settings, specs: list[SourceSpec], wait: float, verbose: bool) -> list[SyncReport]:
-    """Sync the sources that may have changed; the rest are reported up to date without a flow."""
-    from ctxlake.tasks.source_store import SyncReport, read_sources
+    """Sync the sources that may have changed; the rest are reported up to date, and the ones this
+    project may not read (untrusted, a system folder) refused, without a flow."""
+    from ctxlake.tasks.lake import WriterLock
+    from ctxlake.tasks.source_store import SyncReport, read_sources, record_failure
     from ctxlake.tasks.sources import check_access, is_current, source_root
 
     rows = read_sources(settings.lake_dir)
     current: dict[str, SyncReport] = {}
+    refused: dict[str, tuple[SourceSpec, CtxError]] = {}
     for spec in specs:
         row = rows.get(spec.name, {})
         try:
             check_access(spec, settings.root, settings.home)
-        except CtxError:
-            continue  # not even a freshness scan: the sync reports the refusal as that source's failure
+        except CtxError as exc:
+            refused[spec.name] = (spec, exc)  # not even a freshness scan, and no Prefect start for it
+            continue
         root = source_root(settings, spec)
         if is_current(spec, root, settings.lake_dir, spec.index_settings(settings.index), row.get("status"),
                       float(settings.sources.git_timeout_s)):
             current[spec.name] = SyncReport(spec.name, spec.type, spec.origin, "ok", resolved=row.get("resolved"),
                                             ref_kind=row.get("ref_kind"), root=str(root))
+    if refused:  # recorded as a sync would record them, so `ctx list` says the same
+        lock = WriterLock(settings.lake_dir, purpose="ctx update").acquire(wait_s=wait)
+        try:
+            for name, (refused_spec, why) in refused.items():
+                current[name] = record_failure(settings.lake_dir, refused_spec, rows.get(name), why)
+        finally:
+            lock.release()
     todo = [spec for spec in specs if spec.name not in current]
     synced = {r.name: r for r in _sync(settings, todo, wait, verbose)} if todo else {}
     return [current.get(spec.name) or synced[spec.name] for spec in specs]

@@ -30,7 +30,7 @@ from ctxlake import __version__
 from ctxlake.serve.service import capture, protocol
 from ctxlake.serve.service.paths import ServicePaths, ctx_home, service_paths, write_private_json
 from ctxlake.serve.service.protocol import Busy
-from ctxlake.serve.service.watchers import WATCHER_PURPOSE, imports_ready
+from ctxlake.serve.service.watchers import CHILD_NICE, WATCHER_PURPOSE, imports_ready
 from ctxlake.tasks.heap import bound_heap
 
 EXIT_DISK = 8
@@ -47,7 +47,6 @@ INDEX_WAIT_S = 60
 BUSY_WAIT_S = 1.0  # a CLI request waits this long for the one before it, then runs in its client
 SETTLE_S = 0.08  # > the watcher's 50 ms quiet step; a miss only costs a full (correct) run
 SETTLE_MAX_S = 10.0  # how long a `ctx run index` waits for a watcher batch under way
-CHILD_NICE = 10  # whole-tree index runs (a child process) yield the CPU to queries
 SCHEDULES_WAIT_S = 3.0  # `ctx status` shows the last schedules read when Prefect takes longer
 T = TypeVar("T")
 VALUE_OPTIONS = frozenset({"--wait", "--model", "--provider"})  # `ctx run index` options taking a value

@@ -47,7 +47,8 @@ OPTIMIZE_IDLE_S = 30.0
 # optimize, and it runs in a child process, so the service neither holds that memory afterwards
 # nor runs it on its interpreter.
 OPTIMIZE_IDLE_MAX_FILES = 20_000
-CHILD_NICE = 10  # as the service's whole-tree index runs: a big optimize yields the CPU to queries
+# The service's child processes (whole-tree index runs, a big project's optimize) yield the CPU to queries.
+CHILD_NICE = 10
 # What the watchers' hold on a lake's writer lock says (the service tells them from other writers).
 WATCHER_PURPOSE = "ctx service watcher"
 

@@ -19,10 +19,11 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from ctxlake import __version__
-from ctxlake.errors import CtxError, InputError
+from ctxlake.errors import CtxError, InputError, LakeError
 from ctxlake.schemas.config import Settings, load_settings
 from ctxlake.serve.web.jobs import Jobs
 from ctxlake.serve.web.security import Guard
+from ctxlake.tasks.lake import lance_failure
 
 HERE = Path(__file__).resolve().parent  # an editable install links each file: serve the real folder (StaticFiles refuses links out)
 PAGES = [("overview", "/", "Overview"), ("search", "/search", "Search"), ("sessions", "/sessions", "Sessions"),
@@ -190,9 +191,25 @@ def _ctx(request: Request) -> UiContext:
     return ctx
 
 
-def _error(exc: Exception) -> JSONResponse:
+def _known(exc: BaseException) -> CtxError | None:
+    """ctxlake's own error for `exc`: itself, or the LakeError a damaged lake's Lance error stands
+    for (the one line and hint the CLI and the MCP tools print); None for a bug."""
     if isinstance(exc, CtxError):
-        return JSONResponse({"error": str(exc), "hint": getattr(exc, "hint", None)}, status_code=400)
+        return exc
+    if isinstance(exc, (OSError, RuntimeError, ValueError)):
+        return lance_failure(exc)
+    return None
+
+
+def _status_of(exc: CtxError) -> int:
+    # The lake, not the request, is at fault: 503 until it is rebuilt. Anything else is the caller's.
+    return 503 if isinstance(exc, LakeError) else 400
+
+
+def _error(exc: Exception) -> JSONResponse:
+    known = _known(exc)
+    if known is not None:
+        return JSONResponse({"error": known.message, "hint": known.hint}, status_code=_status_of(known))
     return JSONResponse({"error": f"{exc.__class__.__name__}: {exc}"}, status_code=500)
 
 
@@ -224,6 +241,7 @@ def _page(name: str, builder: Callable[..., dict[str, Any]] | None = None) -> Ca
         ctx = _ctx(request)
         base: dict[str, Any] = {"page": name, "pages": PAGES, "version": __version__, "mode": ctx.mode,
                                 "csrf": request.scope.get("state", {}).get("csrf_token", ""), "error": None}
+        status_code = 200
         try:
             root = ctx.pick(request)
             base.update(project=root, projects=ctx.roots())
@@ -231,13 +249,16 @@ def _page(name: str, builder: Callable[..., dict[str, Any]] | None = None) -> Ca
                 ctx.warm_analytics(root, start=name != "analytics")
             if builder is not None and root is not None:
                 base.update(await run_in_threadpool(builder, request, ctx, root))
-        except CtxError as exc:
-            base.update(error=str(exc), hint=getattr(exc, "hint", None))
+        except Exception as exc:
+            known = _known(exc)
+            if known is None:
+                raise
+            base.update(error=known.message, hint=known.hint)
             base.setdefault("project", None)
             base.setdefault("projects", ctx.roots())
+            status_code = 200 if name == "overview" else _status_of(known)
         templates: Jinja2Templates = request.app.state.templates
-        return templates.TemplateResponse(request, f"{name}.html", base,
-                                          status_code=400 if base["error"] and name != "overview" else 200)
+        return templates.TemplateResponse(request, f"{name}.html", base, status_code=status_code)
     return endpoint
 
 
@@ -425,8 +446,11 @@ def _overview_lakes(ctx: UiContext) -> dict[str, Any]:
             sources = list_sources(settings, lake).sources if lake is not None else list_sources(settings).sources
             projects.append({"root": root, "status": st.model_dump(), "sources": [s.model_dump() for s in sources]})
             memory = memory or ctx.memory(settings)
-        except CtxError as exc:
-            projects.append({"root": root, "error": str(exc)})
+        except Exception as exc:
+            known = _known(exc)  # one project's damaged lake leaves the others' figures shown
+            if known is None:
+                raise
+            projects.append({"root": root, "error": str(known)})
     ingestion: dict[str, Any] = {"tools": [], "ingested": False}
     recent: list[dict[str, Any]] = []
     if memory is not None:

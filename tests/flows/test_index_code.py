@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import ctx_subprocess, git, write_files
+from helpers import ctx_subprocess, git, permission_bound, write_files
 
 from ctxlake.flows import index_code
 from ctxlake.schemas.config import load_settings
@@ -249,6 +250,37 @@ def test_a_file_name_that_is_not_utf8_is_skipped_and_the_rest_indexed(
     assert json.loads(again.stdout)["stale"] is False
 
 
+def test_unreadable_files_and_folders_are_warned_about_once_listed_and_indexed_once_permitted(
+        make_repo: Callable[..., Path], cli: Callable[..., Any]) -> None:
+    repo = make_repo({"ok.py": "def ok():\n    return 1\n", "locked.py": "def locked():\n    return 2\n",
+                      "shut/inner.py": "def inner():\n    return 3\n"}, commit=False)
+    (repo / "locked.py").chmod(0)
+    (repo / "shut").chmod(0)
+    try:
+        via = permission_bound(repo / "locked.py")
+        done = ctx_subprocess("run", "index", cwd=repo, via=via)
+    finally:
+        (repo / "shut").chmod(0o755)
+    assert done.returncode == 0, done.stderr
+    assert "skipped: 1 unreadable, 1 unreadable_folder" in done.stdout
+    warned = [line for line in done.stderr.splitlines() if "could not be read" in line]
+    assert len(warned) == 1 and "locked.py, shut/" in warned[0] and "ctx status --skipped" in warned[0], done.stderr
+    assert set(chunk_paths(repo)) == {"ok.py"}
+    skipped = cli("status", "--skipped", "--json", cwd=repo)
+    assert skipped.exit_code == 0, skipped.stderr
+    assert [(r["path"], r["reason"]) for r in json.loads(skipped.stdout)["not_indexed"]] == [
+        ("locked.py", "unreadable"), ("shut", "unreadable_folder")]
+    listed = cli("status", "--skipped", cwd=repo).stdout
+    assert "unreadable_folder (1): a folder that could not be listed" in listed and "  shut/\n" in listed
+    # Permissions given back (chmod leaves mtimes alone): the next run reads both.
+    (repo / "locked.py").chmod(0o644)
+    again = cli("run", "index", "--json", cwd=repo)
+    assert again.exit_code == 0, again.stderr
+    assert json.loads(again.stdout)["added"] == 2 and "could not be read" not in again.stderr
+    assert set(chunk_paths(repo)) == {"ok.py", "locked.py", "shut/inner.py"}
+    assert json.loads(cli("status", "--skipped", "--json", cwd=repo).stdout)["not_indexed"] == []
+
+
 def test_empty_repo_and_missing_path(make_repo: Callable[..., Path], cli: Callable[..., Any], tmp_path: Path) -> None:
     repo = make_repo({}, name="empty")
     result = cli("run", "index", "--json", cwd=repo)
@@ -373,6 +405,38 @@ def test_small_edit_lands_with_its_vectors_and_skips_the_embed_stage(project: Pa
     assert len(asked) == 1 and asked[0] is not None and asked[0].count("'") >= 2 * 12
     state = IndexState.read(project / ".ctx" / "lake")
     assert state is not None and state.clean and state.pending_vectors == 0
+
+
+_opened: list[str] | None = None  # while set, the paths the interpreter opens (see opened_files)
+
+
+def _record_open(event: str, args: tuple[Any, ...]) -> None:
+    if _opened is not None and event == "open" and isinstance(args[0], (str, os.PathLike)):
+        _opened.append(os.fspath(args[0]))
+
+
+sys.addaudithook(_record_open)  # an audit hook cannot be removed: it records only inside opened_files
+
+
+@contextmanager
+def opened_files() -> Iterator[list[str]]:
+    """The files opened meanwhile (any mode), as the interpreter's "open" audit events report them."""
+    global _opened
+    _opened = []
+    try:
+        yield _opened
+    finally:
+        _opened = None
+
+
+def test_a_run_reads_state_json_once(project: Path, cli: Callable[..., Any]) -> None:
+    assert cli("run", "index", cwd=project).exit_code == 0
+    write_files(project, {"app/util.py": UTIL + "\n\ndef another():\n    return 2\n"})
+    state_file = str(project / ".ctx" / "lake" / "state.json")
+    with opened_files() as opened:
+        report = index_code.index_code(load_settings(project))
+    assert report.modified == 1
+    assert opened.count(state_file) == 1, [p for p in opened if p.endswith(".json")]
 
 
 @contextmanager

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -345,6 +347,37 @@ def test_a_cloned_sources_toml_reads_nothing_outside_the_project_until_trusted(
     registry.write_text(registry.read_text().replace('"../notes"', '"../userhome/private"'))
     moved = cli("update", "relsrc", "--json", cwd=clone)
     assert moved.exit_code == 9 and "not trusted" in json.loads(moved.stdout)["sources"][0]["message"]
+
+
+# `ctx ARGS` in a fresh process, which then says on its last stderr line whether Prefect was imported.
+WITHOUT_PREFECT = """
+import sys
+from ctxlake.serve.cli.app import run
+code = run(sys.argv[1:])
+print("prefect imported:", "prefect" in sys.modules, file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def test_update_refuses_untrusted_sources_before_starting_prefect(
+    make_repo: Callable[..., Path], cli: Callable[..., Any], tmp_path: Path
+) -> None:
+    """Refusing a source that a cloned sources.toml points outside the project started Prefect's
+    temporary server first (seconds to tens of seconds): it is now decided before any flow."""
+    write_files(tmp_path, {"notes/n.md": "# Notes\n\nwidget notes\n"})
+    declared = ('[sources.relsrc]\ntype = "local"\norigin = "../notes"\n'
+                '[sources.etc]\ntype = "local"\norigin = "/etc"\n')
+    repo = make_repo({**PROJECT, ".ctx/sources.toml": declared}, name="cloned")
+    done = subprocess.run([sys.executable, "-c", WITHOUT_PREFECT, "update", "--json"], cwd=repo,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 9, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "prefect imported: False", done.stderr
+    reports = {r["name"]: r for r in json.loads(done.stdout)["sources"]}
+    assert {n: r["status"] for n, r in reports.items()} == {"relsrc": "failed", "etc": "failed"}
+    assert "not trusted" in reports["relsrc"]["message"] and "ctx trust" in reports["relsrc"]["hint"]
+    assert "system folder" in reports["etc"]["message"] and reports["etc"]["exit_code"] == 2
+    listed = {s["name"]: s for s in ok_json(cli("list", "--json", cwd=repo))["sources"]}
+    assert listed["relsrc"]["status"] == "failed" and "not trusted" in listed["relsrc"]["message"]
 
 
 def test_add_refuses_a_system_folder_even_as_type_local(project: Path, cli: Callable[..., Any]) -> None:

@@ -17,6 +17,7 @@ from ctxlake.tasks.agents import (
     SourceLink,
     ask_agent,
     build_prompt,
+    chat_agent,
     make_sandbox,
     sweep_leftovers,
 )
@@ -107,6 +108,20 @@ def test_agent_gets_a_filtered_environment(env: dict[str, Path], monkeypatch: py
     # Without the extra name it is not passed.
     ask_agent.fn("q", links(env), [], agents(env))
     assert "MY_TEAM_FLAG" not in read_record(env["record"])["env"]
+
+
+def test_chat_hands_the_agent_the_environment_ask_does(env: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GITHUB_TOKEN", "ghp_x")
+    monkeypatch.setenv("MY_TEAM_FLAG", "on")
+    settings = agents(env, pass_env=["STUB_*", "MY_TEAM_FLAG"], chat_commands={"stub": "stub-agent {prompt_file}"})
+    assert ask_agent.fn("q", links(env), [], settings).exit_code == 0
+    asked = read_record(env["record"])["env"]
+    assert chat_agent(links(env), settings) == 0
+    chatted = read_record(env["record"])["env"]
+    assert chatted == asked and "GITHUB_TOKEN" not in chatted and chatted["MY_TEAM_FLAG"] == "on"
+    # An environment handed in replaces this process's, filtered the same way.
+    assert chat_agent(links(env), settings, environ={**os.environ, "MY_TEAM_FLAG": "off"}) == 0
+    assert read_record(env["record"])["env"] == {**asked, "MY_TEAM_FLAG": "off"}
 
 
 def test_background_jobs_end_with_the_agent_and_the_prompt_claims_no_read_only(env: dict[str, Path],

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from helpers import write_files
+from helpers import permission_bound, write_files
 
 from ctxlake.schemas.config import IndexSettings
 from ctxlake.tasks import merkle, safe_io
@@ -97,6 +100,77 @@ def test_binary_huge_and_unreadable_files_are_skipped_and_counted(
     assert status == {"a.py": "indexed", "image.png": "binary", "blob.dat2": "binary",
                       "huge.txt": "too_large", "locked.py": "unreadable"}
     assert stats.skipped == {"binary": 2, "too_large": 1, "unreadable": 1}
+
+
+# Run in a child the kernel holds to permissions (see permission_bound): a scan, then the same
+# tree after `chmod` gives the rights back (mtimes untouched), then the watcher's path for both ways.
+UNREADABLE_SCENARIO = r"""
+import json, os, sys
+from pathlib import Path
+from ctxlake.schemas.config import IndexSettings
+from ctxlake.tasks.merkle import PathFilter, diff_trees, rehash_paths, scan_tree
+
+root, index = Path(sys.argv[1]), IndexSettings()
+keep = PathFilter(root, index)
+
+def statuses(tree):
+    return {p: e.status for p, e in tree.entries.items()}
+
+def watched(tree, *events):  # the watcher rehashes the event paths only: it must agree with a scan
+    new = tree.update(rehash_paths(root, set(events), tree, keep, index.max_file_bytes))
+    fresh = scan_tree(root, index)[0]
+    assert (new.entries, new.root_hash) == (fresh.entries, fresh.root_hash), (statuses(new), statuses(fresh))
+    return new
+
+first, stats = scan_tree(root, index)
+out = {"first": statuses(first), "skipped": stats.skipped, "unreadable": getattr(stats, "unreadable", None)}
+os.chmod(root / "locked.py", 0o644)
+os.chmod(root / "shut", 0o755)
+second, _ = scan_tree(root, index, first)
+out["second"], out["diff"] = statuses(second), list(diff_trees(first, second))
+out["watched_open"] = statuses(watched(first, "locked.py", "shut"))
+os.chmod(root / "shut", 0)
+out["watched_shut"] = statuses(watched(second, "shut"))
+os.chmod(root / "shut", 0o755)
+print(json.dumps(out))
+"""
+
+
+def test_unreadable_files_and_folders_are_recorded_and_read_again_once_permitted(tmp_path: Path) -> None:
+    write_files(tmp_path, {"ok.py": "x = 1\n", "locked.py": "y = 2\n", "shut/inner.py": "z = 3\n",
+                           "open/more.py": "w = 4\n"})
+    (tmp_path / "locked.py").chmod(0)
+    (tmp_path / "shut").chmod(0)
+    via = permission_bound(tmp_path / "locked.py")
+    done = subprocess.run([*via, sys.executable, "-c", UNREADABLE_SCENARIO, str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    (tmp_path / "shut").chmod(0o755)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["first"] == {"ok.py": "indexed", "open/more.py": "indexed", "locked.py": "unreadable",
+                            "shut": "unreadable_folder"}
+    assert out["skipped"] == {"unreadable": 1, "unreadable_folder": 1}
+    assert out["unreadable"] == ["locked.py", "shut/"]
+    # chmod changes no mtime: the snapshot's "unreadable" must not be taken as still true.
+    readable = {"ok.py": "indexed", "open/more.py": "indexed", "locked.py": "indexed", "shut/inner.py": "indexed"}
+    assert out["second"] == readable
+    assert out["diff"] == [["locked.py", "shut/inner.py"], [], []]
+    assert out["watched_open"] == readable
+    assert out["watched_shut"] == {**out["first"], "locked.py": "indexed"}
+
+
+def test_a_folder_entry_taking_its_folders_place_updates_like_a_rebuild() -> None:
+    from ctxlake.tasks.merkle import Entry
+
+    inner = Entry("shut/inner.py", 6, 1, "h1", "indexed")
+    folder = Entry("shut", 0, 2, "unreadable_folder:0", "unreadable_folder")
+    ok = Entry("ok.py", 6, 1, "h0", "indexed")
+    listed, closed = Tree.build({"ok.py": ok, "shut/inner.py": inner}), Tree.build({"ok.py": ok, "shut": folder})
+    # The watcher hands its changes over in any order; each way the result is the fresh tree's.
+    for changes in ({"shut/inner.py": None, "shut": folder}, {"shut": folder, "shut/inner.py": None}):
+        assert listed.update(changes).dirs == closed.dirs
+    for changes in ({"shut": None, "shut/inner.py": inner}, {"shut/inner.py": inner, "shut": None}):
+        assert closed.update(changes).dirs == listed.dirs
 
 
 def test_symlinks_are_not_followed_and_loops_are_harmless(tmp_path: Path) -> None:
