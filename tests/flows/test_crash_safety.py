@@ -9,6 +9,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import lake_fingerprint, write_files
@@ -151,6 +152,17 @@ def test_kill_during_an_incremental_run_then_rerun_equals_a_fresh_index(
         converge(repo, f"{target}#{nth}", killer, expected)
 
 
+def _cmdline(proc: Any) -> str:
+    """A process's command line, or "" once it is gone or a zombie (the run's short-lived `git`
+    children end while the test looks at them)."""
+    import psutil
+
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return ""
+
+
 @pytest.mark.parametrize("sig", [9, 15])
 def test_a_killed_run_takes_its_temporary_prefect_server_with_it(tmp_path: Path, sig: int) -> None:
     """Without a configured Prefect server a run starts a temporary one (~220 MB); a `kill -9` or
@@ -167,7 +179,7 @@ def test_a_killed_run_takes_its_temporary_prefect_server_with_it(tmp_path: Path,
     try:
         for _ in range(1200):  # the server is spawned a few seconds in, after the imports
             server = next((c for c in psutil.Process(run.pid).children(recursive=True)
-                           if "prefect.server.api.server" in " ".join(c.cmdline())), None)
+                           if "prefect.server.api.server" in _cmdline(c)), None)
             if server is not None or run.poll() is not None:
                 break
             time.sleep(0.05)
