@@ -93,3 +93,24 @@ def lake_fingerprint(lake_dir: Path) -> dict[str, object]:
         "duplicate_ids": len(ids) - len(set(ids)),
         "missing_vectors": sum(v is None for v in vectors),
     }
+
+
+def damage_lake(lake: Path, how: str) -> None:
+    """Damage a project's lake the ways a crash, a bad disk or a stray `rm` do."""
+    chunks = lake / "chunks.lance"
+    if how == "truncated":  # a crash or a bad disk cut a data file short
+        biggest = max((chunks / "data").glob("*.lance"), key=lambda f: f.stat().st_size)
+        with open(biggest, "r+b") as fh:
+            fh.truncate(500)
+    elif how == "data_deleted":
+        for f in (chunks / "data").glob("*.lance"):
+            f.unlink()
+    elif how == "no_manifest":
+        for f in (chunks / "_versions").glob("*.manifest"):
+            f.unlink()
+    elif how == "no_indices":  # the BM25 index a keyword search reads is gone
+        shutil.rmtree(chunks / "_indices")
+    elif how == "state":
+        (lake / "state.json").write_text("{garbage")
+    else:
+        raise ValueError(f"unknown damage {how!r}")

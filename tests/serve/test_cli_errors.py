@@ -14,7 +14,7 @@ from typing import Any
 from unittest.mock import ANY
 
 import pytest
-from helpers import ctx_subprocess
+from helpers import ctx_subprocess, damage_lake
 
 pytestmark = pytest.mark.usefixtures("prefect_server", "fake_embedder")
 
@@ -296,27 +296,12 @@ def test_ctrl_c_stops_a_running_sql_statement_at_once(indexed: Path) -> None:
             proc.wait()
 
 
-def _damage(lake: Path, how: str) -> None:
-    chunks = lake / "chunks.lance"
-    if how == "truncated":  # a crash or a bad disk cut a data file short
-        biggest = max((chunks / "data").glob("*.lance"), key=lambda f: f.stat().st_size)
-        with open(biggest, "r+b") as fh:
-            fh.truncate(500)
-    elif how == "no_manifest":
-        for f in (chunks / "_versions").glob("*.manifest"):
-            f.unlink()
-    elif how == "no_indices":
-        shutil.rmtree(chunks / "_indices")
-    else:
-        (lake / "state.json").write_text("{garbage")
-
-
 @pytest.mark.parametrize("how", ["truncated", "no_manifest", "no_indices", "state"])
 def test_a_damaged_lake_is_one_line_for_readers_and_rebuilt_by_force(
         indexed: Path, cli: Callable[..., Any], how: str) -> None:
     # Readers died with a Lance traceback (Rust file names and all), and `ctx run index --force`
     # either failed too ("the previous index stays readable", which it was not) or left search broken.
-    _damage(indexed / ".ctx" / "lake", how)
+    damage_lake(indexed / ".ctx" / "lake", how)
     for args in (("search", "total"), ("status",), ("sql", "select count(*) from chunks")):
         result = cli(*args, cwd=indexed)
         if (how == "no_indices" and args[0] != "search") or (how == "state" and args[0] == "sql"):

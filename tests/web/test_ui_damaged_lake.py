@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import damage_lake
 
 from ctxlake.serve.web.app import UiContext
 from ctxlake.serve.web.server import UiServer
@@ -31,19 +31,6 @@ def get(url: str) -> tuple[int, str, str]:
         return exc.code, exc.headers.get("content-type", ""), exc.read().decode()
 
 
-def damage(lake: Path, how: str) -> None:
-    chunks = lake / "chunks.lance"
-    if how == "truncated":  # a crash or a bad disk cut a data file short
-        biggest = max((chunks / "data").glob("*.lance"), key=lambda f: f.stat().st_size)
-        with open(biggest, "r+b") as fh:
-            fh.truncate(500)
-    elif how == "data_deleted":
-        for f in (chunks / "data").glob("*.lance"):
-            f.unlink()
-    else:  # no_indices: the BM25 index a keyword search reads is gone
-        shutil.rmtree(chunks / "_indices")
-
-
 @pytest.fixture
 def served(make_repo: Callable[..., Path], cli: Callable[..., Any]) -> Iterator[tuple[Path, str]]:
     repo = make_repo({"app.py": "def total(xs):\n    return sum(xs)\n", "notes.md": "# Notes\n\nTotals.\n"})
@@ -59,7 +46,7 @@ def served(make_repo: Callable[..., Path], cli: Callable[..., Any]) -> Iterator[
 @pytest.mark.parametrize("how", ["truncated", "data_deleted", "no_indices"])
 def test_a_damaged_lake_is_the_clis_one_line_and_hint_in_the_ui(served: tuple[Path, str], how: str) -> None:
     repo, url = served
-    damage(repo / ".ctx" / "lake", how)
+    damage_lake(repo / ".ctx" / "lake", how)
     query = urllib.parse.urlencode({"q": "total", "kind": "code", "mode": "keyword"})
     status, kind, body = get(f"{url}api/search?{query}")
     assert kind.startswith("application/json"), body
