@@ -71,6 +71,7 @@ def import_lancedb() -> types.ModuleType:
         # Lance's Rust side logs warnings (deprecations, "dataset will be created") to stderr;
         # keep the CLI's stderr for our own messages unless a user asks for them.
         os.environ.setdefault("LANCEDB_LOG", "error")
+        os.environ.setdefault("LANCE_LOG", "error")  # the same for pylance (memory tables' compaction)
     import lancedb
 
     return lancedb

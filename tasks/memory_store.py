@@ -23,10 +23,12 @@ from ctxlake.tasks.lake import connect, open_table
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.scrape.base import Msg
 from ctxlake.tasks.stage import stage
-from ctxlake.tasks.store import KEEP_VERSIONS, fragment_count, sql_str, vector_indexes
+from ctxlake.tasks.store import KEEP_VERSIONS, sql_str, vector_indexes
 
 if TYPE_CHECKING:
+    import lance
     import lancedb
+    from lance.dataset import IndexInformation
     from lancedb.table import Table
 
     from ctxlake.tasks.embedders import Embedder
@@ -322,20 +324,31 @@ SCALAR_INDEXES = {MESSAGES_TABLE: {"id": "BTree", "session_id": "BTree", "projec
                   SESSIONS_TABLE: {"id": "BTree", "session_id": "BTree", "project_path": "Bitmap"}}
 
 
-# LanceDB's optimize rewrites every fragment under a million rows together with the new ones: for
-# most users that is the whole messages table. Run after each small ingest it wrote the table out
-# again every time (bench history, 2,000 sessions: ~140 MB per one-session ingest, 0.55 -> 3.3 GB over
-# 20 ingests while the old versions waited out KEEP_VERSIONS). So a table is optimized only once
-# ingests have left this many fragments, or this many rows outside its BM25 indexes: until then
-# searches still see the new rows (BM25 scans unindexed rows; vectors are a flat scan), and a few
-# dozen fragments cost reads little.
-OPTIMIZE_FRAGMENTS = 24
+# A table is compacted (`compact`) once ingests have appended this many fragments since the last
+# compaction, or left this many rows outside its indexes. Until then searches still see the new rows
+# (BM25 scans unindexed rows; vectors are a flat scan). Per table, from bench history at 2,000
+# sessions: 15 more fragments of the messages table cost a search_context ~3 ms, of the sessions
+# table ~12 ms (and `ctx sessions` ~8 ms), whose compaction is cheap (a row per session).
+OPTIMIZE_FRAGMENTS = {MESSAGES_TABLE: 16, SESSIONS_TABLE: 4, KNOWLEDGE_TABLE: 4}
 OPTIMIZE_UNINDEXED_ROWS = 20_000
 
 
+def new_fragments(table: Table) -> int:
+    """Fragments of `table` that one of its indexes does not cover yet: those written since its last
+    compaction (an index made after them, like a new BM25 column's, covers them at once)."""
+    ds = table.to_lance()
+    cover: dict[str, set[int]] = {}
+    for index in _indexes(ds):
+        cover.setdefault(index["name"], set()).update(index["fragment_ids"])
+    if not cover:
+        return len(ds.get_fragments())
+    covered = set.intersection(*cover.values())
+    return sum(1 for f in ds.get_fragments() if f.fragment_id not in covered)
+
+
 def optimize_due(table: Table) -> bool:
-    """Whether `table` has gathered enough small fragments or unindexed rows to be worth compacting."""
-    if fragment_count(table) >= OPTIMIZE_FRAGMENTS:
+    """Whether ingests have left `table` enough new fragments or unindexed rows to be worth compacting."""
+    if new_fragments(table) >= OPTIMIZE_FRAGMENTS.get(table.name, OPTIMIZE_FRAGMENTS[MESSAGES_TABLE]):
         return True
     return any((idx.num_unindexed_rows or 0) >= OPTIMIZE_UNINDEXED_ROWS for idx in table.list_indices())
 
@@ -389,6 +402,91 @@ def ensure_vector_index(table: Table, min_rows: int | None = None) -> bool:
     return True
 
 
+# Compaction. LanceDB's optimize() merges every fragment under a million rows: for most users the
+# whole messages table, written out again at each compaction and kept for KEEP_VERSIONS (bench
+# history, 2,000 sessions, 1,000 small ingests: 46 compactions, the folder 0.23 -> 11.4 GB). It also
+# appended a vector-index delta each time, and fragments under different deltas are never merged,
+# so at 20,000 sessions the messages table grew to 150 fragments until the index was dropped and
+# built again at every compaction (33 s there). pylance, the lance release LanceDB embeds, lets a
+# compaction name its fragments; `compact` merges only the newest and leaves index deltas in place,
+# and every INDEX_DELTAS compactions folds the deltas and merges size tiers.
+INDEX_DELTAS = 8
+# New fragments under this many rows are merged whatever their neighbours' sizes.
+SMALL_FRAGMENT_ROWS = 8_192
+# A fragment this share of whose rows are deleted is rewritten without them at a full compaction.
+DELETED_SHARE = 0.1
+
+
+def compact(table: Table, full: bool = False) -> dict[str, int]:
+    """Merge `table`'s newest fragments, fold their rows into its indexes, drop versions past KEEP_VERSIONS.
+
+    Fragments covered by different index deltas cannot be merged (lance keeps an index's row
+    addresses per delta), so each compaction merges the unindexed fragments that ingests appended
+    and then indexes them as one new delta of each index. Once an index has INDEX_DELTAS deltas,
+    they are folded into one first and the compaction merges size tiers: from the newest fragment
+    back, while a fragment holds no more rows than the newer ones picked (or is small), so a row is
+    rewritten about log2(rows / SMALL_FRAGMENT_ROWS) times over the table's life instead of at every
+    compaction; `full` does that now. Its indexes are not remapped to the merged rows there and then
+    (`defer_index_remap`): lance keeps a fragment-reuse map instead, and the next fold applies it,
+    so the indexes are written once per fold, not twice. Returns what it did: fragments merged,
+    deltas folded.
+    """
+    import lance
+
+    ds = table.to_lance()
+    indexes = _indexes(ds)
+    deltas = max((sum(1 for i in indexes if i["name"] == name) for name in {i["name"] for i in indexes}), default=0)
+    full = full or deltas >= INDEX_DELTAS
+    if full:  # every row into one index each, so all fragments are alike to the compaction
+        ds.optimize.optimize_indices(num_indices_to_merge=len(indexes))
+        ds = lance.dataset(ds.uri)
+        indexes = _indexes(ds)
+    cover: dict[int, set[str]] = {}
+    for index in indexes:
+        for fid in index["fragment_ids"]:
+            cover.setdefault(fid, set()).add(index["uuid"])
+    fragments = [(f.fragment_id, f.metadata.physical_rows, f.metadata.num_deletions) for f in ds.get_fragments()]
+    picked = _tail([(fid, n) for fid, n, _ in fragments], cover)
+    if full:  # and any fragment whose deleted rows (sessions updated in place) pass lance's threshold
+        picked |= {fid for fid, n, gone in fragments if gone > DELETED_SHARE * n}
+    merged = 0
+    if len(picked) > 1 or (full and picked):
+        rows = sum(n for fid, n, _ in fragments if fid in picked)
+        metrics = ds.optimize.compact_files(
+            target_rows_per_fragment=rows + 1, materialize_deletions=full,
+            materialize_deletions_threshold=DELETED_SHARE, defer_index_remap=True,
+            excluded_fragment_ids=[fid for fid, _, _ in fragments if fid not in picked])
+        merged = metrics.fragments_removed
+        ds = lance.dataset(ds.uri)
+    if not full and indexes:  # the new rows as one delta of each index
+        ds.optimize.optimize_indices(num_indices_to_merge=0)
+    ds = lance.dataset(ds.uri)
+    ds.cleanup_old_versions(older_than=KEEP_VERSIONS)
+    table.checkout_latest()
+    return {"fragments_merged": merged, "deltas_folded": deltas if full else 0}
+
+
+def _indexes(ds: lance.LanceDataset) -> list[IndexInformation]:
+    """The dataset's indexes, one entry per delta, without lance's own (the fragment-reuse index a
+    compaction with deferred remapping leaves covers only the fragments it wrote)."""
+    return [index for index in ds.list_indices() if not index["name"].startswith("__")]
+
+
+def _tail(fragments: Sequence[tuple[int, int]], cover: dict[int, set[str]]) -> set[int]:
+    """Ids of the newest fragments to merge: those covered by the same indexes as the newest one,
+    taken back while each holds no more rows than the newer ones picked, or under SMALL_FRAGMENT_ROWS."""
+    picked: set[int] = set()
+    if not fragments:
+        return picked
+    same, rows = cover.get(fragments[-1][0], set()), 0
+    for fid, n in reversed(fragments):
+        if cover.get(fid, set()) != same or (n > SMALL_FRAGMENT_ROWS and n > rows):
+            break
+        picked.add(fid)
+        rows += n
+    return picked
+
+
 @stage("fts-memory")
 def index_and_optimize(tables: Sequence[Table], force: bool = False) -> list[str]:
     """Memory tables -> BM25 and scalar indexes (built once, then folded in by optimize), compacted
@@ -411,12 +509,7 @@ def index_and_optimize(tables: Sequence[Table], force: bool = False) -> list[str
                 table.create_index(column, config=FTS(stem=False, remove_stop_words=False, with_position=False), replace=True)
         ensure_scalar_indexes(table)
         if force or optimize_due(table):
-            # Compacted without its vector index, which is built again below: with the index kept,
-            # LanceDB's optimize left 400 small ingests' fragments in place at 20,000 sessions (2 ->
-            # 150; on a copy of that sessions table it compacted 149 -> 1 once the index was gone).
-            for name in vector_indexes(table):
-                table.drop_index(name)
-            table.optimize(cleanup_older_than=KEEP_VERSIONS)
+            compact(table, full=force)
             optimized.append(table.name)
         ensure_vector_index(table)  # after compaction, which would otherwise rewrite it at once
     return optimized

@@ -202,13 +202,13 @@ def test_small_ingests_do_not_rewrite_the_tables_until_fragments_pile_up(
 
     from ctxlake.tasks import memory_store
 
-    monkeypatch.setattr(memory_store, "OPTIMIZE_FRAGMENTS", 6)
+    monkeypatch.setitem(memory_store.OPTIMIZE_FRAGMENTS, "messages", 6)
     ingest(cli, env)
     messages = lancedb.connect(str(env["home"] / "memory")).open_table("messages")
 
-    def fragments() -> int:
+    def fragments() -> int:  # those written since the last compaction
         messages.checkout_latest()
-        return int(messages.stats()["fragment_stats"]["num_fragments"])
+        return memory_store.new_fragments(messages)
 
     log = next(env["stores"]["claude"].rglob("sess-a.jsonl"))
     seen, reports = [fragments()], []
@@ -227,7 +227,7 @@ def test_small_ingests_do_not_rewrite_the_tables_until_fragments_pile_up(
     first = compacted[0]
     # Until the bar, each ingest only added fragments; the run that reached it compacted them.
     assert all(seen[i + 1] > seen[i] for i in range(first)), seen
-    assert seen[first] + 1 >= memory_store.OPTIMIZE_FRAGMENTS > seen[first + 1], seen
+    assert seen[first] + 1 >= memory_store.OPTIMIZE_FRAGMENTS["messages"] > seen[first + 1] == 0, seen
     assert all(r["optimized"] == [] for r in reports[:first]) and first >= 2, seen
     forced = ingest(cli, env, "--force")
     assert set(forced["optimized"]) >= {"messages", "sessions"}

@@ -158,3 +158,72 @@ def test_compaction_merges_fragments_and_keeps_the_vector_index(tmp_path: Path, 
     assert table.stats()["fragment_stats"]["num_fragments"] <= 2
     assert _has_vector_index(table)
     assert "late7" in {h["id"] for h in _vector(table, [0.1] * DIMS, "session_id = 's-late'", ["id"], 30)}
+
+
+def _data_files(table: lancedb.table.Table) -> dict[int, list[str]]:
+    return {f.fragment_id: [d.path for d in f.data_files()] for f in table.to_lance().get_fragments()}
+
+
+def test_compaction_rewrites_the_new_fragments_only_and_folds_index_deltas(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small ingests compacted again and again: the first rows' file is never rewritten (LanceDB's
+    optimize rewrote it every time), and every index still finds every row, before and after the
+    deltas are folded."""
+    from ctxlake.tasks import memory_store
+
+    monkeypatch.setattr(memory_store, "MEMORY_ANN_ROWS", 1_000)
+    monkeypatch.setattr(memory_store, "SMALL_FRAGMENT_ROWS", 1_000)  # the first 3,000 rows are a big fragment
+    table = _table(tmp_path)
+    memory_store.index_and_optimize.fn([table], force=True)  # BM25, scalar and vector indexes, as after a cold ingest
+    assert _has_vector_index(table)
+    first = _data_files(table)
+    assert len(first) == 1
+    rng = np.random.default_rng(9)
+    late: dict[str, list[float]] = {}
+    deltas = []
+    for k in range(memory_store.INDEX_DELTAS * 2):
+        for j in range(memory_store.OPTIMIZE_FRAGMENTS["messages"]):  # one small ingest each
+            key = f"late{k}-{j}"
+            late[key] = rng.standard_normal(DIMS).astype(np.float32).tolist()
+            table.add(pa.table({"id": [key], "project_path": ["/p9"], "session_id": [f"s-late{k}"],
+                                "text": [f"zebra{k}x{j} rollout"], "terms": [""],
+                                "vector": pa.array([late[key]], pa.list_(pa.float32(), DIMS))}))
+        assert memory_store.optimize_due(table)
+        assert memory_store.index_and_optimize.fn([table]) == ["messages"]
+        assert memory_store.new_fragments(table) == 0 and not memory_store.optimize_due(table)
+        files = _data_files(table)
+        assert files.get(0) == first[0], "the first fragment was rewritten"
+        assert len(files) <= 1 + memory_store.INDEX_DELTAS + 1
+        deltas.append(max(s.num_indices for s in (table.index_stats(i.name) for i in table.list_indices()) if s))
+    # Deltas pile up to INDEX_DELTAS and are folded back into one index each.
+    assert max(deltas) == memory_store.INDEX_DELTAS and 1 in deltas[memory_store.INDEX_DELTAS - 1:], deltas
+    # Every row is still found by each kind of index.
+    assert table.count_rows() == ROWS + len(late)
+    for key in ("late0-0", f"late{memory_store.INDEX_DELTAS}-5", f"late{memory_store.INDEX_DELTAS * 2 - 1}-3"):
+        assert table.search().where(f"id = '{key}'").select(["id"]).to_list()[0]["id"] == key
+        k, j = key[4:].split("-")
+        assert [h["id"] for h in _fts(table, f"zebra{k}x{j}", None, ["id"], 5, "text")] == [key]
+        assert _vector(table, late[key], "project_path IN ('/p9')", ["id"], 1)[0]["id"] == key
+    assert _fts(table, "cache", "project_path IN ('/p0')", ["id"], 5000, "text")
+
+
+def test_a_full_compaction_drops_deleted_rows_from_big_fragments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sessions are updated in place (a delete and an add): an old fragment that has lost a share of
+    its rows is rewritten without them at the next full compaction, and nothing else is lost."""
+    from ctxlake.tasks import memory_store
+
+    monkeypatch.setattr(memory_store, "SMALL_FRAGMENT_ROWS", 1_000)
+    table = _table(tmp_path)
+    memory_store.index_and_optimize.fn([table], force=True)
+    table.delete("id IN (" + ", ".join(f"'m{i}'" for i in range(0, ROWS, 4)) + ")")  # a quarter
+    assert [f.metadata.num_deletions for f in table.to_lance().get_fragments()] == [ROWS // 4]
+    memory_store.compact(table)  # not full: the big fragment is left as it is
+    assert [f.metadata.num_deletions for f in table.to_lance().get_fragments()] == [ROWS // 4]
+    memory_store.compact(table, full=True)
+    assert [f.metadata.num_deletions for f in table.to_lance().get_fragments()] == [0]
+    assert table.count_rows() == ROWS - ROWS // 4
+    assert table.search().where("id = 'm5'").select(["id"]).to_list()[0]["id"] == "m5"
+    assert not table.search().where("id = 'm4'").select(["id"]).to_list()
+    row = table.search().where("id = 'm5'").select(["text", "vector"]).to_list()[0]
+    assert [h["id"] for h in _fts(table, row["text"], "id = 'm5'", ["id"], 5, "text")] == ["m5"]
+    assert _vector(table, list(row["vector"]), None, ["id"], 1)[0]["id"] == "m5"
