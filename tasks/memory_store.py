@@ -408,37 +408,47 @@ def ensure_vector_index(table: Table, min_rows: int | None = None) -> bool:
 # appended a vector-index delta each time, and fragments under different deltas are never merged,
 # so at 20,000 sessions the messages table grew to 150 fragments until the index was dropped and
 # built again at every compaction (33 s there). pylance, the lance release LanceDB embeds, lets a
-# compaction name its fragments; `compact` merges only the newest and leaves index deltas in place,
-# and every INDEX_DELTAS compactions folds the deltas and merges size tiers.
+# compaction name its fragments; `compact` merges only the newest and gives the vector index a
+# delta for them, and every INDEX_DELTAS compactions folds the deltas and merges size tiers.
 INDEX_DELTAS = 8
-# New fragments under this many rows are merged whatever their neighbours' sizes.
-SMALL_FRAGMENT_ROWS = 8_192
+# Fragments under this many rows are merged whatever their neighbours' sizes. Kept low: at 8,192
+# the whole sessions table (3,000 rows) was rewritten at each of its compactions (bench history,
+# 1,000 small ingests: 1.1 GB written for a 6 MB table).
+SMALL_FRAGMENT_ROWS = 1_024
 # A fragment this share of whose rows are deleted is rewritten without them at a full compaction.
 DELETED_SHARE = 0.1
 
 
 def compact(table: Table, full: bool = False) -> dict[str, int]:
-    """Merge `table`'s newest fragments, fold their rows into its indexes, drop versions past KEEP_VERSIONS.
+    """Fold `table`'s new rows into its indexes, merge its newest fragments, drop versions past KEEP_VERSIONS.
 
-    Fragments covered by different index deltas cannot be merged (lance keeps an index's row
-    addresses per delta), so each compaction merges the unindexed fragments that ingests appended
-    and then indexes them as one new delta of each index. Once an index has INDEX_DELTAS deltas,
-    they are folded into one first and the compaction merges size tiers: from the newest fragment
-    back, while a fragment holds no more rows than the newer ones picked (or is small), so a row is
-    rewritten about log2(rows / SMALL_FRAGMENT_ROWS) times over the table's life instead of at every
-    compaction; `full` does that now. Its indexes are not remapped to the merged rows there and then
-    (`defer_index_remap`): lance keeps a fragment-reuse map instead, and the next fold applies it,
-    so the indexes are written once per fold, not twice. Returns what it did: fragments merged,
-    deltas folded.
+    The new rows go into the BM25 and scalar indexes, which are rewritten as one (at 2,000 sessions
+    ~10 MB; a BM25 delta beside them cost a search_context ~5 ms), and into a new delta of the
+    vector index. Then the newest fragments are merged: lance merges only fragments that the same
+    index deltas cover, so these are the ones just indexed, with any older ones in the same delta;
+    from the newest back, while a fragment holds no more rows than the newer ones picked (or is
+    small), so a row is rewritten about log2(rows / SMALL_FRAGMENT_ROWS) times over the table's
+    life instead of at every compaction. Once the vector index has INDEX_DELTAS deltas (or with
+    `full`), they are folded into one first, which lets the size tiers merge. The indexes are not
+    remapped to the merged rows there and then (`defer_index_remap`): lance keeps a fragment-reuse
+    map, applied at the next index update, so they are written once per compaction, not twice.
+    Fragments that have lost DELETED_SHARE of their rows (sessions updated in place) are rewritten
+    without them. Returns what it did: fragments merged, vector deltas folded.
     """
     import lance
 
     ds = table.to_lance()
-    indexes = _indexes(ds)
-    deltas = max((sum(1 for i in indexes if i["name"] == name) for name in {i["name"] for i in indexes}), default=0)
-    full = full or deltas >= INDEX_DELTAS
-    if full:  # every row into one index each, so all fragments are alike to the compaction
-        ds.optimize.optimize_indices(num_indices_to_merge=len(indexes))
+    indexes, deltas = _indexes(ds), 0
+    if indexes:
+        names = {index["name"] for index in indexes}
+        vector = {index["name"] for index in indexes if index["fields"] == ["vector"]}
+        deltas = max((sum(1 for i in indexes if i["name"] == name) for name in vector), default=0)
+        full = full or deltas >= INDEX_DELTAS
+        if vector and not full:
+            ds.optimize.optimize_indices(index_names=sorted(vector), num_indices_to_merge=0)
+            ds = lance.dataset(ds.uri)
+        ds.optimize.optimize_indices(index_names=sorted(names if full else names - vector),
+                                     num_indices_to_merge=len(indexes))
         ds = lance.dataset(ds.uri)
         indexes = _indexes(ds)
     cover: dict[int, set[str]] = {}
@@ -447,20 +457,17 @@ def compact(table: Table, full: bool = False) -> dict[str, int]:
             cover.setdefault(fid, set()).add(index["uuid"])
     fragments = [(f.fragment_id, f.metadata.physical_rows, f.metadata.num_deletions) for f in ds.get_fragments()]
     picked = _tail([(fid, n) for fid, n, _ in fragments], cover)
-    if full:  # and any fragment whose deleted rows (sessions updated in place) pass lance's threshold
-        picked |= {fid for fid, n, gone in fragments if gone > DELETED_SHARE * n}
+    if len(picked) < 2:
+        picked = set()  # nothing to merge
+    picked |= {fid for fid, n, gone in fragments if gone > DELETED_SHARE * n}
     merged = 0
-    if len(picked) > 1 or (full and picked):
+    if picked:
         rows = sum(n for fid, n, _ in fragments if fid in picked)
         metrics = ds.optimize.compact_files(
-            target_rows_per_fragment=rows + 1, materialize_deletions=full,
-            materialize_deletions_threshold=DELETED_SHARE, defer_index_remap=True,
+            target_rows_per_fragment=rows + 1, materialize_deletions_threshold=DELETED_SHARE, defer_index_remap=True,
             excluded_fragment_ids=[fid for fid, _, _ in fragments if fid not in picked])
         merged = metrics.fragments_removed
         ds = lance.dataset(ds.uri)
-    if not full and indexes:  # the new rows as one delta of each index
-        ds.optimize.optimize_indices(num_indices_to_merge=0)
-    ds = lance.dataset(ds.uri)
     ds.cleanup_old_versions(older_than=KEEP_VERSIONS)
     table.checkout_latest()
     return {"fragments_merged": merged, "deltas_folded": deltas if full else 0}

@@ -207,19 +207,19 @@ def test_compaction_rewrites_the_new_fragments_only_and_folds_index_deltas(
     assert _fts(table, "cache", "project_path IN ('/p0')", ["id"], 5000, "text")
 
 
-def test_a_full_compaction_drops_deleted_rows_from_big_fragments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compaction_drops_deleted_rows_from_big_fragments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Sessions are updated in place (a delete and an add): an old fragment that has lost a share of
-    its rows is rewritten without them at the next full compaction, and nothing else is lost."""
+    its rows is rewritten without them at the next compaction, and nothing else is lost."""
     from ctxlake.tasks import memory_store
 
     monkeypatch.setattr(memory_store, "SMALL_FRAGMENT_ROWS", 1_000)
     table = _table(tmp_path)
     memory_store.index_and_optimize.fn([table], force=True)
+    table.delete("id IN (" + ", ".join(f"'m{i}'" for i in range(0, ROWS, 40)) + ")")  # under DELETED_SHARE
+    memory_store.compact(table)
+    assert [f.metadata.num_deletions for f in table.to_lance().get_fragments()] == [ROWS // 40]
     table.delete("id IN (" + ", ".join(f"'m{i}'" for i in range(0, ROWS, 4)) + ")")  # a quarter
-    assert [f.metadata.num_deletions for f in table.to_lance().get_fragments()] == [ROWS // 4]
-    memory_store.compact(table)  # not full: the big fragment is left as it is
-    assert [f.metadata.num_deletions for f in table.to_lance().get_fragments()] == [ROWS // 4]
-    memory_store.compact(table, full=True)
+    assert memory_store.compact(table)["fragments_merged"] == 1
     assert [f.metadata.num_deletions for f in table.to_lance().get_fragments()] == [0]
     assert table.count_rows() == ROWS - ROWS // 4
     assert table.search().where("id = 'm5'").select(["id"]).to_list()[0]["id"] == "m5"
@@ -227,3 +227,24 @@ def test_a_full_compaction_drops_deleted_rows_from_big_fragments(tmp_path: Path,
     row = table.search().where("id = 'm5'").select(["text", "vector"]).to_list()[0]
     assert [h["id"] for h in _fts(table, row["text"], "id = 'm5'", ["id"], 5, "text")] == ["m5"]
     assert _vector(table, list(row["vector"]), None, ["id"], 1)[0]["id"] == "m5"
+
+
+def test_a_table_without_a_vector_index_stays_at_a_few_fragments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sessions table has no vector index until it is large, so no deltas ever call for a full
+    compaction: each one must still merge what the last ones left, not add a fragment each time."""
+    from ctxlake.tasks import memory_store
+
+    monkeypatch.setattr(memory_store, "MEMORY_ANN_ROWS", 10**9)
+    monkeypatch.setattr(memory_store, "SMALL_FRAGMENT_ROWS", 1_000)
+    table = _table(tmp_path)
+    memory_store.index_and_optimize.fn([table], force=True)
+    assert not _has_vector_index(table)
+    first = _data_files(table)[0]
+    for k in range(30):
+        for j in range(memory_store.OPTIMIZE_FRAGMENTS["messages"]):
+            table.add(pa.table({"id": [f"late{k}-{j}"], "project_path": ["/p9"], "session_id": [f"s-late{k}"],
+                                "text": [f"zebra{k}x{j}"], "terms": [""], "vector": pa.array([None], pa.list_(pa.float32(), DIMS))}))
+        assert memory_store.index_and_optimize.fn([table]) == ["messages"]
+        files = _data_files(table)
+        assert files[0] == first and len(files) <= 3, (k, len(files))
+    assert [h["id"] for h in _fts(table, "zebra29x3", None, ["id"], 5, "text")] == ["late29-3"]
