@@ -480,14 +480,15 @@ def _indexes(ds: lance.LanceDataset) -> list[IndexInformation]:
 
 
 def _tail(fragments: Sequence[tuple[int, int]], cover: dict[int, set[str]]) -> set[int]:
-    """Ids of the newest fragments to merge: those covered by the same indexes as the newest one,
-    taken back while each holds no more rows than the newer ones picked, or under SMALL_FRAGMENT_ROWS."""
+    """Ids of the newest fragments to merge: the newest, then those covered by the same indexes,
+    taken back while each holds no more rows than the newer ones picked, or under SMALL_FRAGMENT_ROWS
+    (so a cold ingest's equal batches all merge)."""
     picked: set[int] = set()
     if not fragments:
         return picked
     same, rows = cover.get(fragments[-1][0], set()), 0
     for fid, n in reversed(fragments):
-        if cover.get(fid, set()) != same or (n > SMALL_FRAGMENT_ROWS and n > rows):
+        if cover.get(fid, set()) != same or (picked and n > SMALL_FRAGMENT_ROWS and n > rows):
             break
         picked.add(fid)
         rows += n
@@ -510,13 +511,17 @@ def index_and_optimize(tables: Sequence[Table], force: bool = False) -> list[str
             continue
         indices = table.list_indices()
         indexed = {c for idx in indices if idx.index_type == "FTS" for c in idx.columns}
+        created = not indexed
         for column in FTS_COLUMNS[table.name]:
             if column not in indexed:
                 # Conversations mix prose and code: keep stop words and exact forms, like chunks.
                 table.create_index(column, config=FTS(stem=False, remove_stop_words=False, with_position=False), replace=True)
         ensure_scalar_indexes(table)
-        if force or optimize_due(table):
-            compact(table, full=force)
+        if force or created or optimize_due(table):
+            # A table whose indexes were just built (a cold ingest) is merged whole, once: at
+            # 20,000 sessions it was left at 65 fragments (messages) and 104 (sessions), which
+            # no later small ingest would merge, and `ctx sessions -n 5` took 62 ms.
+            compact(table, full=force or created)
             optimized.append(table.name)
         ensure_vector_index(table)  # after compaction, which would otherwise rewrite it at once
     return optimized

@@ -248,3 +248,20 @@ def test_a_table_without_a_vector_index_stays_at_a_few_fragments(tmp_path: Path,
         files = _data_files(table)
         assert files[0] == first and len(files) <= 3, (k, len(files))
     assert [h["id"] for h in _fts(table, "zebra29x3", None, ["id"], 5, "text")] == ["late29-3"]
+
+
+def test_a_cold_ingests_equal_batches_are_merged_when_the_indexes_are_built(tmp_path: Path) -> None:
+    """A cold ingest writes the history in equal batches, each a fragment; no later small ingest
+    would merge fragments that size, so the run that builds the indexes merges them, once."""
+    from ctxlake.tasks import memory_store
+
+    table = _table(tmp_path)
+    rows = table.search().limit(ROWS).to_arrow()
+    for k in range(5):  # five more batches the size of the first
+        table.add(rows.set_column(0, "id", pa.array([f"b{k}-{i}" for i in range(ROWS)])))
+    assert len(_data_files(table)) == 6
+    assert memory_store.index_and_optimize.fn([table]) == ["messages"]
+    assert len(_data_files(table)) == 1 and table.count_rows() == 6 * ROWS
+    assert memory_store.index_and_optimize.fn([table]) == []  # and not again
+    row = table.search().where("id = 'b4-7'").select(["id", "text"]).to_list()[0]
+    assert [h["id"] for h in _fts(table, row["text"], "id = 'b4-7'", ["id"], 5, "text")] == ["b4-7"]
