@@ -419,7 +419,7 @@ SMALL_FRAGMENT_ROWS = 1_024
 DELETED_SHARE = 0.1
 
 
-def compact(table: Table, full: bool = False) -> dict[str, int]:
+def compact(table: Table, full: bool = False, whole: bool = False) -> dict[str, int]:
     """Fold `table`'s new rows into its indexes, merge its newest fragments, drop versions past KEEP_VERSIONS.
 
     The new rows go into the BM25 and scalar indexes, which are rewritten as one (at 2,000 sessions
@@ -433,7 +433,8 @@ def compact(table: Table, full: bool = False) -> dict[str, int]:
     remapped to the merged rows there and then (`defer_index_remap`): lance keeps a fragment-reuse
     map, applied at the next index update, so they are written once per compaction, not twice.
     Fragments that have lost DELETED_SHARE of their rows (sessions updated in place) are rewritten
-    without them. Returns what it did: fragments merged, vector deltas folded.
+    without them. `whole` merges every fragment (a cold ingest's batches, once). Returns what it
+    did: fragments merged, vector deltas folded.
     """
     import lance
 
@@ -456,7 +457,7 @@ def compact(table: Table, full: bool = False) -> dict[str, int]:
         for fid in index["fragment_ids"]:
             cover.setdefault(fid, set()).add(index["uuid"])
     fragments = [(f.fragment_id, f.metadata.physical_rows, f.metadata.num_deletions) for f in ds.get_fragments()]
-    picked = _tail([(fid, n) for fid, n, _ in fragments], cover)
+    picked = {fid for fid, _, _ in fragments} if whole else _tail([(fid, n) for fid, n, _ in fragments], cover)
     if len(picked) < 2:
         picked = set()  # nothing to merge
     picked |= {fid for fid, n, gone in fragments if gone > DELETED_SHARE * n}
@@ -520,8 +521,9 @@ def index_and_optimize(tables: Sequence[Table], force: bool = False) -> list[str
         if force or created or optimize_due(table):
             # A table whose indexes were just built (a cold ingest) is merged whole, once: at
             # 20,000 sessions it was left at 65 fragments (messages) and 104 (sessions), which
-            # no later small ingest would merge, and `ctx sessions -n 5` took 62 ms.
-            compact(table, full=force or created)
+            # no later small ingest would merge (the last, partial batch stops the size tiers),
+            # and `ctx sessions -n 5` took 62 ms.
+            compact(table, full=force or created, whole=created)
             optimized.append(table.name)
         ensure_vector_index(table)  # after compaction, which would otherwise rewrite it at once
     return optimized

@@ -259,9 +259,10 @@ def test_a_cold_ingests_equal_batches_are_merged_when_the_indexes_are_built(tmp_
     rows = table.search().limit(ROWS).to_arrow()
     for k in range(5):  # five more batches the size of the first
         table.add(rows.set_column(0, "id", pa.array([f"b{k}-{i}" for i in range(ROWS)])))
-    assert len(_data_files(table)) == 6
+    table.add(rows.slice(0, 100).set_column(0, "id", pa.array([f"last{i}" for i in range(100)])))  # the remainder
+    assert len(_data_files(table)) == 7
     assert memory_store.index_and_optimize.fn([table]) == ["messages"]
-    assert len(_data_files(table)) == 1 and table.count_rows() == 6 * ROWS
+    assert len(_data_files(table)) == 1 and table.count_rows() == 6 * ROWS + 100
     assert memory_store.index_and_optimize.fn([table]) == []  # and not again
     row = table.search().where("id = 'b4-7'").select(["id", "text"]).to_list()[0]
     assert [h["id"] for h in _fts(table, row["text"], "id = 'b4-7'", ["id"], 5, "text")] == ["b4-7"]
