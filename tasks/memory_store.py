@@ -415,7 +415,7 @@ INDEX_DELTAS = 8
 # the whole sessions table (3,000 rows) was rewritten at each of its compactions (bench history,
 # 1,000 small ingests: 1.1 GB written for a 6 MB table).
 SMALL_FRAGMENT_ROWS = 1_024
-# A fragment this share of whose rows are deleted is rewritten without them at a full compaction.
+# A fragment this share of whose rows are deleted is rewritten without them at the next compaction.
 DELETED_SHARE = 0.1
 
 
