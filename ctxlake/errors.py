@@ -69,3 +69,8 @@ class AgentError(CtxError):
     """A subagent could not run: binary not on PATH, non-zero exit, timeout."""
 
     exit_code = 10
+
+
+def error_document(message: str, hint: str | None, code: int) -> dict[str, object]:
+    """What a `--json` command prints on stdout when it fails, the stderr lines' content as data."""
+    return {"error": message, "hint": hint, "code": code}

@@ -38,6 +38,12 @@ def runs_locally(argv: list[str]) -> bool:
     return "-" in argv[1:]  # reads stdin, e.g. `ctx remember -`
 
 
+def asks_json(argv: list[str]) -> bool:
+    """True when the command was given `--json` (an option: before any `--`, after which every
+    word is an argument, `ctx search -- --json` looks for the text)."""
+    return "--json" in (argv[:argv.index("--")] if "--" in argv else argv)
+
+
 def autostart_enabled(cwd: Path) -> bool:
     """`[service] autostart` from CTX_SERVICE_AUTOSTART or the nearest .ctx/config.toml (off by default)."""
     value = os.environ.get("CTX_SERVICE_AUTOSTART")
@@ -149,8 +155,15 @@ def run(argv: list[str]) -> int:
     if reply.get("op") == "local":  # the service cannot run it faithfully (e.g. different env)
         return in_process(argv)
     if reply.get("op") == "error":
-        print(f"ctx: error: {reply.get('message', 'the service refused the request')}", file=sys.stderr)
-        return int(reply.get("code", 1))
+        message, code = str(reply.get("message", "the service refused the request")), int(reply.get("code", 1))
+        print(f"ctx: error: {message}", file=sys.stderr)
+        if asks_json(argv):
+            import json
+
+            from ctxlake.errors import error_document
+
+            print(json.dumps(error_document(message, None, code), indent=2, ensure_ascii=False))
+        return code
     out, err = str(reply.get("stdout", "")), str(reply.get("stderr", ""))
     if out:
         try:
