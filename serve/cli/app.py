@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
 import sys
 import time
@@ -13,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from ctxlake import __version__
-from ctxlake.errors import ConfigError, CtxError, InputError, LakeError, NotIndexedError
+from ctxlake.errors import ConfigError, CtxError, InputError, NotIndexedError
 from ctxlake.schemas.config import (
     CTX_DIR,
     Settings,
@@ -579,40 +578,15 @@ def _run(argv: list[str] | None, reuse: bool, failure: _Failure) -> int:
         failure.document(exc.format_message(), f"see `{where.command_path if where else 'ctx'} --help`", code)
         return code
     except (OSError, RuntimeError, ValueError) as exc:
-        from ctxlake.tasks.lake import lance_failure
+        from ctxlake.tasks.lake import lance_failure, storage_failure
 
-        lake_error = _as_lake_error(exc) or lance_failure(exc)
+        lake_error = storage_failure(exc) or lance_failure(exc)
         if lake_error is None or (argv is not None and ("-v" in argv or "--verbose" in argv)):
             raise  # not a storage failure: a bug, keep its traceback (or -v asked for it)
         return failure.report(lake_error.message, lake_error.hint, lake_error.exit_code)
     if code == 130:
         return failure.interrupted()
     return code if isinstance(code, int) else 0
-
-
-_STORAGE_ERRNOS = {
-    errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
-    errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
-    errno.EPERM: "operation not permitted",
-}
-
-
-def _as_lake_error(exc: BaseException) -> LakeError | None:
-    """A full, read-only or forbidden disk under any layer (Lance, Arrow, Prefect) -> LakeError.
-
-    Lance and Arrow wrap the errno in their own exceptions, so the chain is searched too.
-    """
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in _STORAGE_ERRNOS:
-            where = f": {current.filename}" if current.filename else ""
-            return LakeError(f"storage error, {_STORAGE_ERRNOS[current.errno]}{where}",
-                             hint="free space or fix permissions, then run the command again; "
-                                  "the next run repairs a half-written lake")
-        current = current.__cause__ or current.__context__
-    return None
 
 
 def main() -> None:
