@@ -376,8 +376,7 @@ def sql(
     settings = load_settings(resolve_root(None, for_write=False), _overrides(sql={"timeout_s": timeout}))
     from ctxlake.serve.api.analytics import run_sql
 
-    result = run_sql(settings.lake_dir, statement, limit, memory_dir=settings.memory_dir,
-                     timeout_s=settings.sql.timeout_s, max_rows=settings.sql.max_rows)
+    result = run_sql(settings.lake_dir, statement, limit, memory_dir=settings.memory_dir, bounds=settings.sql)
     if as_json:
         from ctxlake.serve.cli.render import print_json
 

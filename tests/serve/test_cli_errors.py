@@ -321,6 +321,39 @@ def test_sql_is_bounded_by_a_timeout_and_a_row_cap(indexed: Path, cli: Callable[
     assert "(first 5 rows; raise --limit for more)" in small.stderr
 
 
+SORT = "select count(*) from (select * from range(3000000) t(a) order by hash(a))"  # ~50 MB to sort
+
+
+def test_sql_is_held_to_its_memory_limit_and_threads(indexed: Path, cli: Callable[..., Any],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # DuckDB may take 80% of the machine's memory by default, and past that spilled into `.tmp` in
+    # the current folder: a runaway statement could take the machine.
+    import duckdb
+
+    def setting(name: str) -> Any:
+        result = cli("sql", "--json", f"SELECT current_setting('{name}')", cwd=indexed)
+        assert result.exit_code == 0, result.stderr
+        return json.loads(result.stdout)["rows"][0][0]
+
+    quarter = duckdb.connect(":memory:", config={"memory_limit": "25%"})
+    assert setting("memory_limit") == quarter.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+    assert setting("threads") == max(1, len(os.sched_getaffinity(0)) // 2)
+    assert cli("sql", SORT, cwd=indexed).exit_code == 0  # within the default
+    monkeypatch.setenv("CTX_SQL_MEMORY_LIMIT", "16MB")
+    monkeypatch.setenv("CTX_SQL_THREADS", "1")
+    assert setting("memory_limit") == "15.2 MiB" and setting("threads") == 1
+    over = cli("sql", SORT, cwd=indexed)
+    assert over.exit_code == 2, over.stderr
+    assert over.stderr.startswith("ctx: error: the query needed more memory than [sql] memory_limit (16MB) "
+                                  "allows and was stopped: Out of Memory Error"), over.stderr
+    assert "raise [sql] memory_limit" in over.stderr and "Traceback" not in over.stderr
+    assert not (indexed / ".tmp").exists()  # nothing spilled into the project
+    assert json.loads(cli("sql", "--json", SORT, cwd=indexed).stdout)["code"] == 2
+    monkeypatch.setenv("CTX_SQL_MEMORY_LIMIT", "lots")
+    bad = cli("sql", "select 1", cwd=indexed)
+    assert bad.exit_code == 3 and "sql.memory_limit: Value error, 'lots' is no memory size" in bad.stderr
+
+
 def test_ctrl_c_stops_a_running_sql_statement_at_once(indexed: Path) -> None:
     import signal
     import sys
