@@ -69,3 +69,14 @@ class AgentError(CtxError):
     """A subagent could not run: binary not on PATH, non-zero exit, timeout."""
 
     exit_code = 10
+
+
+def error_document(message: str, hint: str | None, code: int) -> dict[str, object]:
+    """What a `--json` command prints on stdout when it fails, the stderr lines' content as data."""
+    return {"error": message, "hint": hint, "code": code}
+
+
+def asks_json(argv: list[str]) -> bool:
+    """True when the command was given `--json` (an option: before any `--`, after which every
+    word is an argument, `ctx search -- --json` looks for the text)."""
+    return "--json" in (argv[:argv.index("--")] if "--" in argv else argv)

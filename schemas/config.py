@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import tomllib
 from pathlib import Path
@@ -107,11 +108,37 @@ class McpSettings(_Section):
         60_000, ge=4_000, description="a tool answer is trimmed or paged to stay under this size"
     )
 
+# What DuckDB reads as a memory size: 2GB, 512MiB, 0.5 GB, or a share of the machine's memory, 25%.
+_MEMORY_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(%|[KMGT]i?B)\s*$", re.IGNORECASE)
+
+
 class SqlSettings(_Section):
     """`ctx sql`: bounds for one statement, wherever it runs (the terminal or the service)."""
 
     timeout_s: float = Field(60.0, gt=0, description="a statement still running after this long is stopped")
     max_rows: int = Field(100_000, ge=1, description="rows kept from a result, whatever --limit asks")
+    # DuckDB's own default is 80% of the machine's memory, and it spills to the current folder past it.
+    memory_limit: str = Field(
+        "25%", description="most memory DuckDB may take for a statement (2GB, 512MiB, or a share of the "
+                           "machine's memory: 25%); a statement that needs more stops, nothing spills to disk")
+    threads: int | Literal["auto"] = Field(
+        "auto", description="DuckDB's worker threads for a statement; auto = half the CPU cores, at least 1")
+
+    @field_validator("memory_limit")
+    @classmethod
+    def _memory_size(cls, value: str) -> str:
+        found = _MEMORY_SIZE.match(value)
+        if found is None or float(found.group(1)) <= 0 or (found.group(2) == "%" and float(found.group(1)) > 100):
+            raise ValueError(f"{value!r} is no memory size: write one like 2GB or 512MiB, or a share of the "
+                             "machine's memory up to 100%, like 25%")
+        return value.strip()
+
+    @field_validator("threads")
+    @classmethod
+    def _some_threads(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"{value} threads: at least 1 (or auto)")
+        return value
 
 
 class ServiceSettings(_Section):

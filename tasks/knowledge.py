@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from ctxlake.tasks.lake import write_atomic
 from ctxlake.tasks.memory_state import FOLDERS, knowledge_files
 from ctxlake.tasks.memory_store import content_hash
 from ctxlake.tasks.redact import redact_strings, redact_text
+from ctxlake.tasks.safe_io import project_path
 from ctxlake.tasks.scrape.base import parse_ts
 from ctxlake.tasks.stage import stage
 
@@ -91,21 +91,7 @@ def project_refs(files: Sequence[str], tags: Sequence[str], root: Path,
     this project's files, and its tags are listed one per line. A relative file is read from
     `base` when given (the CLI's current folder, like every path a shell user types), else from
     the root (agents and the UI name files by their project path)."""
-    root = root.resolve()
-    start = root if base is None else base.resolve()
-    out = []
-    for f in files:
-        given = Path(f.strip())
-        if not f.strip() or any(c in f for c in "\n\r\x00"):
-            raise InputError(f"file {f!r} is not a path")
-        full = given if given.is_absolute() else start / given
-        # normpath, not resolve(): a symlink inside the project is named by its own path.
-        rel = Path(os.path.normpath(full))
-        if not rel.is_relative_to(root) or rel == root:
-            where = "relative to its root" if base is None else "relative to the current folder"
-            raise InputError(f"file {f!r} is outside the project {root}",
-                             hint=f"name files by their path inside the project ({where})")
-        out.append(rel.relative_to(root).as_posix())
+    out = [project_path(f, root, base) for f in files]
     for t in tags:
         if not t.strip() or any(ord(c) < 32 for c in t):
             raise InputError(f"tag {t!r} is empty or holds a line break or control character",

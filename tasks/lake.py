@@ -346,6 +346,43 @@ def lance_failure(exc: BaseException) -> LakeError | None:
     return LakeError(f"{where} cannot be read: {lance_message(exc)}", hint=DAMAGED_HINT)
 
 
+# What the machine's disk refuses, in the words every face shows (the CLI, the web UI).
+STORAGE_ERRNOS = {
+    errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
+    errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+}
+STORAGE_HINT = "free space or fix permissions, then run the command again; the next run repairs a half-written lake"
+
+
+def storage_errno(exc: BaseException) -> int | None:
+    """The STORAGE_ERRNOS errno of the first OSError in `exc`'s chain, else None. Lance and Arrow
+    wrap the errno in their own exceptions, and write_atomic in a LakeError, so the chain is searched."""
+    found = _storage_oserror(exc)
+    return found.errno if found is not None else None
+
+
+def storage_failure(exc: BaseException) -> LakeError | None:
+    """A full, read-only or forbidden disk under any layer (Lance, Arrow, Prefect) -> one LakeError
+    naming it and the file; None for anything else."""
+    found = _storage_oserror(exc)
+    if found is None or found.errno is None:
+        return None
+    where = f": {found.filename}" if found.filename else ""
+    return LakeError(f"storage error, {STORAGE_ERRNOS[found.errno]}{where}", hint=STORAGE_HINT)
+
+
+def _storage_oserror(exc: BaseException) -> OSError | None:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in STORAGE_ERRNOS:
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
 WRITE_FAILED_HINT = "the previous index stays readable; fix the cause and re-run"
 COLD_WRITE_FAILED_HINT = "nothing was indexed yet; fix the cause and re-run"
 DAMAGED_HINT = "`ctx run index --force` rebuilds it"

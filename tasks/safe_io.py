@@ -45,6 +45,26 @@ class TooLarge(InputError):
         self.size = size
 
 
+def project_path(given: str, root: Path, base: Path | None = None) -> str:
+    """A file a user or agent named -> its POSIX path relative to `root`, the way the index names
+    it; InputError for a path outside the project (`/etc/passwd`, `../../x`) or the root itself.
+    A relative path is read from `base` when given (the CLI's current folder, like every path a
+    shell user types), else from the root (agents and the UI name files by their project path);
+    an absolute one must lie inside the root."""
+    if not given.strip() or any(c in given for c in "\n\r\x00"):
+        raise InputError(f"file {given!r} is not a path")
+    root = root.resolve()
+    path = Path(given.strip())
+    full = path if path.is_absolute() else (root if base is None else base.resolve()) / path
+    # normpath, not resolve(): a symlink inside the project is named by its own path.
+    rel = Path(os.path.normpath(full))
+    if not rel.is_relative_to(root) or rel == root:
+        where = "relative to its root" if base is None else "relative to the current folder"
+        raise InputError(f"file {given!r} is outside the project {root}",
+                         hint=f"name files by their path inside the project ({where})")
+    return rel.relative_to(root).as_posix()
+
+
 def split_relative(relpath: str, what: str = "path") -> list[str]:
     """The components of a relative path; UnsafePath for absolute paths, `..`, NUL bytes."""
     if not isinstance(relpath, str) or not relpath:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -10,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ctxlake.errors import InputError, NotIndexedError
+from ctxlake.errors import ConfigError, InputError, NotIndexedError
+from ctxlake.schemas.config import SqlSettings
 from ctxlake.tasks.lake import connect
 
 if TYPE_CHECKING:
@@ -20,6 +22,8 @@ if TYPE_CHECKING:
 # How often the waiting thread wakes: Ctrl-C lands within this, and so does the deadline.
 POLL_S = 0.1
 INTERRUPT_WAIT_S = 5.0
+
+MEMORY_HINT = "narrow it (filter, aggregate, fewer columns), or raise [sql] memory_limit (CTX_SQL_MEMORY_LIMIT)"
 
 # Statements that read; DuckDB would happily write files or attach databases otherwise.
 _READ_TYPES = ("SELECT", "EXPLAIN", "PRAGMA")
@@ -49,12 +53,12 @@ def _bulky(schema: pa.Schema) -> list[str]:
             and (f.name == "vector" or f.name.endswith("_vector"))]
 
 
-def duck(lake_dir: Path, with_vectors: bool = False, memory_dir: Path | None = None) -> duckdb.DuckDBPyConnection:
+def duck(lake_dir: Path, with_vectors: bool = False, memory_dir: Path | None = None,
+         bounds: SqlSettings | None = None) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with one view per lake table (files, chunks, knowledge, ...)
-    and, given the user-wide memory lake, its messages and sessions."""
-    import duckdb
-
-    con = duckdb.connect(":memory:")
+    and, given the user-wide memory lake, its messages and sessions; held to `bounds`' memory_limit
+    and threads ([sql]'s defaults when None)."""
+    con = _connect(bounds or SqlSettings())
     for name, table in lake_tables(lake_dir, with_vectors).items():
         con.register(name, table)
     if memory_dir is not None and any(memory_dir.glob("*.lance")):
@@ -68,6 +72,29 @@ def duck(lake_dir: Path, with_vectors: bool = False, memory_dir: Path | None = N
     return con
 
 
+def _connect(bounds: SqlSettings) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB within [sql] memory_limit and threads, and with nowhere to spill: past its
+    limit DuckDB writes to `.tmp` in the current folder (the user's project), so a statement that
+    needs more stops instead."""
+    import duckdb
+
+    threads = bounds.threads if isinstance(bounds.threads, int) else max(1, _cores() // 2)
+    try:
+        return duckdb.connect(":memory:", config={"memory_limit": bounds.memory_limit, "threads": threads,
+                                                  "temp_directory": ""})
+    except duckdb.Error as exc:
+        raise ConfigError(f"DuckDB cannot start within [sql] memory_limit = {bounds.memory_limit!r}: "
+                          f"{str(exc).splitlines()[0]}", hint="raise [sql] memory_limit (CTX_SQL_MEMORY_LIMIT)") from exc
+
+
+def _cores() -> int:
+    """The CPU cores this process may run on (a container's or taskset's share, where the system says)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
 def _lock_down(con: duckdb.DuckDBPyConnection) -> None:
     """Only the registered lake tables stay reachable: no file reads or writes (COPY, read_text,
     ATTACH), no extension install or load (network), no Python variables as tables, and the
@@ -79,14 +106,17 @@ def _lock_down(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def run_sql(lake_dir: Path, sql: str, limit: int = 1000, memory_dir: Path | None = None,
-            timeout_s: float = 60.0, max_rows: int = 100_000) -> dict[str, Any]:
-    """One read-only statement over the lake -> {columns, rows, row_count, truncated, limit, capped};
-    stopped after `timeout_s` or at Ctrl-C, and never more than min(limit, max_rows) rows kept."""
+            bounds: SqlSettings | None = None) -> dict[str, Any]:
+    """One read-only statement over the lake -> {columns, rows, row_count, truncated, limit, capped},
+    within `bounds` ([sql]; its defaults when None): stopped after timeout_s, at Ctrl-C or past
+    memory_limit, and never more than min(limit, max_rows) rows kept."""
     import duckdb
 
+    bounds = bounds or SqlSettings()
+    timeout_s, max_rows = bounds.timeout_s, bounds.max_rows
     if limit < 1:
         raise InputError(f"--limit must be at least 1, not {limit}")
-    con = duck(lake_dir, memory_dir=memory_dir)
+    con = duck(lake_dir, memory_dir=memory_dir, bounds=bounds)
     try:
         statements = con.extract_statements(sql)
     except duckdb.Error as exc:
@@ -98,6 +128,9 @@ def run_sql(lake_dir: Path, sql: str, limit: int = 1000, memory_dir: Path | None
     keep = min(limit, max_rows)
     try:
         columns, rows = _bounded(con, statements[0], keep + 1, timeout_s)
+    except duckdb.OutOfMemoryException as exc:
+        raise InputError(f"the query needed more memory than [sql] memory_limit ({bounds.memory_limit}) allows "
+                         f"and was stopped: {str(exc).splitlines()[0]}", hint=MEMORY_HINT) from exc
     except duckdb.Error as exc:
         raise InputError(f"SQL error: {str(exc).splitlines()[0]}",
                          hint=f"tables: {', '.join(sorted(lake_tables_names(con)))}") from exc

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import errno
+import contextlib
 import functools
 import sys
 import time
@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from ctxlake import __version__
-from ctxlake.errors import ConfigError, CtxError, InputError, LakeError, NotIndexedError
+from ctxlake.errors import ConfigError, CtxError, InputError, NotIndexedError, asks_json
 from ctxlake.schemas.config import (
     CTX_DIR,
     Settings,
@@ -376,8 +376,7 @@ def sql(
     settings = load_settings(resolve_root(None, for_write=False), _overrides(sql={"timeout_s": timeout}))
     from ctxlake.serve.api.analytics import run_sql
 
-    result = run_sql(settings.lake_dir, statement, limit, memory_dir=settings.memory_dir,
-                     timeout_s=settings.sql.timeout_s, max_rows=settings.sql.max_rows)
+    result = run_sql(settings.lake_dir, statement, limit, memory_dir=settings.memory_dir, bounds=settings.sql)
     if as_json:
         from ctxlake.serve.cli.render import print_json
 
@@ -494,13 +493,59 @@ def _command() -> Any:
     return typer.main.get_command(app)
 
 
-def run(argv: list[str] | None = None, started_at: float | None = None, reuse: bool = False) -> int:
-    """Run the CLI on `argv`; domain errors become one stderr line and a documented exit code.
-    `reuse`: a long-lived process (the service) keeps the built command between calls."""
-    import click
+class _Failure:
+    """Renders a failed command, the one place that does: `ctx: error:` and `ctx: hint:` on stderr
+    and, when the command was given `--json` and printed no document, the same as one JSON object
+    on stdout, so a script reading stdout never gets nothing."""
 
+    def __init__(self, argv: list[str]) -> None:
+        self.printed: int | None = None
+        if asks_json(argv):
+            from ctxlake.serve.cli.render import json_documents
+
+            self.printed = json_documents()
+
+    def report(self, message: str, hint: str | None, code: int) -> int:
+        typer.echo(f"ctx: error: {message}", err=True)
+        if hint:
+            typer.echo(f"ctx: hint: {hint}", err=True)
+        self.document(message, hint, code)
+        return code
+
+    def interrupted(self) -> int:
+        typer.echo("ctx: interrupted; the next run picks up where this one stopped.", err=True)
+        self.document("interrupted", "the next run picks up where this one stopped", 130)
+        return 130
+
+    def document(self, message: str, hint: str | None, code: int) -> None:
+        """The error as JSON on stdout, for a `--json` command that has printed nothing there."""
+        if self.printed is None:
+            return
+        from ctxlake.errors import error_document
+        from ctxlake.serve.cli.render import json_documents, print_json
+
+        if json_documents() == self.printed:
+            with contextlib.suppress(OSError):  # stdout's reader is gone: nobody to tell
+                print_json(error_document(message, hint, code))
+
+
+def run(argv: list[str] | None = None, started_at: float | None = None, reuse: bool = False) -> int:
+    """Run the CLI on `argv`; domain errors become one stderr line and a documented exit code
+    (and, with `--json`, one JSON object on stdout). `reuse`: a long-lived process (the service)
+    keeps the built command between calls."""
     global _started_at
     _started_at = time.time() if started_at is None else started_at
+    failure = _Failure(sys.argv[1:] if argv is None else argv)
+    try:
+        return _run(argv, reuse, failure)
+    except Exception as exc:  # a bug: the traceback follows on stderr, the script still gets its object
+        failure.document(f"unexpected {exc.__class__.__name__}: {exc}",
+                         "a bug: please report it with the traceback printed on stderr", 1)
+        raise
+
+
+def _run(argv: list[str] | None, reuse: bool, failure: _Failure) -> int:
+    import click
 
     try:
         # Non-standalone typer returns an exit code for Exit, and turns Ctrl-C into Exit(130).
@@ -508,17 +553,14 @@ def run(argv: list[str] | None = None, started_at: float | None = None, reuse: b
         code = (_command()(args=argv, prog_name="ctx", standalone_mode=False) if reuse
                 else app(args=argv, prog_name="ctx", standalone_mode=False))
     except CtxError as exc:
-        typer.echo(f"ctx: error: {exc.message}", err=True)
-        if exc.hint:
-            typer.echo(f"ctx: hint: {exc.hint}", err=True)
-        return exc.exit_code
+        return failure.report(exc.message, exc.hint, exc.exit_code)
     except KeyboardInterrupt:
-        typer.echo("ctx: interrupted; the next run picks up where this one stopped.", err=True)
-        return 130
+        return failure.interrupted()
     except (click.exceptions.Exit, typer.Exit) as exc:
         return exc.exit_code
     except (click.exceptions.Abort, typer.Abort):
         typer.echo("ctx: aborted.", err=True)
+        failure.document("aborted", None, 130)
         return 130
     except (click.exceptions.ClickException, typer.TyperException) as exc:
         # typer vendors its own click: its usage errors (unknown option or command, missing or
@@ -528,45 +570,20 @@ def run(argv: list[str] | None = None, started_at: float | None = None, reuse: b
             show()
         else:
             typer.echo(f"ctx: error: {exc}", err=True)
-        return int(getattr(exc, "exit_code", 2))
+        code = int(getattr(exc, "exit_code", 2))
+        where = getattr(exc, "ctx", None)  # the command a usage error belongs to
+        failure.document(exc.format_message(), f"see `{where.command_path if where else 'ctx'} --help`", code)
+        return code
     except (OSError, RuntimeError, ValueError) as exc:
-        from ctxlake.tasks.lake import lance_failure
+        from ctxlake.tasks.lake import lance_failure, storage_failure
 
-        lake_error = _as_lake_error(exc) or lance_failure(exc)
+        lake_error = storage_failure(exc) or lance_failure(exc)
         if lake_error is None or (argv is not None and ("-v" in argv or "--verbose" in argv)):
             raise  # not a storage failure: a bug, keep its traceback (or -v asked for it)
-        typer.echo(f"ctx: error: {lake_error.message}", err=True)
-        if lake_error.hint:
-            typer.echo(f"ctx: hint: {lake_error.hint}", err=True)
-        return lake_error.exit_code
+        return failure.report(lake_error.message, lake_error.hint, lake_error.exit_code)
     if code == 130:
-        typer.echo("ctx: interrupted; the next run picks up where this one stopped.", err=True)
+        return failure.interrupted()
     return code if isinstance(code, int) else 0
-
-
-_STORAGE_ERRNOS = {
-    errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
-    errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
-    errno.EPERM: "operation not permitted",
-}
-
-
-def _as_lake_error(exc: BaseException) -> LakeError | None:
-    """A full, read-only or forbidden disk under any layer (Lance, Arrow, Prefect) -> LakeError.
-
-    Lance and Arrow wrap the errno in their own exceptions, so the chain is searched too.
-    """
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in _STORAGE_ERRNOS:
-            where = f": {current.filename}" if current.filename else ""
-            return LakeError(f"storage error, {_STORAGE_ERRNOS[current.errno]}{where}",
-                             hint="free space or fix permissions, then run the command again; "
-                                  "the next run repairs a half-written lake")
-        current = current.__cause__ or current.__context__
-    return None
 
 
 def main() -> None:

@@ -4,7 +4,6 @@ localisation on a task file: table, JSON, Markdown, chart)."""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -87,7 +86,9 @@ def eval_command(
     if plot is not None:
         draw_chart(report, plot)
     if as_json:
-        sys.stdout.write(_json(document))
+        from ctxlake.serve.cli.render import print_json
+
+        print_json(document)
         return
     print_report(report)
     for target in (report_path, markdown, plot):
@@ -120,7 +121,9 @@ def files_command(
     result = search_files(Lake(settings), query, mode=mode, limit=limit, path_glob=path_glob,  # type: ignore[arg-type]
                           lang=lang, exclude_tests=no_tests, sources=names)
     if as_json:
-        sys.stdout.write(_json(result.model_dump()))
+        from ctxlake.serve.cli.render import print_json
+
+        print_json(result.model_dump())
         return
     from rich.markup import escape
 

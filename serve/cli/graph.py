@@ -5,16 +5,20 @@ source start with `[NAME] `, as `ctx search` prints them."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from ctxlake.errors import InputError
 from ctxlake.schemas.config import load_settings, resolve_root
 from ctxlake.schemas.names import PROJECT_SOURCE
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")]
 LimitOpt = Annotated[int, typer.Option("-n", "--limit", min=1, max=200, help="at most this many results")]
 SourceOpt = Annotated[str, typer.Option("--source", help="read this source (see `ctx list`) instead of the project")]
+PATH_HELP = ("an indexed file, relative to the current folder (with --source: to that source's root), "
+             "or absolute inside the project")
 
 
 def _reader(source: str = PROJECT_SOURCE):  # type: ignore[no-untyped-def]
@@ -24,6 +28,26 @@ def _reader(source: str = PROJECT_SOURCE):  # type: ignore[no-untyped-def]
     settings = load_settings(resolve_root(None, for_write=False))
     check_names(settings, [source])
     return GraphReader(settings.lake_dir, settings.root)
+
+
+def _typed(path: str, source: str, root: Path) -> str:
+    """A project file as typed in the shell: relative to the current folder, like any path there (an
+    absolute one inside the root too) -> its path in the index. Another source's paths stay relative
+    to that source's root: nothing ties the current folder to it."""
+    if source != PROJECT_SOURCE:
+        return path
+    from ctxlake.tasks.safe_io import project_path
+
+    return project_path(path, root, Path.cwd())
+
+
+def _unknown_here(exc: InputError, typed: str, path: str, root: Path) -> InputError:
+    """The reader's "not in the index" for a path read from a subfolder, with a hint saying so: the
+    reader's own hint says how the index names files, which is not how the path was typed."""
+    if not exc.message.startswith(f"{path} is not in the index") or Path.cwd().resolve() == root.resolve():
+        return exc
+    return InputError(exc.message, hint=f"{typed} was read from the current folder, as {path} in the project "
+                                        "(a relative PATH is read from the current folder)")
 
 
 def tag(source: str) -> str:
@@ -39,13 +63,16 @@ def _json(model: object) -> None:
 
 def definition(
     symbol: Annotated[str, typer.Argument(help="a name or qualified name, e.g. Query.filter")],
-    from_path: Annotated[str | None, typer.Option("--from", help="the file asking: its imports rank first")] = None,
+    from_path: Annotated[str | None, typer.Option(
+        "--from", help="the file asking, a path as for `ctx related`: its imports rank first")] = None,
     limit: LimitOpt = 10,
     source: SourceOpt = PROJECT_SOURCE,
     as_json: JsonOpt = False,
 ) -> None:
     """Where SYMBOL is defined, best first, with how sure the first answer is."""
-    answer = _reader(source).find_definition(symbol, from_path, limit, source=source)
+    reader = _reader(source)
+    asking = _typed(from_path, source, reader.root) if from_path is not None else None
+    answer = reader.find_definition(symbol, asking, limit, source=source)
     if as_json:
         _json(answer)
         return
@@ -77,13 +104,18 @@ def refs(
 
 
 def related(
-    path: Annotated[str, typer.Argument(help="an indexed file, relative to the project root")],
+    path: Annotated[str, typer.Argument(help=PATH_HELP)],
     limit: LimitOpt = 30,
     source: SourceOpt = PROJECT_SOURCE,
     as_json: JsonOpt = False,
 ) -> None:
     """Files PATH imports, files importing it, and files changed with it (when co-change is indexed)."""
-    answer = _reader(source).related_files(path, limit, source=source)
+    reader = _reader(source)
+    rel = _typed(path, source, reader.root)
+    try:
+        answer = reader.related_files(rel, limit, source=source)
+    except InputError as exc:
+        raise _unknown_here(exc, path, rel, reader.root) from exc
     if as_json:
         _json(answer)
         return
@@ -95,13 +127,18 @@ def related(
 
 
 def outline(
-    path: Annotated[str, typer.Argument(help="an indexed file, relative to the project root")],
+    path: Annotated[str, typer.Argument(help=PATH_HELP)],
     limit: LimitOpt = 200,
     source: SourceOpt = PROJECT_SOURCE,
     as_json: JsonOpt = False,
 ) -> None:
     """The definitions of PATH as a tree, with lines and signatures."""
-    answer = _reader(source).file_outline(path, limit, source=source)
+    reader = _reader(source)
+    rel = _typed(path, source, reader.root)
+    try:
+        answer = reader.file_outline(rel, limit, source=source)
+    except InputError as exc:
+        raise _unknown_here(exc, path, rel, reader.root) from exc
     if as_json:
         _json(answer)
         return

@@ -220,7 +220,20 @@ def print_not_indexed(root: Path, rows: list[tuple[str, str, int]], as_json: boo
             print(f"  {path}/" if why == "unreadable_folder" else f"  {path}  ({human_bytes(size)})")
 
 
-def print_json(data: Any) -> None:
+# JSON documents this process printed on stdout: a `--json` command that fails prints its error as
+# one only where it printed none (`ctx status --json` outside a project prints its answer, then exits 4).
+_documents = 0
+
+
+def print_json(data: Any, indent: int | None = 2) -> None:
+    """The one way a `--json` command prints its document (indent None: on one line)."""
     import json
 
-    sys.stdout.write(json.dumps(data, indent=2, default=str, ensure_ascii=False) + "\n")
+    global _documents
+    sys.stdout.write(json.dumps(data, indent=indent, default=str, ensure_ascii=False) + "\n")
+    _documents += 1
+
+
+def json_documents() -> int:
+    """How many documents print_json has printed in this process."""
+    return _documents

@@ -55,7 +55,9 @@ def list_(as_json: JsonOpt = False) -> None:
 
     rows = read_schedules(service_api_url())
     if as_json:
-        typer.echo(json.dumps(rows, indent=2))
+        from ctxlake.serve.cli.render import print_json
+
+        print_json(rows)
     else:
         _print(rows)
 

@@ -4,7 +4,6 @@ in the foreground when the service cannot run."""
 from __future__ import annotations
 
 import contextlib
-import json
 from typing import Annotated
 
 import typer
@@ -43,7 +42,9 @@ def ui(
 
 def _show(url: str, mode: str, no_open: bool, as_json: bool) -> None:
     if as_json:
-        typer.echo(json.dumps({"url": url, "mode": mode}))
+        from ctxlake.serve.cli.render import print_json
+
+        print_json({"url": url, "mode": mode}, indent=None)  # one line: a script reads it while the UI serves
     else:
         typer.echo(f"UI: {url}")
     if not no_open:

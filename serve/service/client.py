@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ctxlake.errors import asks_json, error_document
 from ctxlake.serve.service import protocol
 from ctxlake.serve.service.paths import ServicePaths, service_paths
 from ctxlake.serve.service.protocol import forwarded_env
@@ -149,8 +150,13 @@ def run(argv: list[str]) -> int:
     if reply.get("op") == "local":  # the service cannot run it faithfully (e.g. different env)
         return in_process(argv)
     if reply.get("op") == "error":
-        print(f"ctx: error: {reply.get('message', 'the service refused the request')}", file=sys.stderr)
-        return int(reply.get("code", 1))
+        message, code = str(reply.get("message", "the service refused the request")), int(reply.get("code", 1))
+        print(f"ctx: error: {message}", file=sys.stderr)
+        if asks_json(argv):
+            import json
+
+            print(json.dumps(error_document(message, None, code), indent=2, ensure_ascii=False))
+        return code
     out, err = str(reply.get("stdout", "")), str(reply.get("stderr", ""))
     if out:
         try:

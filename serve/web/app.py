@@ -3,6 +3,7 @@ into serve/api/ (no query logic here), for the projects the service knows."""
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
@@ -23,7 +24,7 @@ from ctxlake.errors import CtxError, InputError, LakeError
 from ctxlake.schemas.config import Settings, load_settings
 from ctxlake.serve.web.jobs import Jobs
 from ctxlake.serve.web.security import Guard
-from ctxlake.tasks.lake import lance_failure
+from ctxlake.tasks.lake import lance_failure, storage_errno, storage_failure
 
 HERE = Path(__file__).resolve().parent  # an editable install links each file: serve the real folder (StaticFiles refuses links out)
 PAGES = [("overview", "/", "Overview"), ("search", "/search", "Search"), ("sessions", "/sessions", "Sessions"),
@@ -192,24 +193,27 @@ def _ctx(request: Request) -> UiContext:
 
 
 def _known(exc: BaseException) -> CtxError | None:
-    """ctxlake's own error for `exc`: itself, or the LakeError a damaged lake's Lance error stands
-    for (the one line and hint the CLI and the MCP tools print); None for a bug."""
+    """ctxlake's own error for `exc`: itself, or the LakeError a full or forbidden disk or a damaged
+    lake's Lance error stands for (the one line and hint the CLI prints); None for a bug."""
     if isinstance(exc, CtxError):
         return exc
     if isinstance(exc, (OSError, RuntimeError, ValueError)):
-        return lance_failure(exc)
+        return storage_failure(exc) or lance_failure(exc)
     return None
 
 
-def _status_of(exc: CtxError) -> int:
-    # The lake, not the request, is at fault: 503 until it is rebuilt. Anything else is the caller's.
-    return 503 if isinstance(exc, LakeError) else 400
+def _status_of(known: CtxError, exc: BaseException) -> int:
+    if not isinstance(known, LakeError):
+        return 400  # the request's fault
+    # A full disk is 507 Insufficient Storage, HTTP's one status for it; a damaged lake, a read-only
+    # or forbidden folder: 503 until it is rebuilt or the permissions are fixed.
+    return 507 if storage_errno(exc) in (errno.ENOSPC, errno.EDQUOT) else 503
 
 
 def _error(exc: Exception) -> JSONResponse:
     known = _known(exc)
     if known is not None:
-        return JSONResponse({"error": known.message, "hint": known.hint}, status_code=_status_of(known))
+        return JSONResponse({"error": known.message, "hint": known.hint}, status_code=_status_of(known, exc))
     return JSONResponse({"error": f"{exc.__class__.__name__}: {exc}"}, status_code=500)
 
 
@@ -256,7 +260,7 @@ def _page(name: str, builder: Callable[..., dict[str, Any]] | None = None) -> Ca
             base.update(error=known.message, hint=known.hint)
             base.setdefault("project", None)
             base.setdefault("projects", ctx.roots())
-            status_code = 200 if name == "overview" else _status_of(known)
+            status_code = 200 if name == "overview" else _status_of(known, exc)
         templates: Jinja2Templates = request.app.state.templates
         return templates.TemplateResponse(request, f"{name}.html", base, status_code=status_code)
     return endpoint

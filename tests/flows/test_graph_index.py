@@ -119,6 +119,37 @@ def test_cli_graph_readers_answer_in_json_rank_ambiguity_and_page(
     assert cli("related", "app/nope.py", cwd=repo).exit_code == 2
 
 
+def test_graph_readers_read_a_path_from_the_current_folder_like_the_shell(
+    make_repo: Callable[..., Path], cli: Callable[..., Any], tmp_path: Path
+) -> None:
+    # `ctx related` and `ctx outline` took paths from the root wherever they ran, unlike
+    # `ctx remember --file` and every path a shell user types.
+    repo = make_repo({"app/main.py": MAIN, "app/util.py": UTIL, "web/p.js": OTHER})
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    app = repo / "app"
+    related = json.loads(cli("related", "util.py", "--json", cwd=app).stdout)
+    assert related["path"] == "app/util.py"
+    assert {(r["path"], r["relation"]) for r in related["related"]} == {("app/main.py", "imported_by")}
+    outline = json.loads(cli("outline", "../web/p.js", "--json", cwd=app).stdout)
+    assert outline["path"] == "web/p.js" and [i["qualname"] for i in outline["items"]] == ["parse", "go"]
+    assert json.loads(cli("def", "parse", "--from", "main.py", "--json", cwd=app).stdout)["confidence"] == 0.9
+    # From the root a relative path is the project path, as before; an absolute one inside the root
+    # is read from anywhere in it.
+    assert json.loads(cli("related", "./app/util.py", "--json", cwd=repo).stdout)["path"] == "app/util.py"
+    assert json.loads(cli("outline", str(app / "util.py"), "--json", cwd=app).stdout)["path"] == "app/util.py"
+    outside = tmp_path / "elsewhere.py"
+    outside.write_text("x = 1\n")
+    for path in (str(outside), "../../elsewhere.py", ".."):
+        for command in ("related", "outline"):
+            refused = cli(command, path, cwd=app)
+            assert refused.exit_code == 2, (command, path, refused.stderr)
+            assert f"ctx: error: file {path!r} is outside the project {repo.resolve()}" in refused.stderr
+    # A root-relative path typed in a subfolder: not found, and the hint says how it was read.
+    lost = cli("outline", "app/util.py", cwd=app)
+    assert lost.exit_code == 2 and "ctx: error: app/app/util.py is not in the index" in lost.stderr
+    assert "app/util.py was read from the current folder, as app/app/util.py in the project" in lost.stderr
+
+
 def test_graph_switched_off_empties_the_tables_and_readers_say_so(
     make_repo: Callable[..., Path], cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:

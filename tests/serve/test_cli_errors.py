@@ -67,6 +67,61 @@ def test_not_indexed_is_4_with_or_without_ctx_folder(tmp_path: Path, cli: Callab
         assert result.exit_code == 4, (args, result.stderr)
 
 
+def test_a_failed_json_command_prints_its_error_as_one_json_object(tmp_path: Path, indexed: Path,
+                                                                  cli: Callable[..., Any]) -> None:
+    # A script reading `--json` from stdout got nothing at all when the command failed.
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    lost = cli("search", "total", "--json", cwd=bare)
+    assert lost.exit_code == 4
+    assert json.loads(lost.stdout) == {"error": f"no ctxlake index in {bare} or any parent folder (looked for .ctx/)",
+                                       "hint": "run `ctx run index` in the project first", "code": 4}
+    assert lost.stderr.startswith("ctx: error: no ctxlake index"), lost.stderr  # the human line stays
+    bad = cli("sql", "--json", "select nope from files", cwd=indexed)
+    assert bad.exit_code == 2 and bad.stderr.startswith("ctx: error: SQL error"), bad.stderr
+    answer = json.loads(bad.stdout)
+    assert answer["code"] == 2 and answer["error"].startswith("SQL error: ") and "nope" in answer["error"]
+    assert answer["hint"].startswith("tables: ") and "files" in answer["hint"]
+    refused = json.loads(cli("sql", "--json", "LOAD httpfs", cwd=indexed).stdout)
+    assert refused["code"] == 2 and "read-only statements" in refused["error"]
+    usage = cli("search", "--json", cwd=indexed)  # click's usage error, before the command runs
+    assert usage.exit_code == 2 and "Usage: ctx" in usage.stderr
+    assert json.loads(usage.stdout) == {"error": ANY, "hint": "see `ctx search --help`", "code": 2}
+    assert json.loads(usage.stdout)["error"].lower() == "missing argument 'query'."
+    # Without --json stdout stays empty; after `--` "--json" is the query, not the option.
+    assert cli("search", "total", cwd=bare).stdout == ""
+    assert cli("search", "--", "--json", cwd=bare).stdout == ""
+    # A command that printed its document before failing prints no second one.
+    outside = cli("status", "--json", cwd=bare)
+    assert outside.exit_code == 4 and json.loads(outside.stdout)["indexed"] is False
+
+
+def test_the_console_script_prints_the_json_error_too(tmp_path: Path) -> None:
+    done = ctx_subprocess("files", "total", "--json", cwd=tmp_path)
+    assert done.returncode == 4, done.stderr
+    assert json.loads(done.stdout)["code"] == 4 and done.stderr.startswith("ctx: error: ")
+
+
+def test_a_request_the_service_refuses_is_a_json_error_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    from ctxlake.serve.service import client
+
+    # Fault injection at the socket: the service answers as it does for a folder it cannot enter.
+    here, there = socket.socketpair()
+    there.close()
+    monkeypatch.setattr(client, "connect", lambda paths: here)
+    monkeypatch.setattr(client, "forward", lambda sock, message: {
+        "op": "error", "message": f"working folder does not exist: {message['cwd']}", "code": 2})
+    monkeypatch.chdir(tmp_path)
+    assert client.run(["search", "x", "--json"]) == 2
+    out = capsys.readouterr()
+    assert json.loads(out.out) == {"error": f"working folder does not exist: {tmp_path}", "hint": None, "code": 2}
+    assert out.err.startswith("ctx: error: working folder")
+    assert client.run(["search", "x"]) == 2 and capsys.readouterr().out == ""
+
+
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES])
 def test_storage_errors_anywhere_are_exit_8(code: int, tmp_path: Path, cli: Callable[..., Any],
                                             monkeypatch: pytest.MonkeyPatch) -> None:
@@ -264,6 +319,39 @@ def test_sql_is_bounded_by_a_timeout_and_a_row_cap(indexed: Path, cli: Callable[
     # --limit below the cap cuts as before, and says to raise it.
     small = cli("sql", "-n", "5", "select * from range(10)", cwd=indexed)
     assert "(first 5 rows; raise --limit for more)" in small.stderr
+
+
+SORT = "select count(*) from (select * from range(3000000) t(a) order by hash(a))"  # ~50 MB to sort
+
+
+def test_sql_is_held_to_its_memory_limit_and_threads(indexed: Path, cli: Callable[..., Any],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # DuckDB may take 80% of the machine's memory by default, and past that spilled into `.tmp` in
+    # the current folder: a runaway statement could take the machine.
+    import duckdb
+
+    def setting(name: str) -> Any:
+        result = cli("sql", "--json", f"SELECT current_setting('{name}')", cwd=indexed)
+        assert result.exit_code == 0, result.stderr
+        return json.loads(result.stdout)["rows"][0][0]
+
+    quarter = duckdb.connect(":memory:", config={"memory_limit": "25%"})
+    assert setting("memory_limit") == quarter.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+    assert setting("threads") == max(1, len(os.sched_getaffinity(0)) // 2)
+    assert cli("sql", SORT, cwd=indexed).exit_code == 0  # within the default
+    monkeypatch.setenv("CTX_SQL_MEMORY_LIMIT", "16MB")
+    monkeypatch.setenv("CTX_SQL_THREADS", "1")
+    assert setting("memory_limit") == "15.2 MiB" and setting("threads") == 1
+    over = cli("sql", SORT, cwd=indexed)
+    assert over.exit_code == 2, over.stderr
+    assert over.stderr.startswith("ctx: error: the query needed more memory than [sql] memory_limit (16MB) "
+                                  "allows and was stopped: Out of Memory Error"), over.stderr
+    assert "raise [sql] memory_limit" in over.stderr and "Traceback" not in over.stderr
+    assert not (indexed / ".tmp").exists()  # nothing spilled into the project
+    assert json.loads(cli("sql", "--json", SORT, cwd=indexed).stdout)["code"] == 2
+    monkeypatch.setenv("CTX_SQL_MEMORY_LIMIT", "lots")
+    bad = cli("sql", "select 1", cwd=indexed)
+    assert bad.exit_code == 3 and "sql.memory_limit: Value error, 'lots' is no memory size" in bad.stderr
 
 
 def test_ctrl_c_stops_a_running_sql_statement_at_once(indexed: Path) -> None:

@@ -1,8 +1,10 @@
 """The UI's answers over plain HTTP (Starlette's TestClient, no browser, no index): a query parameter
-that is no number is a 400 that names it, never a 500; Settings hides secrets and nothing else."""
+that is no number is a 400 that names it, never a 500; a full or forbidden disk is the CLI's line with
+507 or 503; Settings hides secrets and nothing else."""
 
 from __future__ import annotations
 
+import errno
 import html
 import os
 import re
@@ -14,6 +16,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from ctxlake.serve.web.app import UiContext, create_app
+from ctxlake.tasks.lake import STORAGE_HINT
 
 PORT = 8765  # only checked against the Host header: nothing listens
 
@@ -57,6 +60,67 @@ def test_a_page_with_a_parameter_that_is_no_number_is_an_html_400(client: TestCl
     res = client.get(path)
     assert res.status_code == 400 and res.headers["content-type"].startswith("text/html")
     assert "must be a whole number" in res.text
+
+
+def _token(client: TestClient) -> str:
+    found = re.search(r'name="csrf-token" content="([0-9a-f]+)"', client.get("/knowledge").text)
+    assert found
+    return found.group(1)
+
+
+@pytest.mark.parametrize(("code", "status", "words"), [
+    (errno.ENOSPC, 507, "the disk is full"),
+    (errno.EDQUOT, 507, "the disk quota is exceeded"),
+    (errno.EACCES, 503, "permission denied"),
+    (errno.EROFS, 503, "the file system is read-only"),
+])
+def test_a_full_or_forbidden_disk_is_the_clis_line_with_a_fitting_status(
+        client: TestClient, project: Path, monkeypatch: pytest.MonkeyPatch, code: int, status: int, words: str) -> None:
+    # It was a bare 500 with "OSError: [Errno 28] ..." in the body.
+    import ctxlake.tasks.knowledge as knowledge
+
+    def refused(path: Path, text: str) -> None:  # fault injection: the disk refuses the record's file
+        raise OSError(code, os.strerror(code), str(path))
+
+    monkeypatch.setattr(knowledge, "write_atomic", refused)
+    res = client.post("/api/knowledge", json={"type": "decision", "title": "Keep the lake on local disk",
+                                              "body": "NFS locks misbehave."}, headers={"X-CSRF-Token": _token(client)})
+    assert res.status_code == status, res.text
+    answer = res.json()
+    assert answer["error"].startswith(f"storage error, {words}: {project}/.ctx/knowledge/decisions/"), answer
+    assert answer["hint"] == STORAGE_HINT and "Errno" not in res.text
+
+
+def test_a_disk_full_at_fsync_is_507_with_the_file_named(client: TestClient, project: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    import ctxlake.tasks.lake as lake
+
+    def full(fd: int) -> None:  # a full disk often shows only when the data is flushed
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    token = _token(client)
+    monkeypatch.setattr(lake.os, "fsync", full)
+    res = client.post("/api/knowledge", json={"type": "insight", "title": "Flush late", "body": "Delayed allocation."},
+                      headers={"X-CSRF-Token": token})
+    assert res.status_code == 507, res.text
+    assert res.json()["error"].startswith(f"cannot write {project}/.ctx/knowledge/insights/"), res.text
+    assert res.json()["error"].endswith(": No space left on device")
+
+
+def test_a_page_over_a_forbidden_folder_shows_the_clis_line_with_503(client: TestClient, project: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import ctxlake.serve.api.context as context
+
+    folder = project / ".ctx" / "knowledge"
+
+    def forbidden(*args: object, **kwargs: object) -> None:  # fault injection: the folder cannot be listed
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(folder))
+
+    monkeypatch.setattr(context, "project_knowledge", forbidden)
+    res = client.get("/knowledge")
+    assert res.status_code == 503 and res.headers["content-type"].startswith("text/html")
+    assert f"storage error, permission denied: {folder}" in html.unescape(res.text)
+    assert "Internal Server Error" not in res.text and "Traceback" not in res.text
 
 
 def test_out_of_range_numbers_are_clamped(client: TestClient) -> None:
