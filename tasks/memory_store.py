@@ -336,21 +336,23 @@ OPTIMIZE_UNINDEXED_ROWS = 20_000
 def new_fragments(table: Table) -> int:
     """Fragments of `table` that one of its indexes does not cover yet: those written since its last
     compaction (an index made after them, like a new BM25 column's, covers them at once)."""
-    ds = table.to_lance()
-    cover: dict[str, set[int]] = {}
-    for index in _indexes(ds):
-        cover.setdefault(index["name"], set()).update(index["fragment_ids"])
-    if not cover:
-        return len(ds.get_fragments())
-    covered = set.intersection(*cover.values())
-    return sum(1 for f in ds.get_fragments() if f.fragment_id not in covered)
+    return len(_uncovered(table.to_lance()))
 
 
 def optimize_due(table: Table) -> bool:
     """Whether ingests have left `table` enough new fragments or unindexed rows to be worth compacting."""
-    if new_fragments(table) >= OPTIMIZE_FRAGMENTS.get(table.name, OPTIMIZE_FRAGMENTS[MESSAGES_TABLE]):
-        return True
-    return any((idx.num_unindexed_rows or 0) >= OPTIMIZE_UNINDEXED_ROWS for idx in table.list_indices())
+    uncovered = _uncovered(table.to_lance())
+    return (len(uncovered) >= OPTIMIZE_FRAGMENTS.get(table.name, OPTIMIZE_FRAGMENTS[MESSAGES_TABLE])
+            or sum(uncovered.values()) >= OPTIMIZE_UNINDEXED_ROWS)
+
+
+def _uncovered(ds: lance.LanceDataset) -> dict[int, int]:
+    """Fragment id -> rows, for the fragments that one of the dataset's indexes does not cover."""
+    cover: dict[str, set[int]] = {}
+    for index in _indexes(ds):
+        cover.setdefault(index["name"], set()).update(index["fragment_ids"])
+    covered = set.intersection(*cover.values()) if cover else set()
+    return {f.fragment_id: f.metadata.num_rows for f in ds.get_fragments() if f.fragment_id not in covered}
 
 
 def ensure_scalar_indexes(table: Table) -> None:

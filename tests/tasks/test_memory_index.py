@@ -266,3 +266,22 @@ def test_a_cold_ingests_equal_batches_are_merged_when_the_indexes_are_built(tmp_
     assert memory_store.index_and_optimize.fn([table]) == []  # and not again
     row = table.search().where("id = 'b4-7'").select(["id", "text"]).to_list()[0]
     assert [h["id"] for h in _fts(table, row["text"], "id = 'b4-7'", ["id"], 5, "text")] == ["b4-7"]
+
+
+def test_one_big_ingest_is_due_by_its_rows_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A single append of many rows is one new fragment, far below the fragment rule: compaction is
+    still due once the rows outside the indexes reach OPTIMIZE_UNINDEXED_ROWS, and not before."""
+    from ctxlake.tasks import memory_store
+
+    table = _table(tmp_path)
+    memory_store.index_and_optimize.fn([table], force=True)
+    assert not memory_store.optimize_due(table)
+    monkeypatch.setattr(memory_store, "OPTIMIZE_UNINDEXED_ROWS", 600)
+    batch = table.search().limit(ROWS).to_arrow().slice(0, 599)
+    table.add(batch.set_column(0, "id", pa.array([f"big{i}" for i in range(599)])))
+    assert memory_store.new_fragments(table) == 1 and not memory_store.optimize_due(table)
+    table.add(batch.slice(0, 1).set_column(0, "id", pa.array(["big599"])))
+    assert memory_store.optimize_due(table)
+    memory_store.index_and_optimize.fn([table])
+    assert not memory_store.optimize_due(table)
+
