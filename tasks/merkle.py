@@ -71,6 +71,24 @@ UNREADABLE = "unreadable"
 UNREADABLE_FOLDER = "unreadable_folder"
 
 
+# Who this process is, for may_read (fixed for its life).
+_EUID = os.geteuid()
+_GROUPS = frozenset([os.getegid(), *os.getgroups()])
+
+
+def may_read(st: os.stat_result) -> bool:
+    """Whether the permission bits let this process read the file `st` describes: a file made
+    unreadable since the last scan (chmod keeps its mtime) is then read again, found unreadable
+    and dropped from the index, instead of its old chunks staying searchable. From the stat the
+    walk already has, so it costs no system call. Only the bits: root (which may read anyway) and
+    ACLs get a read where the bits say no, which finds the file as it was and changes nothing."""
+    if st.st_uid == _EUID:
+        return bool(st.st_mode & stat.S_IRUSR)
+    if st.st_gid in _GROUPS:
+        return bool(st.st_mode & stat.S_IRGRP)
+    return bool(st.st_mode & stat.S_IROTH)
+
+
 def storable_path(rel: str) -> str:
     """`rel` as a UTF-8 string: itself, or with the bytes that are not UTF-8 written as `\\xNN`
     (os.listdir hands them over as lone surrogates, which no encoder, hash or Arrow column takes)."""
@@ -687,6 +705,7 @@ def scan_tree(
             and before.size == st.st_size
             and before.mtime_ns == st.st_mtime_ns
             and st.st_mtime_ns < racy_after
+            and may_read(st)
         ):
             entries[rel] = before
             stats.reused += 1

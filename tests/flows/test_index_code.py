@@ -281,6 +281,29 @@ def test_unreadable_files_and_folders_are_warned_about_once_listed_and_indexed_o
     assert json.loads(cli("status", "--skipped", "--json", cwd=repo).stdout)["not_indexed"] == []
 
 
+def test_a_file_made_unreadable_after_indexing_leaves_the_index(
+        make_repo: Callable[..., Path], cli: Callable[..., Any]) -> None:
+    """chmod keeps a file's mtime, so a scan that trusted (size, mtime) kept serving its old chunks."""
+    repo = make_repo({"ok.py": "def ok():\n    return 1\n", "locked.py": "def locked():\n    return 2\n"},
+                     commit=False)
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    assert set(chunk_paths(repo)) == {"ok.py", "locked.py"}
+    (repo / "locked.py").chmod(0)
+    try:
+        via = permission_bound(repo / "locked.py")
+        done = ctx_subprocess("run", "index", cwd=repo, via=via)
+        assert done.returncode == 0, done.stderr
+        assert "locked.py" in done.stderr and "could not be read" in done.stderr, done.stderr
+        assert set(chunk_paths(repo)) == {"ok.py"}
+        found = ctx_subprocess("search", "locked", "--mode", "keyword", cwd=repo, via=via)
+        assert found.returncode == 0 and "locked.py" not in found.stdout, found.stdout
+    finally:
+        (repo / "locked.py").chmod(0o644)
+    again = cli("run", "index", "--json", cwd=repo)
+    assert again.exit_code == 0, again.stderr
+    assert set(chunk_paths(repo)) == {"ok.py", "locked.py"}
+
+
 def test_empty_repo_and_missing_path(make_repo: Callable[..., Path], cli: Callable[..., Any], tmp_path: Path) -> None:
     repo = make_repo({}, name="empty")
     result = cli("run", "index", "--json", cwd=repo)
