@@ -12,7 +12,14 @@ from typing import Annotated, Any
 import typer
 
 from ctxlake import __version__
-from ctxlake.errors import ConfigError, CtxError, InputError, NotIndexedError, asks_json
+from ctxlake.errors import (
+    ConfigError,
+    CtxError,
+    InputError,
+    NotIndexedError,
+    asks_json,
+    error_document,
+)
 from ctxlake.schemas.config import (
     CTX_DIR,
     Settings,
@@ -521,7 +528,6 @@ class _Failure:
         """The error as JSON on stdout, for a `--json` command that has printed nothing there."""
         if self.printed is None:
             return
-        from ctxlake.errors import error_document
         from ctxlake.serve.cli.render import json_documents, print_json
 
         if json_documents() == self.printed:
