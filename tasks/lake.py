@@ -171,7 +171,11 @@ def write_atomic(path: Path, text: str | bytes) -> None:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except OSError as exc:
-        raise LakeError(f"cannot write {path}: {exc.strerror or exc}") from exc
+        # A full or forbidden disk gets the hint every face gives it; anything else (a folder gone
+        # or a file where it should be) is the folder's fault.
+        hint = STORAGE_HINT if exc.errno in STORAGE_ERRNOS else (
+            f"check that {path.parent} is a folder you can write to, then run the command again")
+        raise LakeError(f"cannot write {path}: {exc.strerror or exc}", hint=hint) from exc
 
 
 def remove_empty_folders(folder: Path, root: Path) -> None:

@@ -16,6 +16,8 @@ from unittest.mock import ANY
 import pytest
 from helpers import ctx_subprocess, damage_lake
 
+from ctxlake.tasks.lake import STORAGE_HINT
+
 pytestmark = pytest.mark.usefixtures("prefect_server", "fake_embedder")
 
 COUNTED = [("search", "x"), ("files", "x"), ("sql", "select 1"), ("sessions",), ("session", "show", "s1"),
@@ -138,6 +140,29 @@ def test_storage_errors_anywhere_are_exit_8(code: int, tmp_path: Path, cli: Call
     lines = [line for line in result.stderr.splitlines() if line.startswith("ctx: error:")]
     assert len(lines) == 1 and "config.toml" in lines[0] and "Traceback" not in result.stderr
 
+
+@pytest.mark.parametrize(("code", "hint"), [
+    (errno.ENOSPC, STORAGE_HINT),
+    (errno.EACCES, STORAGE_HINT),
+    (errno.EISDIR, "check that {folder} is a folder you can write to, then run the command again"),
+], ids=["disk full", "forbidden", "folder in the way"])
+def test_a_file_write_that_fails_says_what_to_do(make_repo: Callable[..., Path], cli: Callable[..., Any],
+                                                 monkeypatch: pytest.MonkeyPatch, code: int, hint: str) -> None:
+    # write_atomic's "cannot write PATH: No space left on device" came without a hint.
+    import ctxlake.tasks.lake as lake
+
+    def refused(src: str, dst: str) -> None:  # fault injection: the rename onto the record's file fails
+        raise OSError(code, os.strerror(code))
+
+    repo = make_repo({"app.py": "A = 1\n"})
+    (repo / ".ctx").mkdir()
+    monkeypatch.setattr(lake.os, "replace", refused)
+    result = cli("remember", "decision", "Keep the lake on local disk", "--json", cwd=repo)
+    assert result.exit_code == 8, result.stderr
+    folder = repo.resolve() / ".ctx" / "knowledge" / "decisions"
+    answer = json.loads(result.stdout)
+    assert answer["error"].startswith(f"cannot write {folder}/decision-"), answer
+    assert answer["error"].endswith(f": {os.strerror(code)}") and answer["hint"] == hint.format(folder=folder), answer
 
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
