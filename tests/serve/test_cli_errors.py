@@ -163,6 +163,7 @@ def test_a_file_write_that_fails_says_what_to_do(make_repo: Callable[..., Path],
     answer = json.loads(result.stdout)
     assert answer["error"].startswith(f"cannot write {folder}/decision-"), answer
     assert answer["error"].endswith(f": {os.strerror(code)}") and answer["hint"] == hint.format(folder=folder), answer
+    assert list(folder.iterdir()) == []  # nor is its temporary file left behind, taking the space
 
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
