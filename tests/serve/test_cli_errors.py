@@ -89,7 +89,9 @@ def test_a_failed_json_command_prints_its_error_as_one_json_object(tmp_path: Pat
     usage = cli("search", "--json", cwd=indexed)  # click's usage error, before the command runs
     assert usage.exit_code == 2 and "Usage: ctx" in usage.stderr
     assert json.loads(usage.stdout) == {"error": ANY, "hint": "see `ctx search --help`", "code": 2}
-    assert json.loads(usage.stdout)["error"].lower() == "missing argument 'query'."
+    # Word for word what stderr says, the argument's name in the same case.
+    said = [line.removeprefix("Error: ") for line in usage.stderr.splitlines() if line.startswith("Error: ")]
+    assert said == [json.loads(usage.stdout)["error"]] and said[0].lower() == "missing argument 'query'.", usage.stderr
     # Without --json stdout stays empty; after `--` "--json" is the query, not the option.
     assert cli("search", "total", cwd=bare).stdout == ""
     assert cli("search", "--", "--json", cwd=bare).stdout == ""
