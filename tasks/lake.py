@@ -163,6 +163,7 @@ def missing_tables(lake_dir: Path, graph: bool) -> list[str]:
 def write_atomic(path: Path, text: str | bytes) -> None:
     """Write via a temp file and rename, so a reader or a crash never sees half a file."""
     data = text.encode("utf-8") if isinstance(text, str) else text
+    tmp: str | None = None
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
         with os.fdopen(fd, "wb") as fh:
@@ -171,7 +172,14 @@ def write_atomic(path: Path, text: str | bytes) -> None:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except OSError as exc:
-        raise LakeError(f"cannot write {path}: {exc.strerror or exc}") from exc
+        if tmp is not None:  # half a copy on a full disk would hold the space the user must free
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        # A full or forbidden disk gets the hint every face gives it; anything else (a folder gone
+        # or a file where it should be) is the folder's fault.
+        hint = STORAGE_HINT if exc.errno in STORAGE_ERRNOS else (
+            f"check that {path.parent} is a folder you can write to, then run the command again")
+        raise LakeError(f"cannot write {path}: {exc.strerror or exc}", hint=hint) from exc
 
 
 def remove_empty_folders(folder: Path, root: Path) -> None:

@@ -7,18 +7,46 @@ reads are bounded.
 
 from __future__ import annotations
 
-from typing import Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from ctxlake.errors import InputError
 from ctxlake.schemas.config import load_settings, resolve_root
 from ctxlake.schemas.names import PROJECT_SOURCE
+
+if TYPE_CHECKING:
+    from ctxlake.serve.api.queries import Lake
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")]
 
 
+def _shown_path(lake: Lake, filepath: str) -> str:
+    """A project file as typed in the shell -> its path in the index: read from the current folder
+    like any path there (`ctx related` does the same), an absolute one inside the root too. In a
+    subfolder a path the index does not hold from there is read from the root, as `ctx show` read
+    every path before, so `ctx show src/app.py` keeps working from anywhere in the project."""
+    from ctxlake.serve.api.explore import indexed_file
+    from ctxlake.tasks.safe_io import project_path
+
+    root = lake.settings.root
+    here = project_path(filepath, root, Path.cwd())
+    if Path(filepath.strip()).is_absolute() or Path.cwd().resolve() == root.resolve():
+        return here
+    try:
+        return indexed_file(lake, here)[0]
+    except InputError as exc:
+        try:
+            return indexed_file(lake, filepath)[0]
+        except InputError:
+            raise exc from None
+
+
 def show(
-    filepath: Annotated[str, typer.Argument(help="an indexed file, relative to the project root")],
+    filepath: Annotated[str, typer.Argument(help="an indexed file, relative to the current folder (or to the "
+                                                 "project root), or absolute inside the project; with --source, "
+                                                 "relative to that source's root")],
     start: Annotated[int | None, typer.Option("--start", min=1, help="first line (default 1)")] = None,
     end: Annotated[int | None, typer.Option("--end", min=1, help="last line (default: 400 lines on)")] = None,
     source: Annotated[str, typer.Option("--source", help="a file of this source (see `ctx list`), "
@@ -32,7 +60,10 @@ def show(
 
     settings = load_settings(resolve_root(None, for_write=False))
     check_names(settings, [source])
-    context = file_context(open_lake(settings), filepath, start, end, source=source)
+    lake = open_lake(settings)
+    # Another source's paths stay relative to its root: nothing ties the current folder to it.
+    path = _shown_path(lake, filepath) if source == PROJECT_SOURCE else filepath
+    context = file_context(lake, path, start, end, source=source)
     if as_json:
         from ctxlake.serve.cli.render import print_json
 

@@ -23,7 +23,7 @@ from mcp.types import ToolAnnotations
 from ctxlake.errors import CtxError, LakeError, NotIndexedError
 from ctxlake.schemas.config import Settings
 from ctxlake.serve.api.docs import DocsReader
-from ctxlake.tasks.lake import lance_failure
+from ctxlake.tasks.lake import lance_failure, storage_failure
 
 if TYPE_CHECKING:
     from ctxlake.serve.api.queries import Lake
@@ -273,8 +273,9 @@ class ServerState:
 
 
 def tool_errors(fn: Callable[P, R]) -> Callable[P, R]:
-    """Turn ctxlake's domain errors into MCP tool errors that carry the message and the hint
-    (the SDK would hide an unexpected exception's text from the client)."""
+    """Turn ctxlake's domain errors, a full or forbidden disk and a damaged lake into MCP tool
+    errors that carry the message and the hint the CLI prints (the SDK would hide an unexpected
+    exception's text from the client)."""
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -283,10 +284,10 @@ def tool_errors(fn: Callable[P, R]) -> Callable[P, R]:
         except CtxError as exc:
             raise ToolError(f"{exc.message}" + (f" (hint: {exc.hint})" if exc.hint else "")) from exc
         except (OSError, RuntimeError, ValueError) as exc:
-            damaged = lance_failure(exc)
-            if damaged is None:
+            known = storage_failure(exc) or lance_failure(exc)
+            if known is None:
                 raise
-            raise ToolError(f"{damaged.message} (hint: {damaged.hint})") from exc
+            raise ToolError(f"{known.message} (hint: {known.hint})") from exc
 
     # The docstring is the tool's description: without the source's indentation on later lines.
     wrapper.__doc__ = inspect.cleandoc(fn.__doc__ or "")

@@ -16,6 +16,8 @@ from unittest.mock import ANY
 import pytest
 from helpers import ctx_subprocess, damage_lake
 
+from ctxlake.tasks.lake import STORAGE_HINT
+
 pytestmark = pytest.mark.usefixtures("prefect_server", "fake_embedder")
 
 COUNTED = [("search", "x"), ("files", "x"), ("sql", "select 1"), ("sessions",), ("session", "show", "s1"),
@@ -87,7 +89,9 @@ def test_a_failed_json_command_prints_its_error_as_one_json_object(tmp_path: Pat
     usage = cli("search", "--json", cwd=indexed)  # click's usage error, before the command runs
     assert usage.exit_code == 2 and "Usage: ctx" in usage.stderr
     assert json.loads(usage.stdout) == {"error": ANY, "hint": "see `ctx search --help`", "code": 2}
-    assert json.loads(usage.stdout)["error"].lower() == "missing argument 'query'."
+    # Word for word what stderr says, the argument's name in the same case.
+    said = [line.removeprefix("Error: ") for line in usage.stderr.splitlines() if line.startswith("Error: ")]
+    assert said == [json.loads(usage.stdout)["error"]] and said[0].lower() == "missing argument 'query'.", usage.stderr
     # Without --json stdout stays empty; after `--` "--json" is the query, not the option.
     assert cli("search", "total", cwd=bare).stdout == ""
     assert cli("search", "--", "--json", cwd=bare).stdout == ""
@@ -138,6 +142,30 @@ def test_storage_errors_anywhere_are_exit_8(code: int, tmp_path: Path, cli: Call
     lines = [line for line in result.stderr.splitlines() if line.startswith("ctx: error:")]
     assert len(lines) == 1 and "config.toml" in lines[0] and "Traceback" not in result.stderr
 
+
+@pytest.mark.parametrize(("code", "hint"), [
+    (errno.ENOSPC, STORAGE_HINT),
+    (errno.EACCES, STORAGE_HINT),
+    (errno.EISDIR, "check that {folder} is a folder you can write to, then run the command again"),
+], ids=["disk full", "forbidden", "folder in the way"])
+def test_a_file_write_that_fails_says_what_to_do(make_repo: Callable[..., Path], cli: Callable[..., Any],
+                                                 monkeypatch: pytest.MonkeyPatch, code: int, hint: str) -> None:
+    # write_atomic's "cannot write PATH: No space left on device" came without a hint.
+    import ctxlake.tasks.lake as lake
+
+    def refused(src: str, dst: str) -> None:  # fault injection: the rename onto the record's file fails
+        raise OSError(code, os.strerror(code))
+
+    repo = make_repo({"app.py": "A = 1\n"})
+    (repo / ".ctx").mkdir()
+    monkeypatch.setattr(lake.os, "replace", refused)
+    result = cli("remember", "decision", "Keep the lake on local disk", "--json", cwd=repo)
+    assert result.exit_code == 8, result.stderr
+    folder = repo.resolve() / ".ctx" / "knowledge" / "decisions"
+    answer = json.loads(result.stdout)
+    assert answer["error"].startswith(f"cannot write {folder}/decision-"), answer
+    assert answer["error"].endswith(f": {os.strerror(code)}") and answer["hint"] == hint.format(folder=folder), answer
+    assert list(folder.iterdir()) == []  # nor is its temporary file left behind, taking the space
 
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:

@@ -110,7 +110,7 @@ def test_cli_readers_apply_the_same_rules(indexed: Path, cli: Callable[..., Any]
     invoice.unlink()
     os.mkfifo(invoice)
     for args, message in [(("show", "src/users/service.py"), ".git/"), (("show", "src/billing/invoice.py"), "FIFO"),
-                          (("show", "../etc/passwd"), "path traversal"),
+                          (("show", "../etc/passwd"), "is outside the project"),
                           (("docs", "docs/../../x.md"), "path traversal"), (("docs", ".git/config"), "not inside a docs folder")]:
         result = cli(*args, cwd=repo)
         assert result.exit_code == 2 and message in result.stderr, (args, result.stderr)
@@ -118,3 +118,36 @@ def test_cli_readers_apply_the_same_rules(indexed: Path, cli: Callable[..., Any]
     listing = cli("docs", "--json", cwd=repo)
     assert listing.exit_code == 0, listing.stderr
     assert any(d["path"].startswith("docs/") for d in json.loads(listing.stdout)["documents"])
+
+
+def test_ctx_show_reads_a_path_from_the_current_folder_and_still_from_the_root(
+        make_repo: Callable[..., Path], cli: Callable[..., Any], fake_embedder: Any, tmp_path: Path) -> None:
+    # `ctx show` read every path from the project root wherever it ran, unlike `ctx related` and
+    # `ctx outline`: in app/, `ctx show util.py` showed the root's util.py, and `ctx show main.py`
+    # was "not an indexed file".
+    repo = make_repo({"util.py": "ROOT = 1\n", "app/util.py": "APP = 1\n", "app/main.py": "MAIN = 1\n",
+                      "web/page.py": "PAGE = 1\n"})
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    app = repo / "app"
+
+    def shown(path: str, cwd: Path) -> str:
+        result = cli("show", path, "--json", cwd=cwd)
+        assert result.exit_code == 0, (path, result.stderr)
+        return str(json.loads(result.stdout)["path"])
+
+    assert shown("util.py", app) == "app/util.py"  # the current folder's file comes first
+    assert shown("main.py", app) == "app/main.py"
+    assert shown("../web/page.py", app) == "web/page.py"
+    assert shown(str(repo / "util.py"), app) == "util.py"
+    assert shown("util.py", repo) == "util.py"
+    # A project path typed in a subfolder, as `ctx show` took it before, still works.
+    assert shown("web/page.py", app) == "web/page.py"
+    assert shown("app/main.py", app) == "app/main.py"
+    missing = cli("show", "nope.py", cwd=app)
+    assert missing.exit_code == 2 and "not an indexed file: 'app/nope.py'" in missing.stderr, missing.stderr
+    outside = tmp_path / "elsewhere.py"
+    outside.write_text("x = 1\n")
+    for path in (str(outside), "../../elsewhere.py"):
+        refused = cli("show", path, cwd=app)
+        assert refused.exit_code == 2, (path, refused.stderr)
+        assert f"file {path!r} is outside the project {repo.resolve()}" in refused.stderr

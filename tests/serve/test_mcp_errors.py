@@ -1,8 +1,9 @@
-"""Calls the server cannot run get one clear message (unknown tool, bad or unknown arguments), and
-the stdio server exits cleanly, every time, when the client closes stdin."""
+"""Calls the server cannot run get one clear message (unknown tool, bad or unknown arguments, a
+full or forbidden disk), and the stdio server exits cleanly, every time, when the client closes stdin."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -14,10 +15,11 @@ import pytest
 from helpers import write_files
 from mcp import Client
 from mcp.shared.exceptions import MCPError
-from mcp_helpers import PROJECT, call_error
+from mcp_helpers import PROJECT, call_error, call_memory_tool
 
 from ctxlake.schemas.config import load_settings
 from ctxlake.serve.mcp.server import build_server
+from ctxlake.tasks.lake import STORAGE_HINT
 
 
 @pytest.fixture
@@ -51,6 +53,30 @@ def test_unknown_tool_and_bad_arguments_are_one_clear_line(project: Path) -> Non
 
     anyio.run(main)
 
+
+
+@pytest.mark.parametrize(("code", "words"), [
+    (errno.ENOSPC, "the disk is full"),
+    (errno.EROFS, "the file system is read-only"),
+    (errno.EACCES, "permission denied"),
+])
+def test_a_full_or_forbidden_disk_is_the_clis_line_as_a_tool_error(
+        project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, words: str) -> None:
+    # The SDK hid the OSError's text: the agent saw only that save_decision had failed.
+    import ctxlake.tasks.knowledge as knowledge
+
+    def refused(path: Path, text: str) -> None:  # fault injection: the disk refuses the record's file
+        raise OSError(code, os.strerror(code), str(path))
+
+    monkeypatch.setattr(knowledge, "write_atomic", refused)
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "CTX_EMBED_PROVIDER": "fake", "CTX_EMBED_MODEL": "hash"}
+    result = call_memory_tool(load_settings(project, env=env), "save_decision",
+                              {"title": "Keep the lake on local disk", "rationale": "NFS locks misbehave."},
+                              allow_writes=True)
+    text = result.content[0].text
+    assert result.is_error, text
+    assert text.startswith(f"Error executing tool save_decision: storage error, {words}: {project}/.ctx/knowledge/decisions/"), text
+    assert text.endswith(f"(hint: {STORAGE_HINT})") and "Errno" not in text, text
 
 def _initialize() -> bytes:
     request = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
