@@ -171,15 +171,17 @@ def write_atomic(path: Path, text: str | bytes) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+        tmp = None
     except OSError as exc:
-        if tmp is not None:  # half a copy on a full disk would hold the space the user must free
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
         # A full or forbidden disk gets the hint every face gives it; anything else (a folder gone
         # or a file where it should be) is the folder's fault.
         hint = STORAGE_HINT if exc.errno in STORAGE_ERRNOS else (
             f"check that {path.parent} is a folder you can write to, then run the command again")
         raise LakeError(f"cannot write {path}: {exc.strerror or exc}", hint=hint) from exc
+    finally:
+        if tmp is not None:  # failed or interrupted: half a copy on a full disk holds the space to free
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 def remove_empty_folders(folder: Path, root: Path) -> None:

@@ -167,6 +167,23 @@ def test_a_file_write_that_fails_says_what_to_do(make_repo: Callable[..., Path],
     assert answer["error"].endswith(f": {os.strerror(code)}") and answer["hint"] == hint.format(folder=folder), answer
     assert list(folder.iterdir()) == []  # nor is its temporary file left behind, taking the space
 
+
+def test_an_interrupted_file_write_leaves_the_old_file_and_no_temporary(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import ctxlake.tasks.lake as lake
+
+    target = tmp_path / "state.json"
+    target.write_text("old")
+
+    def interrupted(src: str, dst: str) -> None:  # Ctrl-C lands between the fsync and the rename
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(lake.os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        lake.write_atomic(target, "new")
+    assert [p.name for p in tmp_path.iterdir()] == ["state.json"] and target.read_text() == "old"
+
+
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     """A real 600 KiB tmpfs (root only; skipped elsewhere)."""
