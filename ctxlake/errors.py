@@ -53,6 +53,10 @@ class InputError(CtxError):
     exit_code = 2
 
 
+class UnknownFileError(InputError):
+    """A file named by its path is not one the index holds (the CLI then tries the path another way)."""
+
+
 class LakeError(CtxError):
     """The lake cannot be read or written (permissions, disk full, damaged table)."""
 

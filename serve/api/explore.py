@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from ctxlake.errors import InputError
+from ctxlake.errors import InputError, UnknownFileError
 from ctxlake.schemas.config import Settings
 from ctxlake.schemas.tables import PROJECT_SOURCE
 from ctxlake.serve.api.docs import clean_relative
@@ -126,12 +126,12 @@ def indexed_file(lake: Lake, filepath: str, source: str = PROJECT_SOURCE,
     if not rows:
         elsewhere = sorted(set(all_rows(lake.files, ["source"], f"path = {_sql(clean)}").column("source").to_pylist()))
         if elsewhere:
-            raise InputError(f"not an indexed file of the {_owner(source)}: {clean!r}",
+            raise UnknownFileError(f"not an indexed file of the {_owner(source)}: {clean!r}",
                              hint=f"it is in {', '.join(map(_owner, elsewhere))}: pass --source "
                                   f"(MCP: source) {elsewhere[0]}")
         paths = all_rows(lake.files, ["path"], f"source = {_sql(source)}").column("path").to_pylist()
         close = difflib.get_close_matches(clean, paths, n=3, cutoff=0.5)
-        raise InputError(f"not an indexed file: {clean!r}",
+        raise UnknownFileError(f"not an indexed file: {clean!r}",
                          hint=f"did you mean {', '.join(close)}?" if close else
                          "find paths with `ctx files` or `ctx search` (MCP: search_code, ctx://files); "
                          "ignored and binary files are not served")

@@ -12,7 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ctxlake.errors import InputError, NotIndexedError
+from ctxlake.errors import InputError, NotIndexedError, UnknownFileError
 from ctxlake.schemas.tables import COCHANGE_TABLE, PROJECT_SOURCE
 from ctxlake.serve.api.graph_models import (
     Definition,
@@ -206,7 +206,7 @@ class GraphReader:
         own = _rows(self.imports, f"{_in_source(source)} AND path = {sql_str(path)}", ["module", "resolved"])
         importers = _rows(self.imports, f"{_in_source(source)} AND resolved = {sql_str(path)}", ["path"])
         if not own and not importers and not self._known(source, path):
-            raise InputError(f"{path} is not in the index{_of(source)}", hint=self._path_hint(source, path))
+            raise UnknownFileError(f"{path} is not in the index{_of(source)}", hint=self._path_hint(source, path))
         related: list[RelatedFile] = []
         seen: set[tuple[str, str]] = set()
         for rel, paths in (("imports", [r["resolved"] for r in own if r["resolved"]]),
@@ -249,7 +249,7 @@ class GraphReader:
         path = _norm(path)
         rows = _rows(self.defs, f"{_in_source(source)} AND path = {sql_str(path)}")
         if not rows and not self._known(source, path):
-            raise InputError(f"{path} is not in the index{_of(source)} or has no definitions",
+            raise UnknownFileError(f"{path} is not in the index{_of(source)} or has no definitions",
                              hint=self._path_hint(source, path))
         rows.sort(key=lambda r: (r["start_line"], -r["end_line"]))
         items = [OutlineItem(qualname=r["qualname"], kind=r["kind"], start_line=r["start_line"],

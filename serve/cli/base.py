@@ -6,10 +6,12 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from ctxlake.errors import CtxError
+from ctxlake.errors import CtxError, InputError, UnknownFileError
 from ctxlake.schemas.config import CTX_DIR, default_config_toml
+
+T = TypeVar("T")
 
 
 def ensure_project(root: Path) -> bool:
@@ -184,3 +186,31 @@ def without_heartbeats() -> Iterator[None]:
 
     with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield
+
+
+def typed_path_read(typed: str, root: Path, read: Callable[[str], T]) -> T:
+    """`read` a project file named as a shell user types it: relative to the current folder (an
+    absolute path inside the root too), the way `ctx show`, `ctx related` and `ctx outline` all
+    take one. In a subfolder, a path the index does not hold from there is tried from the root, so
+    `ctx show src/app.py` works anywhere in the project; when neither is indexed, the error says
+    how the path was read."""
+    from ctxlake.tasks.safe_io import project_path
+
+    here = project_path(typed, root, Path.cwd())
+    try:
+        return read(here)
+    except UnknownFileError as exc:
+        if Path(typed.strip()).is_absolute() or Path.cwd().resolve() == root.resolve():
+            raise
+        first = exc
+    try:
+        from_root = project_path(typed, root)
+        return read(from_root)
+    except InputError as exc:
+        # The reader's own suggestion (a close name, another source) unless it is how paths are written.
+        useful = isinstance(exc, UnknownFileError) and exc.hint and "relative to" not in exc.hint
+        suggestion = f"; {exc.hint}" if useful else ""
+        raise UnknownFileError(
+            first.message,
+            hint=f"{typed} was read from the current folder (as {here}) and from the project root{suggestion}",
+        ) from exc

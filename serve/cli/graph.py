@@ -5,14 +5,17 @@ source start with `[NAME] `, as `ctx search` prints them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 
-from ctxlake.errors import InputError
 from ctxlake.schemas.config import load_settings, resolve_root
 from ctxlake.schemas.names import PROJECT_SOURCE
+from ctxlake.serve.cli.base import typed_path_read
+
+T = TypeVar("T")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")]
 LimitOpt = Annotated[int, typer.Option("-n", "--limit", min=1, max=200, help="at most this many results")]
@@ -41,13 +44,9 @@ def _typed(path: str, source: str, root: Path) -> str:
     return project_path(path, root, Path.cwd())
 
 
-def _unknown_here(exc: InputError, typed: str, path: str, root: Path) -> InputError:
-    """The reader's "not in the index" for a path read from a subfolder, with a hint saying so: the
-    reader's own hint says how the index names files, which is not how the path was typed."""
-    if not exc.message.startswith(f"{path} is not in the index") or Path.cwd().resolve() == root.resolve():
-        return exc
-    return InputError(exc.message, hint=f"{typed} was read from the current folder, as {path} in the project "
-                                        "(a relative PATH is read from the current folder)")
+def _read_typed(path: str, source: str, root: Path, read: Callable[[str], T]) -> T:
+    """`read` PATH as typed in the shell (see typed_path_read); another source's paths as given."""
+    return read(path) if source != PROJECT_SOURCE else typed_path_read(path, root, read)
 
 
 def tag(source: str) -> str:
@@ -111,11 +110,7 @@ def related(
 ) -> None:
     """Files PATH imports, files importing it, and files changed with it (when co-change is indexed)."""
     reader = _reader(source)
-    rel = _typed(path, source, reader.root)
-    try:
-        answer = reader.related_files(rel, limit, source=source)
-    except InputError as exc:
-        raise _unknown_here(exc, path, rel, reader.root) from exc
+    answer = _read_typed(path, source, reader.root, lambda p: reader.related_files(p, limit, source=source))
     if as_json:
         _json(answer)
         return
@@ -134,11 +129,7 @@ def outline(
 ) -> None:
     """The definitions of PATH as a tree, with lines and signatures."""
     reader = _reader(source)
-    rel = _typed(path, source, reader.root)
-    try:
-        answer = reader.file_outline(rel, limit, source=source)
-    except InputError as exc:
-        raise _unknown_here(exc, path, rel, reader.root) from exc
+    answer = _read_typed(path, source, reader.root, lambda p: reader.file_outline(p, limit, source=source))
     if as_json:
         _json(answer)
         return

@@ -7,40 +7,15 @@ reads are bounded.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
-from ctxlake.errors import InputError
 from ctxlake.schemas.config import load_settings, resolve_root
 from ctxlake.schemas.names import PROJECT_SOURCE
-
-if TYPE_CHECKING:
-    from ctxlake.serve.api.queries import Lake
+from ctxlake.serve.cli.base import typed_path_read
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")]
-
-
-def _shown_path(lake: Lake, filepath: str) -> str:
-    """A project file as typed in the shell -> its path in the index: read from the current folder
-    like any path there (`ctx related` does the same), an absolute one inside the root too. In a
-    subfolder a path the index does not hold from there is read from the root, as `ctx show` read
-    every path before, so `ctx show src/app.py` keeps working from anywhere in the project."""
-    from ctxlake.serve.api.explore import indexed_file
-    from ctxlake.tasks.safe_io import project_path
-
-    root = lake.settings.root
-    here = project_path(filepath, root, Path.cwd())
-    if Path(filepath.strip()).is_absolute() or Path.cwd().resolve() == root.resolve():
-        return here
-    try:
-        return indexed_file(lake, here)[0]
-    except InputError as exc:
-        try:
-            return indexed_file(lake, filepath)[0]
-        except InputError:
-            raise exc from None
 
 
 def show(
@@ -54,7 +29,7 @@ def show(
     as_json: JsonOpt = False,
 ) -> None:
     """Print lines of an indexed file as it is on disk now (what get_file_context returns)."""
-    from ctxlake.serve.api.explore import file_context
+    from ctxlake.serve.api.explore import file_context, indexed_file
     from ctxlake.serve.api.source_queries import check_names
     from ctxlake.serve.service.engine import open_lake
 
@@ -62,7 +37,10 @@ def show(
     check_names(settings, [source])
     lake = open_lake(settings)
     # Another source's paths stay relative to its root: nothing ties the current folder to it.
-    path = _shown_path(lake, filepath) if source == PROJECT_SOURCE else filepath
+    if source == PROJECT_SOURCE:
+        path = typed_path_read(filepath, settings.root, lambda p: indexed_file(lake, p)[0])
+    else:
+        path = filepath
     context = file_context(lake, path, start, end, source=source)
     if as_json:
         from ctxlake.serve.cli.render import print_json

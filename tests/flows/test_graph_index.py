@@ -144,10 +144,13 @@ def test_graph_readers_read_a_path_from_the_current_folder_like_the_shell(
             refused = cli(command, path, cwd=app)
             assert refused.exit_code == 2, (command, path, refused.stderr)
             assert f"ctx: error: file {path!r} is outside the project {repo.resolve()}" in refused.stderr
-    # A root-relative path typed in a subfolder: not found, and the hint says how it was read.
-    lost = cli("outline", "app/util.py", cwd=app)
-    assert lost.exit_code == 2 and "ctx: error: app/app/util.py is not in the index" in lost.stderr
-    assert "app/util.py was read from the current folder, as app/app/util.py in the project" in lost.stderr
+    # A root-relative path typed in a subfolder is read from the root when the current folder has no
+    # such file, as `ctx show` does; one found neither way says how it was read.
+    assert json.loads(cli("outline", "web/p.js", "--json", cwd=app).stdout)["path"] == "web/p.js"
+    assert json.loads(cli("related", "app/util.py", "--json", cwd=app).stdout)["path"] == "app/util.py"
+    lost = cli("outline", "nope.py", cwd=app)
+    assert lost.exit_code == 2 and "ctx: error: app/nope.py is not in the index" in lost.stderr
+    assert "nope.py was read from the current folder (as app/nope.py) and from the project root" in lost.stderr
 
 
 def test_graph_switched_off_empties_the_tables_and_readers_say_so(

@@ -145,6 +145,7 @@ def test_ctx_show_reads_a_path_from_the_current_folder_and_still_from_the_root(
     assert shown("app/main.py", app) == "app/main.py"
     missing = cli("show", "nope.py", cwd=app)
     assert missing.exit_code == 2 and "not an indexed file: 'app/nope.py'" in missing.stderr, missing.stderr
+    assert "nope.py was read from the current folder (as app/nope.py) and from the project root" in missing.stderr
     outside = tmp_path / "elsewhere.py"
     outside.write_text("x = 1\n")
     for path in (str(outside), "../../elsewhere.py"):
