@@ -227,6 +227,13 @@ class GraphReader:
         return RelatedAnswer(source=source, path=path, related=related[:_bound(limit)],
                              unresolved_imports=unresolved[:50])
 
+    def indexed_path(self, path: str, source: str = PROJECT_SOURCE) -> str:
+        """`path` as the index names it, when `source` holds that file; UnknownFileError otherwise."""
+        path = _norm(path)
+        if not self._known(source, path):
+            raise UnknownFileError(f"{path} is not in the index{_of(source)}", hint=self._path_hint(source, path))
+        return path
+
     def _known(self, source: str, path: str) -> bool:
         """Whether the index holds the file: the files manifest, not the graph (a file may define and
         use nothing the graph keeps, `a = 1`, and still be indexed and co-changed)."""

@@ -33,17 +33,6 @@ def _reader(source: str = PROJECT_SOURCE):  # type: ignore[no-untyped-def]
     return GraphReader(settings.lake_dir, settings.root)
 
 
-def _typed(path: str, source: str, root: Path) -> str:
-    """A project file as typed in the shell: relative to the current folder, like any path there (an
-    absolute one inside the root too) -> its path in the index. Another source's paths stay relative
-    to that source's root: nothing ties the current folder to it."""
-    if source != PROJECT_SOURCE:
-        return path
-    from ctxlake.tasks.safe_io import project_path
-
-    return project_path(path, root, Path.cwd())
-
-
 def _read_typed(path: str, source: str, root: Path, read: Callable[[str], T]) -> T:
     """`read` PATH as typed in the shell (see typed_path_read); another source's paths as given."""
     return read(path) if source != PROJECT_SOURCE else typed_path_read(path, root, read)
@@ -70,7 +59,9 @@ def definition(
 ) -> None:
     """Where SYMBOL is defined, best first, with how sure the first answer is."""
     reader = _reader(source)
-    asking = _typed(from_path, source, reader.root) if from_path is not None else None
+    # An asking file the index does not hold would change nothing, silently: it is an error.
+    asking = (_read_typed(from_path, source, reader.root, lambda p: reader.indexed_path(p, source))
+              if from_path is not None else None)
     answer = reader.find_definition(symbol, asking, limit, source=source)
     if as_json:
         _json(answer)

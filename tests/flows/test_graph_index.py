@@ -133,6 +133,10 @@ def test_graph_readers_read_a_path_from_the_current_folder_like_the_shell(
     outline = json.loads(cli("outline", "../web/p.js", "--json", cwd=app).stdout)
     assert outline["path"] == "web/p.js" and [i["qualname"] for i in outline["items"]] == ["parse", "go"]
     assert json.loads(cli("def", "parse", "--from", "main.py", "--json", cwd=app).stdout)["confidence"] == 0.9
+    assert json.loads(cli("def", "parse", "--from", "app/main.py", "--json", cwd=app).stdout)["confidence"] == 0.9
+    # An asking file the index does not hold used to change nothing, silently.
+    unknown = cli("def", "parse", "--from", "nope.py", cwd=app)
+    assert unknown.exit_code == 2 and "ctx: error: app/nope.py is not in the index" in unknown.stderr, unknown.stderr
     # From the root a relative path is the project path, as before; an absolute one inside the root
     # is read from anywhere in it.
     assert json.loads(cli("related", "./app/util.py", "--json", cwd=repo).stdout)["path"] == "app/util.py"
