@@ -1,4 +1,4 @@
-"""DuckDB over the lake: every Lance table of a project as a read-only SQL view (`ctx sql`, notebooks)."""
+"""DuckDB over the lake: every Lance table of a project as a read-only SQL view, read as queries run (`ctx sql`, notebooks)."""
 
 from __future__ import annotations
 
@@ -11,40 +11,31 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ctxlake.errors import ConfigError, InputError, NotIndexedError
+from ctxlake.errors import ConfigError, InputError, LakeError, NotIndexedError
 from ctxlake.schemas.config import SqlSettings
-from ctxlake.tasks.lake import connect
+from ctxlake.tasks.lake import connect, lance_failure
 
 if TYPE_CHECKING:
     import duckdb
-    from lancedb.table import Table
+    import lancedb
 
 # How often the waiting thread wakes: Ctrl-C lands within this, and so does the deadline.
 POLL_S = 0.1
 INTERRUPT_WAIT_S = 5.0
+
+# How DuckDB words an error raised by a table's Lance scan ("...failed: Invalid: External error: LanceError(IO): ...").
+ARROW_SOURCE_FAILED = "reading the Arrow source failed: "
+
+# Lance reads ahead of a scan into a buffer of up to 2 GiB by default, outside DuckDB's [sql]
+# memory_limit: a `LIKE` over every message's text held ~350 MB more on a 600k-row table. A short
+# read-ahead keeps that near 125 MB and was no slower there (ctx sql runs on few threads anyway).
+SCAN_OPTIONS = {"io_buffer_size": 32 * 2**20, "batch_readahead": 2, "fragment_readahead": 1}
 
 MEMORY_HINT = "narrow it (filter, aggregate, fewer columns), or raise [sql] memory_limit (CTX_SQL_MEMORY_LIMIT)"
 
 # Statements that read; DuckDB would happily write files or attach databases otherwise.
 _READ_TYPES = ("SELECT", "EXPLAIN", "PRAGMA")
 _READ_ONLY = re.compile(r"^\s*(WITH|SELECT|FROM|DESCRIBE|SHOW|SUMMARIZE|EXPLAIN|PRAGMA\s+table_info)\b", re.I)
-
-
-def lake_tables(lake_dir: Path, with_vectors: bool = False) -> dict[str, pa.Table]:
-    """Every table of the lake as Arrow; vector columns left out unless asked (they are bulky)."""
-    if not (lake_dir / "state.json").exists() and not any(lake_dir.glob("*.lance")):
-        return {}
-    db = connect(lake_dir)
-    out: dict[str, pa.Table] = {}
-    for name in sorted(db.list_tables().tables):
-        out[name] = _read(db.open_table(name), with_vectors)
-    return out
-
-
-def _read(table: Table, with_vectors: bool) -> pa.Table:
-    # Only the columns asked for are read: vectors are most of a lake's bytes.
-    drop = set() if with_vectors else set(_bulky(table.schema))
-    return table.search().select([f.name for f in table.schema if f.name not in drop]).limit(None).to_arrow()
 
 
 def _bulky(schema: pa.Schema) -> list[str]:
@@ -59,17 +50,30 @@ def duck(lake_dir: Path, with_vectors: bool = False, memory_dir: Path | None = N
     and, given the user-wide memory lake, its messages and sessions; held to `bounds`' memory_limit
     and threads ([sql]'s defaults when None)."""
     con = _connect(bounds or SqlSettings())
-    for name, table in lake_tables(lake_dir, with_vectors).items():
-        con.register(name, table)
+    if (lake_dir / "state.json").exists() or any(lake_dir.glob("*.lance")):
+        _add_views(con, connect(lake_dir), with_vectors)
     if memory_dir is not None and any(memory_dir.glob("*.lance")):
-        db = connect(memory_dir)
-        taken = set(lake_tables_names(con))
-        for name in sorted(set(db.list_tables().tables) - taken):
-            con.register(name, _read(db.open_table(name), with_vectors))
+        _add_views(con, connect(memory_dir), with_vectors)
     if not lake_tables_names(con):
         raise NotIndexedError(f"the lake at {lake_dir} has no tables", hint="run `ctx run index` first")
     _lock_down(con)
     return con
+
+
+def _add_views(con: duckdb.DuckDBPyConnection, db: lancedb.DBConnection, with_vectors: bool) -> None:
+    """A view per table of `db` whose name is not taken yet, scanning its Lance dataset as a query
+    runs: DuckDB asks it for the columns and rows the query needs (projection and filter pushdown),
+    so `SELECT count(*) FROM messages` reads one column of the memory lake, not all of it into
+    memory, and none is read outside [sql] memory_limit's watch before the query starts."""
+    import duckdb
+
+    taken = set(lake_tables_names(con))
+    for name in sorted(set(db.list_tables().tables) - taken):
+        table = db.open_table(name)
+        drop = set() if with_vectors else set(_bulky(table.schema))
+        # A relation's view, not con.register: a registered hidden name would show in SHOW TABLES.
+        columns = [duckdb.ColumnExpression(f.name) for f in table.schema if f.name not in drop]
+        con.from_arrow(table.to_lance(default_scan_options=SCAN_OPTIONS)).select(*columns).create_view(name)
 
 
 def _connect(bounds: SqlSettings) -> duckdb.DuckDBPyConnection:
@@ -132,6 +136,9 @@ def run_sql(lake_dir: Path, sql: str, limit: int = 1000, memory_dir: Path | None
         raise InputError(f"the query needed more memory than [sql] memory_limit ({bounds.memory_limit}) allows "
                          f"and was stopped: {str(exc).splitlines()[0]}", hint=MEMORY_HINT) from exc
     except duckdb.Error as exc:
+        damaged = _damaged(exc)
+        if damaged is not None:
+            raise damaged from exc
         raise InputError(f"SQL error: {str(exc).splitlines()[0]}",
                          hint=f"tables: {', '.join(sorted(lake_tables_names(con)))}") from exc
     return {
@@ -142,6 +149,15 @@ def run_sql(lake_dir: Path, sql: str, limit: int = 1000, memory_dir: Path | None
         "limit": keep,
         "capped": len(rows) > keep and limit > max_rows,  # cut by [sql] max_rows, not by --limit
     }
+
+
+def _damaged(exc: duckdb.Error) -> LakeError | None:
+    """A Lance table whose files failed as the query scanned them -> lance_failure's LakeError, as
+    when the table is opened; DuckDB hands on only the text, after its own words."""
+    text = str(exc)
+    if ARROW_SOURCE_FAILED not in text:
+        return None
+    return lance_failure(RuntimeError(text.split(ARROW_SOURCE_FAILED, 1)[1].removeprefix("Invalid: External error: ")))
 
 
 def _bounded(con: duckdb.DuckDBPyConnection, statement: Any, fetch: int,
