@@ -23,7 +23,7 @@ from ctxlake.tasks.lake import connect, open_table
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.scrape.base import Msg
 from ctxlake.tasks.stage import stage
-from ctxlake.tasks.store import KEEP_VERSIONS, sql_str, vector_indexes
+from ctxlake.tasks.store import COMPACTION_MODE, KEEP_VERSIONS, sql_str, vector_indexes
 
 if TYPE_CHECKING:
     import lance
@@ -468,7 +468,8 @@ def compact(table: Table, full: bool = False, whole: bool = False) -> dict[str, 
         rows = sum(n for fid, n, _ in fragments if fid in picked)
         metrics = ds.optimize.compact_files(
             target_rows_per_fragment=rows + 1, materialize_deletions_threshold=DELETED_SHARE, defer_index_remap=True,
-            excluded_fragment_ids=[fid for fid, _, _ in fragments if fid not in picked])
+            excluded_fragment_ids=[fid for fid, _, _ in fragments if fid not in picked],
+            compaction_mode=COMPACTION_MODE)
         merged = metrics.fragments_removed
         ds = lance.dataset(ds.uri)
     ds.cleanup_old_versions(older_than=KEEP_VERSIONS)
