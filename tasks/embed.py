@@ -22,10 +22,10 @@ from ctxlake.tasks.lake import connect, lance_message, open_table, resource_erro
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.stage import stage
 from ctxlake.tasks.store import (
+    KEEP_VERSIONS,
     LakeTables,
     ensure_key_index,
     fragment_count,
-    optimize_table,
     sql_list,
     sql_str,
 )
@@ -318,7 +318,7 @@ class EmbeddingCache:
     def compact(self) -> None:
         """Rewrite the main table's fragments and fold its new rows into the content_hash index."""
         with writing("the embedding cache"):
-            optimize_table(self.table)
+            self.table.optimize(cleanup_older_than=KEEP_VERSIONS)
 
     def maintain_if_appended(self) -> None:
         """The check, when this object appended since its last one: a writer that lives for one
@@ -341,7 +341,7 @@ class EmbeddingCache:
             did = self._fold()
             if fragment_count(self.table) >= CACHE_OPTIMIZE_FRAGMENTS:
                 self.dedupe()  # the rewrite is smaller without repeated rows
-                optimize_table(self.table)  # also folds new rows into the index
+                self.table.optimize(cleanup_older_than=KEEP_VERSIONS)  # also folds new rows into the index
                 return True
             index = next((idx for idx in self.table.list_indices() if idx.columns == ["content_hash"]), None)
             if (self.table.count_rows() >= CACHE_INDEX_ROWS if index is None
@@ -361,10 +361,10 @@ class EmbeddingCache:
                 self.table.add(rows)
                 # Exactly the rows moved: an append another process made meanwhile stays.
                 self.recent.delete(_hashes_in(set(rows.column("content_hash").to_pylist())))
-            optimize_table(self.recent)
+            self.recent.optimize(cleanup_older_than=KEEP_VERSIONS)
             return True
         if fragment_count(self.recent) >= RECENT_OPTIMIZE_FRAGMENTS:
-            optimize_table(self.recent)
+            self.recent.optimize(cleanup_older_than=KEEP_VERSIONS)
             return True
         return False
 

@@ -18,7 +18,7 @@ from ctxlake.tasks.lake import (  # the graph's table names are declared with th
     open_table,
     writing,
 )
-from ctxlake.tasks.store import optimize_table, paths_filter, sql_str
+from ctxlake.tasks.store import KEEP_VERSIONS, paths_filter, sql_str
 
 if TYPE_CHECKING:
     from lancedb.table import Table
@@ -117,7 +117,7 @@ def optimize_graph(tables: GraphTables) -> None:
         with writing(f"the {name} table (optimize)"):
             if table.count_rows() == 0:
                 continue
-            optimize_table(table)
+            table.optimize(cleanup_older_than=KEEP_VERSIONS)
             have = {tuple(idx.columns) for idx in table.list_indices()}
             for column in SCALAR_INDEXES[name]:
                 if (column,) not in have:

@@ -23,7 +23,7 @@ from ctxlake.tasks.lake import connect, open_table
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.scrape.base import Msg
 from ctxlake.tasks.stage import stage
-from ctxlake.tasks.store import COMPACTION_MODE, KEEP_VERSIONS, sql_str, vector_indexes
+from ctxlake.tasks.store import KEEP_VERSIONS, sql_str, vector_indexes
 
 if TYPE_CHECKING:
     import lance
@@ -419,6 +419,13 @@ INDEX_DELTAS = 8
 SMALL_FRAGMENT_ROWS = 1_024
 # A fragment this share of whose rows are deleted is rewritten without them at the next compaction.
 DELETED_SHARE = 0.1
+# A merge of fragments that all hold at least BINARY_COPY_ROWS rows copies their pages as they are
+# instead of decoding and encoding them again (lance falls back to re-encoding where it cannot). A
+# whole merge of a 2.2 GB, 16-fragment copy of the messages table at 20,000 sessions: 1.1 s and
+# 200 MB peak instead of 9.0 s and 1,019 MB. Small fragments are re-encoded: their pages are as small
+# as their appends, and copied they stay so (200k rows after 400 appends of 20 rows, copied: a flat
+# vector scan 200 ms instead of 54, a take of 400 rows 5.7 ms instead of 0.5).
+BINARY_COPY_ROWS = 16_384
 
 
 def compact(table: Table, full: bool = False, whole: bool = False) -> dict[str, int]:
@@ -469,7 +476,8 @@ def compact(table: Table, full: bool = False, whole: bool = False) -> dict[str, 
         metrics = ds.optimize.compact_files(
             target_rows_per_fragment=rows + 1, materialize_deletions_threshold=DELETED_SHARE, defer_index_remap=True,
             excluded_fragment_ids=[fid for fid, _, _ in fragments if fid not in picked],
-            compaction_mode=COMPACTION_MODE)
+            compaction_mode="try_binary_copy" if min(n for fid, n, _ in fragments if fid in picked) >= BINARY_COPY_ROWS
+            else "reencode")
         merged = metrics.fragments_removed
         ds = lance.dataset(ds.uri)
     ds.cleanup_old_versions(older_than=KEEP_VERSIONS)

@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from ctxlake.schemas.tables import INDEX_RUNS, INDEX_RUNS_TABLE
 from ctxlake.tasks.lake import connect, open_table
-from ctxlake.tasks.store import fragment_count, optimize_table
+from ctxlake.tasks.store import KEEP_VERSIONS, fragment_count
 
 RUNS_COMPACT_FRAGMENTS = 64
 
@@ -78,5 +78,5 @@ def record_run(lake_dir: Path, tables: Any, source: str, report: Any, pending_ve
         table.add(batch)
         # One row, one fragment: a watched project's edits left hundreds (a few KB each).
         if fragment_count(table) >= RUNS_COMPACT_FRAGMENTS:
-            optimize_table(table)
+            table.optimize(cleanup_older_than=KEEP_VERSIONS)
     return batch

@@ -6,7 +6,7 @@ import shutil
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pyarrow as pa
 
@@ -46,24 +46,6 @@ ANN_MIN_ROWS = 50_000
 ANN_PARTITION_ROWS = 8_192
 # Old table versions are kept this long so a reader that opened one can finish with it.
 KEEP_VERSIONS = timedelta(minutes=30)
-
-
-# Compaction copies the merged fragments' pages as they are instead of decoding and encoding them
-# again; lance falls back to re-encoding where it cannot (rows to drop). LanceDB's optimize() takes
-# no such option and ignores the table's config for it, so `optimize_table` compacts through lance
-# first (memory_store.compact passes it too). Measured on 20 fragments of 20,000 rows (text and
-# 256-dim vectors) written by LanceDB: 0.27 s and +15 MB peak instead of 0.77 s and +375 MB; a
-# whole merge of a 16-fragment, 2.2 GB copy of the messages table at 20,000 sessions (bench
-# history): 1.1 s and 200 MB peak instead of 9.0 s and 1,019 MB.
-COMPACTION_MODE: Final = "try_binary_copy"
-
-
-def optimize_table(table: Table) -> None:
-    """LanceDB's optimize (compaction, new rows into the indexes, old versions dropped), with the
-    compaction done by lance beforehand in COMPACTION_MODE, so optimize finds nothing left to merge."""
-    table.to_lance().optimize.compact_files(compaction_mode=COMPACTION_MODE)
-    table.checkout_latest()
-    table.optimize(cleanup_older_than=KEEP_VERSIONS)
 
 
 def fragment_count(table: Table) -> int:
@@ -233,7 +215,7 @@ def optimize(tables: LakeTables, ann: bool = True) -> None:
     """Fold new rows into the indexes, compact fragments, drop versions no reader still needs."""
     with writing("the lake (optimize)"):
         for table in (tables.chunks, tables.files):
-            optimize_table(table)
+            table.optimize(cleanup_older_than=KEEP_VERSIONS)
         if ann:
             give_back_freed_memory()  # the compaction's buffers, before the index build's
             _maybe_ann_index(tables.chunks)
