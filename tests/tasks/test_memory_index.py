@@ -9,6 +9,7 @@ filter allows, never a row without a vector, and BM25 over two columns ranked as
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import lancedb
 import numpy as np
@@ -250,11 +251,28 @@ def test_a_table_without_a_vector_index_stays_at_a_few_fragments(tmp_path: Path,
     assert [h["id"] for h in _fts(table, "zebra29x3", None, ["id"], 5, "text")] == ["late29-3"]
 
 
-def test_a_cold_ingests_equal_batches_are_merged_when_the_indexes_are_built(tmp_path: Path) -> None:
+@pytest.mark.parametrize("copy_from", [None, 100], ids=["re-encoded", "pages copied"])
+def test_a_cold_ingests_equal_batches_are_merged_when_the_indexes_are_built(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, copy_from: int | None) -> None:
     """A cold ingest writes the history in equal batches, each a fragment; no later small ingest
-    would merge fragments that size, so the run that builds the indexes merges them, once."""
+    would merge fragments that size, so the run that builds the indexes merges them, once. Batches
+    of BINARY_COPY_ROWS rows or more are merged by copying their pages; the rows read the same."""
+    import sys
+
+    import lance  # noqa: F401  (loads lance.dataset)
+
     from ctxlake.tasks import memory_store
 
+    optimizer = sys.modules["lance.dataset"].DatasetOptimizer
+    original, modes = optimizer.compact_files, []
+
+    def recorded(self: Any, **options: Any) -> Any:
+        modes.append(options.get("compaction_mode"))
+        return original(self, **options)
+
+    monkeypatch.setattr(optimizer, "compact_files", recorded)
+    if copy_from is not None:
+        monkeypatch.setattr(memory_store, "BINARY_COPY_ROWS", copy_from)
     table = _table(tmp_path)
     rows = table.search().limit(ROWS).to_arrow()
     for k in range(5):  # five more batches the size of the first
@@ -263,9 +281,11 @@ def test_a_cold_ingests_equal_batches_are_merged_when_the_indexes_are_built(tmp_
     assert len(_data_files(table)) == 7
     assert memory_store.index_and_optimize.fn([table]) == ["messages"]
     assert len(_data_files(table)) == 1 and table.count_rows() == 6 * ROWS + 100
+    assert modes == ["reencode" if copy_from is None else "try_binary_copy"]
     assert memory_store.index_and_optimize.fn([table]) == []  # and not again
     row = table.search().where("id = 'b4-7'").select(["id", "text"]).to_list()[0]
     assert [h["id"] for h in _fts(table, row["text"], "id = 'b4-7'", ["id"], 5, "text")] == ["b4-7"]
+    assert table.search().where("id = 'last99'").select(["id"]).to_list() == [{"id": "last99"}]
 
 
 def test_one_big_ingest_is_due_by_its_rows_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
