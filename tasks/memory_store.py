@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -419,13 +419,15 @@ INDEX_DELTAS = 8
 SMALL_FRAGMENT_ROWS = 1_024
 # A fragment this share of whose rows are deleted is rewritten without them at the next compaction.
 DELETED_SHARE = 0.1
-# A merge of fragments that all hold at least BINARY_COPY_ROWS rows copies their pages as they are
-# instead of decoding and encoding them again (lance falls back to re-encoding where it cannot). A
-# whole merge of a 2.2 GB, 16-fragment copy of the messages table at 20,000 sessions: 1.1 s and
-# 200 MB peak instead of 9.0 s and 1,019 MB. Small fragments are re-encoded: their pages are as small
-# as their appends, and copied they stay so (200k rows after 400 appends of 20 rows, copied: a flat
-# vector scan 200 ms instead of 54, a take of 400 rows 5.7 ms instead of 0.5).
+# A merge of big fragments copies their pages as they are instead of decoding and encoding them
+# again (lance falls back to re-encoding where it cannot). A whole merge of a 2.2 GB, 16-fragment
+# copy of the messages table at 20,000 sessions: 1.1 s and 200 MB peak instead of 9.0 s and
+# 1,019 MB. Small fragments' pages are as small as their appends, and copied they stay so (200k rows
+# after 400 appends of 20 rows, copied: a flat vector scan 200 ms instead of 54, a take of 400 rows
+# 5.7 ms instead of 0.5), so a merge is re-encoded when more than BINARY_COPY_SMALL_SHARE of its rows
+# lie in fragments under BINARY_COPY_ROWS (a cold ingest's last, partial batch is let through).
 BINARY_COPY_ROWS = 16_384
+BINARY_COPY_SMALL_SHARE = 0.1
 
 
 def compact(table: Table, full: bool = False, whole: bool = False) -> dict[str, int]:
@@ -476,13 +478,18 @@ def compact(table: Table, full: bool = False, whole: bool = False) -> dict[str, 
         metrics = ds.optimize.compact_files(
             target_rows_per_fragment=rows + 1, materialize_deletions_threshold=DELETED_SHARE, defer_index_remap=True,
             excluded_fragment_ids=[fid for fid, _, _ in fragments if fid not in picked],
-            compaction_mode="try_binary_copy" if min(n for fid, n, _ in fragments if fid in picked) >= BINARY_COPY_ROWS
-            else "reencode")
+            compaction_mode=_compaction_mode([n for fid, n, _ in fragments if fid in picked]))
         merged = metrics.fragments_removed
         ds = lance.dataset(ds.uri)
     ds.cleanup_old_versions(older_than=KEEP_VERSIONS)
     table.checkout_latest()
     return {"fragments_merged": merged, "deltas_folded": deltas if full else 0}
+
+
+def _compaction_mode(rows: Sequence[int]) -> Literal["try_binary_copy", "reencode"]:
+    """How a merge of fragments of these row counts writes its pages (see BINARY_COPY_ROWS)."""
+    small = sum(n for n in rows if n < BINARY_COPY_ROWS)
+    return "try_binary_copy" if small <= BINARY_COPY_SMALL_SHARE * sum(rows) else "reencode"
 
 
 def _indexes(ds: lance.LanceDataset) -> list[IndexInformation]:

@@ -251,12 +251,13 @@ def test_a_table_without_a_vector_index_stays_at_a_few_fragments(tmp_path: Path,
     assert [h["id"] for h in _fts(table, "zebra29x3", None, ["id"], 5, "text")] == ["late29-3"]
 
 
-@pytest.mark.parametrize("copy_from", [None, 100], ids=["re-encoded", "pages copied"])
+@pytest.mark.parametrize("copy_from", [None, 1_000], ids=["re-encoded", "pages copied"])
 def test_a_cold_ingests_equal_batches_are_merged_when_the_indexes_are_built(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, copy_from: int | None) -> None:
     """A cold ingest writes the history in equal batches, each a fragment; no later small ingest
     would merge fragments that size, so the run that builds the indexes merges them, once. Batches
-    of BINARY_COPY_ROWS rows or more are merged by copying their pages; the rows read the same."""
+    of BINARY_COPY_ROWS rows or more are merged by copying their pages, the short last one with them;
+    the rows read the same."""
     import sys
 
     import lance  # noqa: F401  (loads lance.dataset)
