@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from ctxlake.errors import CtxError, InputError, UnknownFileError
 from ctxlake.schemas.config import CTX_DIR, default_config_toml
+from ctxlake.schemas.names import PROJECT_SOURCE
 
 T = TypeVar("T")
 
@@ -188,13 +189,17 @@ def without_heartbeats() -> Iterator[None]:
         yield
 
 
-def typed_path_read(typed: str, root: Path, read: Callable[[str], T]) -> T:
+def typed_path_read(typed: str, root: Path, read: Callable[[str], T], source: str = PROJECT_SOURCE) -> T:
     """`read` a project file named as a shell user types it: relative to the current folder (an
     absolute path inside the root too), the way `ctx show`, `ctx related` and `ctx outline` all
     take one. In a subfolder, a path the index does not hold from there is tried from the root, so
     `ctx show src/app.py` works anywhere in the project; when neither is indexed, the error says
-    how the path was read."""
+    how the path was read. Another source's path is read as given, relative to its root: nothing
+    ties the current folder to it."""
     from ctxlake.tasks.safe_io import project_path
+
+    if source != PROJECT_SOURCE:
+        return read(typed)
 
     here = project_path(typed, root, Path.cwd())
     try:

@@ -5,17 +5,13 @@ source start with `[NAME] `, as `ctx search` prints them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated
 
 import typer
 
 from ctxlake.schemas.config import load_settings, resolve_root
 from ctxlake.schemas.names import PROJECT_SOURCE
 from ctxlake.serve.cli.base import typed_path_read
-
-T = TypeVar("T")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")]
 LimitOpt = Annotated[int, typer.Option("-n", "--limit", min=1, max=200, help="at most this many results")]
@@ -31,11 +27,6 @@ def _reader(source: str = PROJECT_SOURCE):  # type: ignore[no-untyped-def]
     settings = load_settings(resolve_root(None, for_write=False))
     check_names(settings, [source])
     return GraphReader(settings.lake_dir, settings.root)
-
-
-def _read_typed(path: str, source: str, root: Path, read: Callable[[str], T]) -> T:
-    """`read` PATH as typed in the shell (see typed_path_read); another source's paths as given."""
-    return read(path) if source != PROJECT_SOURCE else typed_path_read(path, root, read)
 
 
 def tag(source: str) -> str:
@@ -60,7 +51,7 @@ def definition(
     """Where SYMBOL is defined, best first, with how sure the first answer is."""
     reader = _reader(source)
     # An asking file the index does not hold would change nothing, silently: it is an error.
-    asking = (_read_typed(from_path, source, reader.root, lambda p: reader.indexed_path(p, source))
+    asking = (typed_path_read(from_path, reader.root, lambda p: reader.indexed_path(p, source), source)
               if from_path is not None else None)
     answer = reader.find_definition(symbol, asking, limit, source=source)
     if as_json:
@@ -101,7 +92,7 @@ def related(
 ) -> None:
     """Files PATH imports, files importing it, and files changed with it (when co-change is indexed)."""
     reader = _reader(source)
-    answer = _read_typed(path, source, reader.root, lambda p: reader.related_files(p, limit, source=source))
+    answer = typed_path_read(path, reader.root, lambda p: reader.related_files(p, limit, source=source), source)
     if as_json:
         _json(answer)
         return
@@ -120,7 +111,7 @@ def outline(
 ) -> None:
     """The definitions of PATH as a tree, with lines and signatures."""
     reader = _reader(source)
-    answer = _read_typed(path, source, reader.root, lambda p: reader.file_outline(p, limit, source=source))
+    answer = typed_path_read(path, reader.root, lambda p: reader.file_outline(p, limit, source=source), source)
     if as_json:
         _json(answer)
         return

@@ -29,19 +29,15 @@ def show(
     as_json: JsonOpt = False,
 ) -> None:
     """Print lines of an indexed file as it is on disk now (what get_file_context returns)."""
-    from ctxlake.serve.api.explore import file_context, indexed_file
+    from ctxlake.serve.api.explore import file_context
     from ctxlake.serve.api.source_queries import check_names
     from ctxlake.serve.service.engine import open_lake
 
     settings = load_settings(resolve_root(None, for_write=False))
     check_names(settings, [source])
     lake = open_lake(settings)
-    # Another source's paths stay relative to its root: nothing ties the current folder to it.
-    if source == PROJECT_SOURCE:
-        path = typed_path_read(filepath, settings.root, lambda p: indexed_file(lake, p)[0])
-    else:
-        path = filepath
-    context = file_context(lake, path, start, end, source=source)
+    context = typed_path_read(filepath, settings.root, lambda p: file_context(lake, p, start, end, source=source),
+                              source)
     if as_json:
         from ctxlake.serve.cli.render import print_json
 
