@@ -382,6 +382,13 @@ def storage_failure(exc: BaseException) -> LakeError | None:
     return LakeError(f"storage error, {STORAGE_ERRNOS[found.errno]}{where}", hint=STORAGE_HINT)
 
 
+def lake_failure(exc: BaseException) -> LakeError | None:
+    """The LakeError an OSError, RuntimeError or ValueError from any layer stands for: a full or
+    forbidden disk, else a damaged lake; None for anything else (a bug). The one rule the CLI, the
+    MCP tools and the web UI share."""
+    return storage_failure(exc) or lance_failure(exc)
+
+
 def _storage_oserror(exc: BaseException) -> OSError | None:
     seen: set[int] = set()
     current: BaseException | None = exc

@@ -581,9 +581,9 @@ def _run(argv: list[str] | None, reuse: bool, failure: _Failure) -> int:
         failure.document(exc.format_message(), f"see `{where.command_path if where else 'ctx'} --help`", code)
         return code
     except (OSError, RuntimeError, ValueError) as exc:
-        from ctxlake.tasks.lake import lance_failure, storage_failure
+        from ctxlake.tasks.lake import lake_failure
 
-        lake_error = storage_failure(exc) or lance_failure(exc)
+        lake_error = lake_failure(exc)
         if lake_error is None or (argv is not None and ("-v" in argv or "--verbose" in argv)):
             raise  # not a storage failure: a bug, keep its traceback (or -v asked for it)
         return failure.report(lake_error.message, lake_error.hint, lake_error.exit_code)

@@ -23,7 +23,7 @@ from mcp.types import ToolAnnotations
 from ctxlake.errors import CtxError, LakeError, NotIndexedError
 from ctxlake.schemas.config import Settings
 from ctxlake.serve.api.docs import DocsReader
-from ctxlake.tasks.lake import lance_failure, storage_failure
+from ctxlake.tasks.lake import lake_failure
 
 if TYPE_CHECKING:
     from ctxlake.serve.api.queries import Lake
@@ -284,7 +284,7 @@ def tool_errors(fn: Callable[P, R]) -> Callable[P, R]:
         except CtxError as exc:
             raise ToolError(f"{exc.message}" + (f" (hint: {exc.hint})" if exc.hint else "")) from exc
         except (OSError, RuntimeError, ValueError) as exc:
-            known = storage_failure(exc) or lance_failure(exc)
+            known = lake_failure(exc)
             if known is None:
                 raise
             raise ToolError(f"{known.message} (hint: {known.hint})") from exc

@@ -24,7 +24,7 @@ from ctxlake.errors import CtxError, InputError, LakeError
 from ctxlake.schemas.config import Settings, load_settings
 from ctxlake.serve.web.jobs import Jobs
 from ctxlake.serve.web.security import Guard
-from ctxlake.tasks.lake import lance_failure, storage_errno, storage_failure
+from ctxlake.tasks.lake import lake_failure, storage_errno
 
 HERE = Path(__file__).resolve().parent  # an editable install links each file: serve the real folder (StaticFiles refuses links out)
 PAGES = [("overview", "/", "Overview"), ("search", "/search", "Search"), ("sessions", "/sessions", "Sessions"),
@@ -198,7 +198,7 @@ def _known(exc: BaseException) -> CtxError | None:
     if isinstance(exc, CtxError):
         return exc
     if isinstance(exc, (OSError, RuntimeError, ValueError)):
-        return storage_failure(exc) or lance_failure(exc)
+        return lake_failure(exc)
     return None
 
 
