@@ -22,13 +22,13 @@ from ctxlake.tasks.lake import connect, lance_message, open_table, resource_erro
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.stage import stage
 from ctxlake.tasks.store import (
-    KEEP_VERSIONS,
     LakeTables,
     ensure_key_index,
     fragment_count,
     sql_list,
     sql_str,
 )
+from ctxlake.tasks.upkeep import KEEP_VERSIONS
 
 if TYPE_CHECKING:
     from lancedb.table import Table

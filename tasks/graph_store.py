@@ -18,7 +18,8 @@ from ctxlake.tasks.lake import (  # the graph's table names are declared with th
     open_table,
     writing,
 )
-from ctxlake.tasks.store import KEEP_VERSIONS, paths_filter, sql_str
+from ctxlake.tasks.store import paths_filter, sql_str
+from ctxlake.tasks.upkeep import compact
 
 if TYPE_CHECKING:
     from lancedb.table import Table
@@ -108,16 +109,17 @@ SCALAR_INDEXES: dict[str, tuple[str, ...]] = {
 }
 
 
-def optimize_graph(tables: GraphTables) -> None:
+def optimize_graph(tables: GraphTables, whole: bool = False, full: bool = False) -> None:
     """Compact the graph tables (one fragment per batch otherwise), fold new rows into their
-    scalar indexes, and create the indexes a table with rows still lacks."""
+    scalar indexes in size tiers, and create the indexes a table with rows still lacks. `whole`
+    and `full` as for the chunks (tasks/store.py `optimize`)."""
     from lancedb.index import BTree
 
     for table, name in zip(tables, SCHEMAS, strict=True):
         with writing(f"the {name} table (optimize)"):
             if table.count_rows() == 0:
                 continue
-            table.optimize(cleanup_older_than=KEEP_VERSIONS)
+            compact(table, full=full, whole=whole or full, tiered=True)
             have = {tuple(idx.columns) for idx in table.list_indices()}
             for column in SCALAR_INDEXES[name]:
                 if (column,) not in have:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -23,12 +23,12 @@ from ctxlake.tasks.lake import connect, open_table
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.scrape.base import Msg
 from ctxlake.tasks.stage import stage
-from ctxlake.tasks.store import KEEP_VERSIONS, sql_str, vector_indexes
+from ctxlake.tasks.store import sql_str, vector_indexes
+from ctxlake.tasks.upkeep import compact, index_deltas
 
 if TYPE_CHECKING:
     import lance
     import lancedb
-    from lance.dataset import IndexInformation
     from lancedb.table import Table
 
     from ctxlake.tasks.embedders import Embedder
@@ -349,7 +349,7 @@ def optimize_due(table: Table) -> bool:
 def _uncovered(ds: lance.LanceDataset) -> dict[int, int]:
     """Fragment id -> rows, for the fragments that one of the dataset's indexes does not cover."""
     cover: dict[str, set[int]] = {}
-    for index in _indexes(ds):
+    for index in index_deltas(ds):
         cover.setdefault(index["name"], set()).update(index["fragment_ids"])
     covered = set.intersection(*cover.values()) if cover else set()
     return {f.fragment_id: f.metadata.num_rows for f in ds.get_fragments() if f.fragment_id not in covered}
@@ -402,116 +402,6 @@ def ensure_vector_index(table: Table, min_rows: int | None = None) -> bool:
     table.create_index("vector", config=IvfSq(distance_type="cosine", num_partitions=max(1, int(embedded ** 0.5)),
                                               sample_rate=64, max_iterations=20))
     return True
-
-
-# Compaction. LanceDB's optimize() merges every fragment under a million rows: for most users the
-# whole messages table, written out again at each compaction and kept for KEEP_VERSIONS (bench
-# history, 2,000 sessions, 1,000 small ingests: 46 compactions, the folder 0.23 -> 11.4 GB). It also
-# appended a vector-index delta each time, and fragments under different deltas are never merged,
-# so at 20,000 sessions the messages table grew to 150 fragments until the index was dropped and
-# built again at every compaction (33 s there). pylance, the lance release LanceDB embeds, lets a
-# compaction name its fragments; `compact` merges only the newest and gives the vector index a
-# delta for them, and every INDEX_DELTAS compactions folds the deltas and merges size tiers.
-INDEX_DELTAS = 8
-# Fragments under this many rows are merged whatever their neighbours' sizes. Kept low: at 8,192
-# the whole sessions table (3,000 rows) was rewritten at each of its compactions (bench history,
-# 1,000 small ingests: 1.1 GB written for a 6 MB table).
-SMALL_FRAGMENT_ROWS = 1_024
-# A fragment this share of whose rows are deleted is rewritten without them at the next compaction.
-DELETED_SHARE = 0.1
-# A merge of big fragments copies their pages as they are instead of decoding and encoding them
-# again (lance falls back to re-encoding where it cannot). A whole merge of a 2.2 GB, 16-fragment
-# copy of the messages table at 20,000 sessions: 1.1 s and 200 MB peak instead of 9.0 s and
-# 1,019 MB. Small fragments' pages are as small as their appends, and copied they stay so (200k rows
-# after 400 appends of 20 rows, copied: a flat vector scan 200 ms instead of 54, a take of 400 rows
-# 5.7 ms instead of 0.5), so a merge is re-encoded when more than BINARY_COPY_SMALL_SHARE of its rows
-# lie in fragments under BINARY_COPY_ROWS (a cold ingest's last, partial batch is let through).
-BINARY_COPY_ROWS = 16_384
-BINARY_COPY_SMALL_SHARE = 0.1
-
-
-def compact(table: Table, full: bool = False, whole: bool = False) -> dict[str, int]:
-    """Fold `table`'s new rows into its indexes, merge its newest fragments, drop versions past KEEP_VERSIONS.
-
-    The new rows go into the BM25 and scalar indexes, which are rewritten as one (at 2,000 sessions
-    ~10 MB; a BM25 delta beside them cost a search_context ~5 ms), and into a new delta of the
-    vector index. Then the newest fragments are merged: lance merges only fragments that the same
-    index deltas cover, so these are the ones just indexed, with any older ones in the same delta;
-    from the newest back, while a fragment holds no more rows than the newer ones picked (or is
-    small), so a row is rewritten about log2(rows / SMALL_FRAGMENT_ROWS) times over the table's
-    life instead of at every compaction. Once the vector index has INDEX_DELTAS deltas (or with
-    `full`), they are folded into one first, which lets the size tiers merge. The indexes are not
-    remapped to the merged rows there and then (`defer_index_remap`): lance keeps a fragment-reuse
-    map, applied at the next index update, so they are written once per compaction, not twice.
-    Fragments that have lost DELETED_SHARE of their rows (sessions updated in place) are rewritten
-    without them. `whole` merges every fragment (a cold ingest's batches, once). Returns what it
-    did: fragments merged, vector deltas folded.
-    """
-    import lance
-
-    ds = table.to_lance()
-    indexes, deltas = _indexes(ds), 0
-    if indexes:
-        names = {index["name"] for index in indexes}
-        vector = {index["name"] for index in indexes if index["fields"] == ["vector"]}
-        deltas = max((sum(1 for i in indexes if i["name"] == name) for name in vector), default=0)
-        full = full or deltas >= INDEX_DELTAS
-        if vector and not full:
-            ds.optimize.optimize_indices(index_names=sorted(vector), num_indices_to_merge=0)
-            ds = lance.dataset(ds.uri)
-        ds.optimize.optimize_indices(index_names=sorted(names if full else names - vector),
-                                     num_indices_to_merge=len(indexes))
-        ds = lance.dataset(ds.uri)
-        indexes = _indexes(ds)
-    cover: dict[int, set[str]] = {}
-    for index in indexes:
-        for fid in index["fragment_ids"]:
-            cover.setdefault(fid, set()).add(index["uuid"])
-    fragments = [(f.fragment_id, f.metadata.physical_rows, f.metadata.num_deletions) for f in ds.get_fragments()]
-    picked = {fid for fid, _, _ in fragments} if whole else _tail([(fid, n) for fid, n, _ in fragments], cover)
-    if len(picked) < 2:
-        picked = set()  # nothing to merge
-    picked |= {fid for fid, n, gone in fragments if gone > DELETED_SHARE * n}
-    merged = 0
-    if picked:
-        rows = sum(n for fid, n, _ in fragments if fid in picked)
-        metrics = ds.optimize.compact_files(
-            target_rows_per_fragment=rows + 1, materialize_deletions_threshold=DELETED_SHARE, defer_index_remap=True,
-            excluded_fragment_ids=[fid for fid, _, _ in fragments if fid not in picked],
-            compaction_mode=_compaction_mode([n for fid, n, _ in fragments if fid in picked]))
-        merged = metrics.fragments_removed
-        ds = lance.dataset(ds.uri)
-    ds.cleanup_old_versions(older_than=KEEP_VERSIONS)
-    table.checkout_latest()
-    return {"fragments_merged": merged, "deltas_folded": deltas if full else 0}
-
-
-def _compaction_mode(rows: Sequence[int]) -> Literal["try_binary_copy", "reencode"]:
-    """How a merge of fragments of these row counts writes its pages (see BINARY_COPY_ROWS)."""
-    small = sum(n for n in rows if n < BINARY_COPY_ROWS)
-    return "try_binary_copy" if small <= BINARY_COPY_SMALL_SHARE * sum(rows) else "reencode"
-
-
-def _indexes(ds: lance.LanceDataset) -> list[IndexInformation]:
-    """The dataset's indexes, one entry per delta, without lance's own (the fragment-reuse index a
-    compaction with deferred remapping leaves covers only the fragments it wrote)."""
-    return [index for index in ds.list_indices() if not index["name"].startswith("__")]
-
-
-def _tail(fragments: Sequence[tuple[int, int]], cover: dict[int, set[str]]) -> set[int]:
-    """Ids of the newest fragments to merge: the newest, then those covered by the same indexes,
-    taken back while each holds no more rows than the newer ones picked, or under SMALL_FRAGMENT_ROWS
-    (so a cold ingest's equal batches all merge)."""
-    picked: set[int] = set()
-    if not fragments:
-        return picked
-    same, rows = cover.get(fragments[-1][0], set()), 0
-    for fid, n in reversed(fragments):
-        if cover.get(fid, set()) != same or (picked and n > SMALL_FRAGMENT_ROWS and n > rows):
-            break
-        picked.add(fid)
-        rows += n
-    return picked
 
 
 @stage("fts-memory")

@@ -12,7 +12,8 @@ import pyarrow as pa
 
 from ctxlake.schemas.tables import INDEX_RUNS, INDEX_RUNS_TABLE
 from ctxlake.tasks.lake import connect, open_table
-from ctxlake.tasks.store import KEEP_VERSIONS, fragment_count
+from ctxlake.tasks.store import fragment_count
+from ctxlake.tasks.upkeep import KEEP_VERSIONS
 
 RUNS_COMPACT_FRAGMENTS = 64
 

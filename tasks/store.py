@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterable, Sequence
-from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -23,6 +22,7 @@ from ctxlake.tasks.lake import (
     writing,
 )
 from ctxlake.tasks.stage import stage
+from ctxlake.tasks.upkeep import compact
 
 if TYPE_CHECKING:
     import lancedb
@@ -44,8 +44,6 @@ ANN_MIN_ROWS = 50_000
 # it took 4.2 min at 500k rows, with recall@10 against the flat answer of 0.93-0.97 at lance's
 # query defaults where the one graph gave 0.88-0.94 (same bench, 10k-500k rows).
 ANN_PARTITION_ROWS = 8_192
-# Old table versions are kept this long so a reader that opened one can finish with it.
-KEEP_VERSIONS = timedelta(minutes=30)
 
 
 def fragment_count(table: Table) -> int:
@@ -211,11 +209,16 @@ def build_fts(tables: LakeTables) -> bool:
 
 
 @stage("optimize")
-def optimize(tables: LakeTables, ann: bool = True) -> None:
-    """Fold new rows into the indexes, compact fragments, drop versions no reader still needs."""
+def optimize(tables: LakeTables, ann: bool = True, whole: bool = False, full: bool = False) -> None:
+    """Fold new rows into the indexes, compact fragments, drop versions no reader still needs.
+
+    In size tiers (tasks/upkeep.py): an optimize after an edit rewrites about what the edit wrote,
+    not the table and its indexes. `whole` merges every fragment (a cold run's batches); `full`
+    also folds each index's deltas into one (a forced run).
+    """
     with writing("the lake (optimize)"):
         for table in (tables.chunks, tables.files):
-            table.optimize(cleanup_older_than=KEEP_VERSIONS)
+            compact(table, full=full, whole=whole or full, tiered=True)
         if ann:
             give_back_freed_memory()  # the compaction's buffers, before the index build's
             _maybe_ann_index(tables.chunks)

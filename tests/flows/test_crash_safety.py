@@ -29,12 +29,12 @@ KILLER = textwrap.dedent('''
         target, _, nth = spec.partition("#")
         nth, calls = int(nth or 1), [0]
         import lancedb.table, lancedb.merge
-        import ctxlake.tasks.embedders as embedders, ctxlake.tasks.merkle as merkle
+        import ctxlake.tasks.embedders as embedders, ctxlake.tasks.merkle as merkle, ctxlake.tasks.store as store
         owners = {
             "merge_execute": (lancedb.merge.LanceMergeInsertBuilder, "execute"),
             "add": (lancedb.table.LanceTable, "add"),
             "create_index": (lancedb.table.LanceTable, "create_index"),
-            "optimize": (lancedb.table.LanceTable, "optimize"),
+            "compact": (store, "compact"),  # the code lake's optimize, a table at a time
             "encode": (embedders.FakeEmbedder, "embed_documents"),
             "write_vectors": (embed, "write_vectors"),
             "save_snapshot": (index_code, "save_snapshot"),
@@ -48,7 +48,7 @@ KILLER = textwrap.dedent('''
             if calls[0] >= nth:
                 os.kill(os.getpid(), signal.SIGKILL)
             return result
-        setattr(owner, name, staticmethod(wrapper) if owner is embed or owner is index_code or owner is merkle else wrapper)
+        setattr(owner, name, staticmethod(wrapper) if owner in (embed, index_code, merkle, store) else wrapper)
 ''')
 
 # (target, nth call after which the process dies): a spread over every stage of a run.
@@ -59,7 +59,7 @@ KILL_POINTS = [
     ("create_index", 1),       # between the two FTS indexes
     ("encode", 2),             # mid-embedding
     ("write_vectors", 1),      # vectors in the cache, some chunk updates committed
-    ("optimize", 1),           # chunks compacted, files not yet
+    ("compact", 1),            # chunks compacted, files not yet
     ("save_snapshot", 1),      # everything written, snapshot and clean state not
 ]
 INCREMENTAL_KILL_POINTS = [

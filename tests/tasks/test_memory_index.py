@@ -19,6 +19,7 @@ import pytest
 from ctxlake.serve.api import context
 from ctxlake.serve.api.context import _fts, _fts_columns, _vector
 from ctxlake.serve.api.queries import sum_scores
+from ctxlake.tasks import upkeep
 from ctxlake.tasks.memory_store import ensure_vector_index, reset_vectors
 
 DIMS = 32
@@ -173,7 +174,7 @@ def test_compaction_rewrites_the_new_fragments_only_and_folds_index_deltas(
     from ctxlake.tasks import memory_store
 
     monkeypatch.setattr(memory_store, "MEMORY_ANN_ROWS", 1_000)
-    monkeypatch.setattr(memory_store, "SMALL_FRAGMENT_ROWS", 1_000)  # the first 3,000 rows are a big fragment
+    monkeypatch.setattr(upkeep, "SMALL_FRAGMENT_ROWS", 1_000)  # the first 3,000 rows are a big fragment
     table = _table(tmp_path)
     memory_store.index_and_optimize.fn([table], force=True)  # BM25, scalar and vector indexes, as after a cold ingest
     assert _has_vector_index(table)
@@ -182,7 +183,7 @@ def test_compaction_rewrites_the_new_fragments_only_and_folds_index_deltas(
     rng = np.random.default_rng(9)
     late: dict[str, list[float]] = {}
     deltas = []
-    for k in range(memory_store.INDEX_DELTAS * 2):
+    for k in range(upkeep.INDEX_DELTAS * 2):
         for j in range(memory_store.OPTIMIZE_FRAGMENTS["messages"]):  # one small ingest each
             key = f"late{k}-{j}"
             late[key] = rng.standard_normal(DIMS).astype(np.float32).tolist()
@@ -194,13 +195,13 @@ def test_compaction_rewrites_the_new_fragments_only_and_folds_index_deltas(
         assert memory_store.new_fragments(table) == 0 and not memory_store.optimize_due(table)
         files = _data_files(table)
         assert files.get(0) == first[0], "the first fragment was rewritten"
-        assert len(files) <= 1 + memory_store.INDEX_DELTAS + 1
+        assert len(files) <= 1 + upkeep.INDEX_DELTAS + 1
         deltas.append(max(s.num_indices for s in (table.index_stats(i.name) for i in table.list_indices()) if s))
     # Deltas pile up to INDEX_DELTAS and are folded back into one index each.
-    assert max(deltas) == memory_store.INDEX_DELTAS and 1 in deltas[memory_store.INDEX_DELTAS - 1:], deltas
+    assert max(deltas) == upkeep.INDEX_DELTAS and 1 in deltas[upkeep.INDEX_DELTAS - 1:], deltas
     # Every row is still found by each kind of index.
     assert table.count_rows() == ROWS + len(late)
-    for key in ("late0-0", f"late{memory_store.INDEX_DELTAS}-5", f"late{memory_store.INDEX_DELTAS * 2 - 1}-3"):
+    for key in ("late0-0", f"late{upkeep.INDEX_DELTAS}-5", f"late{upkeep.INDEX_DELTAS * 2 - 1}-3"):
         assert table.search().where(f"id = '{key}'").select(["id"]).to_list()[0]["id"] == key
         k, j = key[4:].split("-")
         assert [h["id"] for h in _fts(table, f"zebra{k}x{j}", None, ["id"], 5, "text")] == [key]
@@ -213,14 +214,14 @@ def test_compaction_drops_deleted_rows_from_big_fragments(tmp_path: Path, monkey
     its rows is rewritten without them at the next compaction, and nothing else is lost."""
     from ctxlake.tasks import memory_store
 
-    monkeypatch.setattr(memory_store, "SMALL_FRAGMENT_ROWS", 1_000)
+    monkeypatch.setattr(upkeep, "SMALL_FRAGMENT_ROWS", 1_000)
     table = _table(tmp_path)
     memory_store.index_and_optimize.fn([table], force=True)
     table.delete("id IN (" + ", ".join(f"'m{i}'" for i in range(0, ROWS, 40)) + ")")  # under DELETED_SHARE
-    memory_store.compact(table)
+    upkeep.compact(table)
     assert [f.metadata.num_deletions for f in table.to_lance().get_fragments()] == [ROWS // 40]
     table.delete("id IN (" + ", ".join(f"'m{i}'" for i in range(0, ROWS, 4)) + ")")  # a quarter
-    assert memory_store.compact(table)["fragments_merged"] == 1
+    assert upkeep.compact(table)["fragments_merged"] == 1
     assert [f.metadata.num_deletions for f in table.to_lance().get_fragments()] == [0]
     assert table.count_rows() == ROWS - ROWS // 4
     assert table.search().where("id = 'm5'").select(["id"]).to_list()[0]["id"] == "m5"
@@ -236,7 +237,7 @@ def test_a_table_without_a_vector_index_stays_at_a_few_fragments(tmp_path: Path,
     from ctxlake.tasks import memory_store
 
     monkeypatch.setattr(memory_store, "MEMORY_ANN_ROWS", 10**9)
-    monkeypatch.setattr(memory_store, "SMALL_FRAGMENT_ROWS", 1_000)
+    monkeypatch.setattr(upkeep, "SMALL_FRAGMENT_ROWS", 1_000)
     table = _table(tmp_path)
     memory_store.index_and_optimize.fn([table], force=True)
     assert not _has_vector_index(table)
@@ -273,7 +274,7 @@ def test_a_cold_ingests_equal_batches_are_merged_when_the_indexes_are_built(
 
     monkeypatch.setattr(optimizer, "compact_files", recorded)
     if copy_from is not None:
-        monkeypatch.setattr(memory_store, "BINARY_COPY_ROWS", copy_from)
+        monkeypatch.setattr(upkeep, "BINARY_COPY_ROWS", copy_from)
     table = _table(tmp_path)
     rows = table.search().limit(ROWS).to_arrow()
     for k in range(5):  # five more batches the size of the first
