@@ -41,12 +41,13 @@ OPTIMIZE_QUIET_S = 3.0
 # CPU instead of 6.3 (5.3 once optimized, which took 2.2 s there), so waiting for 24 batches left
 # a lightly edited lake twice as dear to query for as long as it stayed that way.
 OPTIMIZE_IDLE_S = 30.0
-# Measured on django (5,306 files): the idle optimize takes 2-4 s. On the 100,000-file tree one
-# optimize after a one-file edit took 62-256 s and 2.2-2.5 GB (docs/measurements/indexing.md,
-# "One big repository"): past this many files only the batch and row counts above make a watcher
-# optimize, and it runs in a child process, so the service neither holds that memory afterwards
-# nor runs it on its interpreter.
-OPTIMIZE_IDLE_MAX_FILES = 20_000
+# Past this many files a watcher's optimize runs in a child process, so the service neither holds
+# its memory afterwards nor runs it on its interpreter. An optimize folds an edit's rows into small
+# tiers of the indexes (tasks/upkeep.py: 0.1-0.5 s on the 100,000-file tree, where LanceDB's
+# optimize took 62-256 s and 2.2-2.5 GB), but now and then a tier grows to the size of the one
+# below it and both are rewritten (there: 25 s and 0.9 GB for 84,000 rows; 82 s and 2.3 GB when a
+# tenth of the big fragment's rows were gone), and that belongs in a process that then exits.
+OPTIMIZE_CHILD_FILES = 20_000
 # The service's child processes (whole-tree index runs, a big project's optimize) yield the CPU to queries.
 CHILD_NICE = 10
 # What the watchers' hold on a lake's writer lock says (the service tells them from other writers).
@@ -95,9 +96,8 @@ class ProjectWatcher(threading.Thread):
                     break
                 if raw == "timeout":
                     quiet = time.monotonic() - self.last_batch
-                    small = self._tree is not None and len(self._tree[1].entries) <= OPTIMIZE_IDLE_MAX_FILES
                     if (self.optimize_due and quiet >= OPTIMIZE_QUIET_S) or (
-                            self.unoptimized_batches and small and quiet >= OPTIMIZE_IDLE_S):
+                            self.unoptimized_batches and quiet >= OPTIMIZE_IDLE_S):
                         self._optimize(settings)
                     continue
                 events = cast("set[tuple[int, str]]", raw)
@@ -227,10 +227,10 @@ class ProjectWatcher(threading.Thread):
     def _optimize(self, settings: Any) -> None:
         """Optimize the project's lake while nothing else writes it (see OPTIMIZE_AFTER_BATCHES);
         a writer holding the lake just now makes this wait for the next quiet second. A big
-        project's optimize runs in a child process (OPTIMIZE_IDLE_MAX_FILES)."""
+        project's optimize runs in a child process (OPTIMIZE_CHILD_FILES)."""
         dims = self.engine.embedder(settings).dims
         started = time.perf_counter()
-        big = self._tree is not None and len(self._tree[1].entries) > OPTIMIZE_IDLE_MAX_FILES
+        big = self._tree is not None and len(self._tree[1].entries) > OPTIMIZE_CHILD_FILES
         if big:
             code = (f"import os, sys\nos.nice({CHILD_NICE})\n"
                     "from ctxlake.serve.service.watchers import optimize_lake\n"
