@@ -327,8 +327,8 @@ def _index_code(settings: Settings, source: str, root: Path | None, force: bool,
     backlog = writer.state.unoptimized_rows + report.chunks_inserted + report.chunks_deleted + report.embedded
     if force or previous is None or backlog >= OPTIMIZE_AFTER_ROWS:
         progress.start("optimize", None, "optimizing")
-        optimize(writer.tables, whole=previous is None, full=force)
-        optimize_graph(writer.graph, whole=previous is None, full=force)
+        optimize(writer.tables, whole=previous is None)
+        optimize_graph(writer.graph, whole=previous is None)
         progress.finish("optimize")
         backlog = 0
     writer.state.unoptimized_rows = backlog

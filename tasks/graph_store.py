@@ -109,17 +109,17 @@ SCALAR_INDEXES: dict[str, tuple[str, ...]] = {
 }
 
 
-def optimize_graph(tables: GraphTables, whole: bool = False, full: bool = False) -> None:
+def optimize_graph(tables: GraphTables, whole: bool = False) -> None:
     """Compact the graph tables (one fragment per batch otherwise), fold new rows into their
     scalar indexes in size tiers, and create the indexes a table with rows still lacks. `whole`
-    and `full` as for the chunks (tasks/store.py `optimize`)."""
+    as for the chunks (tasks/store.py `optimize`)."""
     from lancedb.index import BTree
 
     for table, name in zip(tables, SCHEMAS, strict=True):
         with writing(f"the {name} table (optimize)"):
             if table.count_rows() == 0:
                 continue
-            compact(table, full=full, whole=whole or full, tiered=True)
+            compact(table, whole=whole, tiered=True)
             have = {tuple(idx.columns) for idx in table.list_indices()}
             for column in SCALAR_INDEXES[name]:
                 if (column,) not in have:

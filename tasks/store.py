@@ -209,16 +209,16 @@ def build_fts(tables: LakeTables) -> bool:
 
 
 @stage("optimize")
-def optimize(tables: LakeTables, ann: bool = True, whole: bool = False, full: bool = False) -> None:
+def optimize(tables: LakeTables, ann: bool = True, whole: bool = False) -> None:
     """Fold new rows into the indexes, compact fragments, drop versions no reader still needs.
 
     In size tiers (tasks/upkeep.py): an optimize after an edit rewrites about what the edit wrote,
-    not the table and its indexes. `whole` merges every fragment (a cold run's batches); `full`
-    also folds each index's deltas into one (a forced run).
+    not the table and its indexes; a forced run that rewrote every row rewrites them all. `whole`
+    merges every fragment (a cold run's batches).
     """
     with writing("the lake (optimize)"):
         for table in (tables.chunks, tables.files):
-            compact(table, full=full, whole=whole or full, tiered=True)
+            compact(table, whole=whole, tiered=True)
         if ann:
             give_back_freed_memory()  # the compaction's buffers, before the index build's
             _maybe_ann_index(tables.chunks)
