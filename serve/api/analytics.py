@@ -7,7 +7,7 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pyarrow as pa
 
@@ -18,6 +18,7 @@ from ctxlake.tasks.lake import connect, lance_failure
 if TYPE_CHECKING:
     import duckdb
     import lancedb
+    from lancedb.table import Table
 
 # How often the waiting thread wakes: Ctrl-C lands within this, and so does the deadline.
 POLL_S = 0.1
@@ -45,35 +46,95 @@ def _bulky(schema: pa.Schema) -> list[str]:
 
 
 def duck(lake_dir: Path, with_vectors: bool = False, memory_dir: Path | None = None,
-         bounds: SqlSettings | None = None) -> duckdb.DuckDBPyConnection:
+         bounds: SqlSettings | None = None) -> LakeConnection:
     """An in-memory DuckDB connection with one view per lake table (files, chunks, knowledge, ...)
     and, given the user-wide memory lake, its messages and sessions; held to `bounds`' memory_limit
-    and threads ([sql]'s defaults when None)."""
+    and threads ([sql]'s defaults when None). The views follow the lake as it is written (see
+    LakeConnection): what a notebook holds."""
+    con, views = _open(lake_dir, with_vectors, memory_dir, bounds)
+    return LakeConnection(con, views)
+
+
+class _View(NamedTuple):
+    name: str
+    table: Table
+    columns: list[str]
+
+
+class LakeConnection:
+    """A DuckDB connection over the lake whose views are bound again to a table's newest version
+    before each `sql`, `query` or `execute` once that table has been written. A view reads the Lance
+    version it was made over: a notebook left open would keep answering from the lake as it was
+    when it connected, and fail once that version's files are cleaned up (tasks/upkeep.py
+    KEEP_VERSIONS after a newer one). Everything else is the DuckDB connection's own."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, views: list[_View]) -> None:
+        self.con = con
+        self._views = views
+        self._versions = {view.name: view.table.version for view in views}
+
+    def refresh(self) -> list[str]:
+        """Bind each view whose table has a newer version to it; the names of those views."""
+        moved = []
+        for view in self._views:
+            view.table.checkout_latest()
+            if view.table.version != self._versions[view.name]:
+                _bind(self.con, view, replace=True)
+                self._versions[view.name] = view.table.version
+                moved.append(view.name)
+        return moved
+
+    def sql(self, query: str, *args: Any, **kwargs: Any) -> duckdb.DuckDBPyRelation:
+        self.refresh()
+        return self.con.sql(query, *args, **kwargs)
+
+    query = sql
+
+    def execute(self, query: Any, *args: Any, **kwargs: Any) -> duckdb.DuckDBPyConnection:
+        self.refresh()
+        return self.con.execute(query, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.con, name)
+
+
+def _open(lake_dir: Path, with_vectors: bool, memory_dir: Path | None,
+          bounds: SqlSettings | None) -> tuple[duckdb.DuckDBPyConnection, list[_View]]:
     con = _connect(bounds or SqlSettings())
+    views: list[_View] = []
     if (lake_dir / "state.json").exists() or any(lake_dir.glob("*.lance")):
-        _add_views(con, connect(lake_dir), with_vectors)
+        views += _add_views(con, connect(lake_dir), with_vectors)
     if memory_dir is not None and any(memory_dir.glob("*.lance")):
-        _add_views(con, connect(memory_dir), with_vectors)
-    if not lake_tables_names(con):
+        views += _add_views(con, connect(memory_dir), with_vectors)
+    if not views:
         raise NotIndexedError(f"the lake at {lake_dir} has no tables", hint="run `ctx run index` first")
     _lock_down(con)
-    return con
+    return con, views
 
 
-def _add_views(con: duckdb.DuckDBPyConnection, db: lancedb.DBConnection, with_vectors: bool) -> None:
+def _add_views(con: duckdb.DuckDBPyConnection, db: lancedb.DBConnection, with_vectors: bool) -> list[_View]:
     """A view per table of `db` whose name is not taken yet, scanning its Lance dataset as a query
     runs: DuckDB asks it for the columns and rows the query needs (projection and filter pushdown),
     so `SELECT count(*) FROM messages` reads one column of the memory lake, not all of it into
     memory, and none is read outside [sql] memory_limit's watch before the query starts."""
-    import duckdb
-
     taken = set(lake_tables_names(con))
+    views = []
     for name in sorted(set(db.list_tables().tables) - taken):
         table = db.open_table(name)
         drop = set() if with_vectors else set(_bulky(table.schema))
-        # A relation's view, not con.register: a registered hidden name would show in SHOW TABLES.
-        columns = [duckdb.ColumnExpression(f.name) for f in table.schema if f.name not in drop]
-        con.from_arrow(table.to_lance(default_scan_options=SCAN_OPTIONS)).select(*columns).create_view(name)
+        view = _View(name, table, [f.name for f in table.schema if f.name not in drop])
+        _bind(con, view)
+        views.append(view)
+    return views
+
+
+def _bind(con: duckdb.DuckDBPyConnection, view: _View, replace: bool = False) -> None:
+    import duckdb
+
+    # A relation's view, not con.register: a registered hidden name would show in SHOW TABLES.
+    columns = [duckdb.ColumnExpression(name) for name in view.columns]
+    dataset = view.table.to_lance(default_scan_options=SCAN_OPTIONS)
+    con.from_arrow(dataset).select(*columns).create_view(view.name, replace=replace)
 
 
 def _connect(bounds: SqlSettings) -> duckdb.DuckDBPyConnection:
@@ -120,7 +181,7 @@ def run_sql(lake_dir: Path, sql: str, limit: int = 1000, memory_dir: Path | None
     timeout_s, max_rows = bounds.timeout_s, bounds.max_rows
     if limit < 1:
         raise InputError(f"--limit must be at least 1, not {limit}")
-    con = duck(lake_dir, memory_dir=memory_dir, bounds=bounds)
+    con, _ = _open(lake_dir, False, memory_dir, bounds)
     try:
         statements = con.extract_statements(sql)
     except duckdb.Error as exc:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import duckdb
 import pyarrow as pa
 import pytest
 
@@ -54,3 +55,25 @@ def test_the_views_are_the_lake_tables_with_vectors_only_when_asked(tmp_path: Pa
     assert con.sql("SELECT count(*) FROM knowledge WHERE id = 'k7'").fetchall() == [(1,)]
     vectors = duck(lake, with_vectors=True).sql("SELECT vector FROM knowledge WHERE id = 'k7'").fetchall()
     assert vectors == [((0.5,) * 4,)]  # LanceDB stores it as a fixed-size list: a DuckDB ARRAY
+
+
+def test_a_held_connection_follows_the_lake_and_outlives_the_versions_it_read(tmp_path: Path) -> None:
+    """A notebook keeps its connection for hours while the service writes the lake: its views are
+    bound again to the newest version, and the version they were made over may be gone by then."""
+    lake = tmp_path / "lake"
+    _knowledge_with_its_body_apart(lake)
+    con = duck(lake)
+    assert con.sql("SELECT count(*) FROM knowledge").fetchall() == [(50,)]
+    table = connect(lake).open_table(KNOWLEDGE_TABLE)
+    table.delete("id IN (" + ", ".join(f"'k{i}'" for i in range(0, 50, 2)) + ")")  # enough to rewrite the rest
+    with pytest.warns(UserWarning):  # LanceDB's warning that older readers will fail: the point here
+        table.optimize(cleanup_older_than=timedelta(0))  # the files of the versions before are deleted
+    with pytest.raises(duckdb.Error, match=r"(?i)not found|no such file"):
+        con.con.sql("SELECT count(*) FROM knowledge").fetchall()  # the view as it was bound
+    assert con.sql("SELECT count(*) FROM knowledge").fetchall() == [(25,)]
+    assert con.execute("SELECT count(*) FROM knowledge WHERE id IN ('k6', 'k7')").fetchall() == [(1,)]
+    assert con.sql("SHOW TABLES").fetchall() == [(KNOWLEDGE_TABLE,)]
+    assert "vector" not in [row[0] for row in con.sql("DESCRIBE knowledge").fetchall()]
+    assert con.refresh() == []  # nothing written since
+    with pytest.raises(duckdb.Error):
+        con.sql("COPY knowledge TO 'out.csv'")  # still locked down
