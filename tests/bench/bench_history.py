@@ -114,8 +114,10 @@ def generate(logs: Path, sessions: int, messages: int, project: Path) -> int:
     return records
 
 
-def ingest(logs: Path, project: Path, env: dict[str, str]) -> tuple[float, float, dict[str, object]]:
-    """(wall s, peak RSS MB of the process tree, the report) of one `ctx run ingest --json`."""
+def ingest(logs: Path, project: Path, env: dict[str, str],
+           stages: dict[str, int] | None = None) -> tuple[float, float, dict[str, object]]:
+    """(wall s, peak RSS MB of the process tree, the report) of one `ctx run ingest --json`; with
+    `stages`, fills it with the peak (MB) seen during each of the run's stages."""
     proc = subprocess.Popen([CTX, "run", "ingest", "--json", f"--from=claude={logs / 'claude'}",
                              f"--from=codex={logs / 'codex'}"], cwd=project, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -126,7 +128,27 @@ def ingest(logs: Path, project: Path, env: dict[str, str]) -> tuple[float, float
     peak = sampler.stop() / 2**20
     if proc.returncode != 0:
         raise SystemExit(f"ctx run ingest failed ({proc.returncode}):\n{err[-3000:]}")
+    if stages is not None and sampler.samples:
+        stages.update(stage_peaks(Path(env["PREFECT_HOME"]) / "prefect.db", sampler.samples))
     return wall, peak, json.loads(out)
+
+
+def stage_peaks(prefect_db: Path, samples: list[tuple[datetime, int]]) -> dict[str, int]:
+    """Peak RSS (MB) per stage of a run, from the stages' task runs in Prefect's database (UTC
+    start and end times) and the sampler's timeline; "(between stages)" for what no task covers."""
+    import sqlite3
+
+    first = samples[0][0].isoformat(sep=" ")
+    with sqlite3.connect(prefect_db) as con:
+        runs = con.execute("SELECT name, start_time, end_time FROM task_run WHERE start_time >= ? "
+                           "AND end_time IS NOT NULL ORDER BY start_time", (first,)).fetchall()
+    windows = [(name.rsplit("-", 1)[0], datetime.fromisoformat(a).replace(tzinfo=None),
+                datetime.fromisoformat(b).replace(tzinfo=None)) for name, a, b in runs]
+    peaks: dict[str, int] = {}
+    for when, rss in samples:
+        name = next((n for n, a, b in windows if a <= when <= b), "(between stages)")
+        peaks[name] = max(peaks.get(name, 0), round(rss / 2**20))
+    return dict(sorted(peaks.items(), key=lambda item: -item[1]))
 
 
 def lake_files(folder: Path) -> tuple[int, int]:
@@ -226,8 +248,10 @@ def main() -> int:
         r["log_mb"] = round(sum(p.stat().st_size for p in logs.rglob("*") if p.is_file()) / 1e6)
         print(f"generated {args.sessions} sessions ({r['log_mb']} MB) in {r['generate_s']} s; ingesting ...",
               file=sys.stderr)
-        wall, peak, report = ingest(logs, project, env)
+        stages: dict[str, int] = {}
+        wall, peak, report = ingest(logs, project, env, stages)
         r["cold_ingest_s"], r["cold_peak_rss_mb"] = round(wall, 1), round(peak)
+        r["cold_peak_rss_mb_by_stage"] = stages
         r["messages"], r["sessions"] = report.get("messages_inserted"), report.get("sessions_written")
         write_session(rng, logs, 10_000_000, str(project), when, 70)
         r["one_new_session_cold_s"] = round(ingest(logs, project, env)[0], 2)

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +51,12 @@ QUERIES = [
 
 
 class PeakRSS:
-    """Peak resident memory of a process tree, sampled every 100 ms."""
+    """Peak resident memory of a process tree, sampled every 100 ms; `samples` keeps (UTC time,
+    bytes) of each sample, for telling which stage set the peak."""
 
     def __init__(self, pid: int, tree: bool = True) -> None:
         self.pid, self.tree, self.peak, self._stop = pid, tree, 0, threading.Event()
+        self.samples: list[tuple[datetime, int]] = []
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -62,7 +65,9 @@ class PeakRSS:
             try:
                 root = psutil.Process(self.pid)
                 procs = [root, *root.children(recursive=True)] if self.tree else [root]
-                self.peak = max(self.peak, sum(p.memory_info().rss for p in procs if p.is_running()))
+                rss = sum(p.memory_info().rss for p in procs if p.is_running())
+                self.peak = max(self.peak, rss)
+                self.samples.append((datetime.now(UTC).replace(tzinfo=None), rss))
             except psutil.Error:
                 pass
             self._stop.wait(0.1)
