@@ -59,10 +59,13 @@ def compact(table: Table, full: bool = False, whole: bool = False, tiered: bool 
 
     Then the newest fragments are merged: lance merges only fragments that the same index deltas
     cover, so these are the ones just indexed, with any older ones in the same delta; from the
-    newest back, while a fragment holds no more rows than the newer ones picked (or is small). The
-    indexes are not remapped to the merged rows there and then (`defer_index_remap`): lance keeps a
-    fragment-reuse map, applied at the next index update, so they are written once per compaction,
-    not twice. Fragments that have lost DELETED_SHARE of their rows are rewritten without them.
+    newest back, while a fragment holds no more rows than the newer ones picked (or is small). By
+    default the indexes are not remapped to the merged rows there and then (`defer_index_remap`):
+    lance keeps a fragment-reuse map, applied at the next index update, so they are written once
+    per compaction, not twice. `tiered` remaps at once: on the chunks' IVF_HNSW_SQ index, a vector
+    search after a fragment was rewritten with the remap deferred failed ("HNSW graph has N nodes
+    but its vector storage has M rows"). Fragments that have lost DELETED_SHARE of their rows are
+    rewritten without them.
     `whole` merges every fragment (a cold run's batches, once). Returns what it did: fragments
     merged, vector deltas folded, index deltas rewritten with new rows or merged.
     """
