@@ -543,6 +543,44 @@ def test_small_edits_defer_optimizing_yet_stay_searchable(project: Path, cli: Ca
     assert backlog == [2, 4, 0]
 
 
+def test_a_cold_runs_batches_merge_once_and_later_optimizes_leave_that_fragment_alone(
+        make_repo: Callable[..., Path], cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cold run's batches are merged into one fragment per table; each later run's optimize folds
+    its rows into small tiers and rewrites neither that fragment nor the indexes over it (LanceDB's
+    optimize rewrote both every time: tasks/upkeep.py)."""
+    import lance
+
+    from ctxlake.tasks import upkeep
+
+    monkeypatch.setattr(index_code, "BATCH_FILES", 8)
+    monkeypatch.setattr(upkeep, "SMALL_FRAGMENT_ROWS", 16)  # the cold run's 80 rows make a big fragment
+    repo = make_repo({f"pkg/m{i:02d}.py": f"def tier_fn_{i}(value):\n    return value + {i}\n" for i in range(80)})
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    lake = repo / ".ctx" / "lake"
+
+    def fragments(table: str) -> dict[int, list[str]]:
+        return {f.fragment_id: [d.path for d in f.data_files()] for f in lance.dataset(lake / f"{table}.lance").get_fragments()}
+
+    def deltas() -> set[str]:
+        return {index["uuid"] for index in lance.dataset(lake / f"{CHUNKS_TABLE}.lance").list_indices()}
+
+    first, indexes = fragments(CHUNKS_TABLE), deltas()
+    assert len(first) == 1 and len(fragments(FILES_TABLE)) == 1
+    (base,) = first
+    monkeypatch.setattr(index_code, "OPTIMIZE_AFTER_ROWS", 0)  # every run optimizes
+    chunks = connect(lake).open_table(CHUNKS_TABLE)
+    for i in range(5):  # under a tenth of the big fragment's rows deleted: it stays as it is
+        (repo / "pkg" / f"m{i:02d}.py").write_text(f"def tier_edit_{i}(value):\n    return value * {i}\n")
+        assert cli("run", "index", cwd=repo).exit_code == 0
+        now = fragments(CHUNKS_TABLE)
+        assert now[base] == first[base] and len(now) <= 3, (i, now)
+        assert indexes <= deltas(), i  # the indexes built by the cold run are still there, unchanged
+        chunks.checkout_latest()
+        assert all(chunks.index_stats(idx.name).num_unindexed_rows == 0 for idx in chunks.list_indices())
+        found = json.loads(cli("search", f"tier_edit_{i}", "--mode", "keyword", "--json", cwd=repo).stdout)
+        assert [h["path"] for h in found["hits"]][:1] == [f"pkg/m{i:02d}.py"]
+
+
 def test_embedding_window_by_window_gives_the_vectors_of_one_pass(
     make_repo: Callable[..., Path], cli: Callable[..., Any], fake_embedder: Any, monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
