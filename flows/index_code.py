@@ -38,6 +38,7 @@ from ctxlake.tasks.store import (
     append_chunks,
     build_fts,
     drop_unreadable,
+    ensure_key_index,
     indexed_paths,
     open_for_write,
     optimize,
@@ -312,6 +313,10 @@ def _index_code(settings: Settings, source: str, root: Path | None, force: bool,
     if build_fts(writer.tables):
         progress.note("keyword search is ready")
         give_back_freed_memory()
+    # The embed stage builds the id index its writes go through; a run whose vectors all came from
+    # the cache (a second checkout of a project, a lake deleted) never gets there, and without the
+    # index every later upsert joins its batch against the whole table (the big tree: +0.6 GB).
+    ensure_key_index(writer.tables.chunks, rebuild=False)
     writer.state.fts = FTS_TAG
     report.keyword_ready_s = time.perf_counter() - started
     writer.state.pending_vectors = writer.pending_vectors()

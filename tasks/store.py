@@ -66,14 +66,15 @@ def fragment_count(table: Table) -> int:
 KEY_COLUMN = "id"
 
 
-def ensure_key_index(table: Table) -> bool:
-    """A BTree index on `table`'s KEY_COLUMN covering every row; True if it was (re)built now."""
+def ensure_key_index(table: Table, rebuild: bool = True) -> bool:
+    """A BTree index on `table`'s KEY_COLUMN covering every row (with `rebuild`; without, only one
+    that is missing is built); True if it was (re)built now."""
     from lancedb.index import BTree
 
     if table.count_rows() == 0:
         return False
     index = next((idx for idx in table.list_indices() if idx.columns == [KEY_COLUMN]), None)
-    if index is not None and not index.num_unindexed_rows:
+    if index is not None and (not rebuild or not index.num_unindexed_rows):
         return False
     with writing("the chunk id index"):
         table.create_index(KEY_COLUMN, config=BTree(), replace=True)

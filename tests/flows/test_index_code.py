@@ -581,6 +581,20 @@ def test_a_cold_runs_batches_merge_once_and_later_optimizes_leave_that_fragment_
         assert [h["path"] for h in found["hits"]][:1] == [f"pkg/m{i:02d}.py"]
 
 
+def test_a_run_whose_vectors_all_come_from_the_cache_still_builds_the_id_index(
+        make_repo: Callable[..., Path], cli: Callable[..., Any]) -> None:
+    """Upserts go through the chunks' id index; the embed stage built it, and a second checkout of a
+    project (every vector in the user-wide cache) never reached that stage, so each later edit's
+    upsert joined against the whole table."""
+    files = {"app/service.py": APP, "app/util.py": UTIL, "README.md": README}
+    first, second = make_repo(files, name="first"), make_repo(files, name="second")
+    assert cli("run", "index", cwd=first).exit_code == 0
+    report = json.loads(cli("run", "index", "--json", cwd=second).stdout)
+    assert report["embedded"] == 0 and report["vectors_from_cache"] > 0
+    chunks = connect(second / ".ctx" / "lake").open_table(CHUNKS_TABLE)
+    assert [idx.columns for idx in chunks.list_indices() if idx.index_type == "BTree"] == [["id"]]
+
+
 def test_embedding_window_by_window_gives_the_vectors_of_one_pass(
     make_repo: Callable[..., Path], cli: Callable[..., Any], fake_embedder: Any, monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
