@@ -127,8 +127,8 @@ def _deltas_to_merge(deltas: Sequence[IndexInformation], rows: dict[int, int]) -
     `num_indices_to_merge`), or None when there is nothing to do: from the newest back, while a
     delta covers no more rows than the new rows and the deltas taken so far, or is small."""
     covered = {fid for delta in deltas for fid in delta["fragment_ids"]}
-    new = any(fid not in covered for fid in rows)
-    taken, count = sum(n for fid, n in rows.items() if fid not in covered), 0
+    new = [n for fid, n in rows.items() if fid not in covered]
+    taken, count = sum(new), 0
     for delta in reversed(deltas):
         size = sum(rows.get(fid, 0) for fid in delta["fragment_ids"])
         if size > taken and size >= SMALL_FRAGMENT_ROWS:
