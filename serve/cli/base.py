@@ -57,17 +57,28 @@ def start_prefect_shielded() -> None:
     blocked in it. Prefect starts it in the terminal's process group, so a Ctrl-C reached it too:
     the flow's last state updates then retried against a dead server, and `ctx run index --watch`
     hung after Ctrl-C (or ended in an httpx traceback). The server stops with this process:
-    Prefect stops it at exit, and on Linux, when started from the main thread (a command, not the
-    service), the kernel sends it SIGTERM when this process dies any other way (`kill -9`, SIGTERM),
-    which used to leave a ~220 MB server behind per killed run."""
-    import signal
-    import threading
-
+    Prefect stops it at exit, and on Linux the kernel sends it SIGTERM when this process (a command
+    or the service) dies any other way (`kill -9`, SIGTERM), which used to leave a ~220 MB server
+    behind per killed run."""
     from prefect.settings import PREFECT_API_URL
+
+    from ctxlake.serve.service.children import on_lifetime_thread
 
     if PREFECT_API_URL.value():
         return
+    # The kernel's parent-death signal follows the thread that spawned the child: started from one
+    # of the service's request threads, the server was killed as that request ended (and the next
+    # `ctx run ingest` sent to a dead port); started there without it, a `kill -9` of the service
+    # left it running. So it starts on a thread that lives as long as the process.
+    on_lifetime_thread(_start_temporary_server)
+
+
+def _start_temporary_server() -> None:
+    import signal
+
     import prefect.server.api.server as prefect_server
+
+    from ctxlake.serve.service.children import die_with_this_process
 
     server = prefect_server.SubprocessASGIServer()  # the one instance Prefect's clients use
     if server.running:
@@ -79,10 +90,7 @@ def start_prefect_shielded() -> None:
     # A blocked signal stays blocked across fork and exec; a Ctrl-C meanwhile waits for this process.
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     real = prefect_server.subprocess
-    # The kernel's parent-death signal follows the thread that spawned the child: started from one
-    # of the service's request threads, the server was killed as that request ended, and the next
-    # `ctx run ingest` sent to a dead port (the service stops its children when it stops).
-    arm = _die_with_this_process() if threading.current_thread() is threading.main_thread() else None
+    arm = die_with_this_process()
     if arm is not None:  # only Prefect's server module sees the shim, and only while it starts the server
         prefect_server.subprocess = _SpawnWith(real, arm)  # type: ignore[assignment]
     try:
@@ -137,27 +145,6 @@ class _SpawnWith:
 
     def Popen(self, *args: Any, **kwargs: Any) -> Any:
         return self._real.Popen(*args, preexec_fn=self._preexec, **kwargs)
-
-
-def _die_with_this_process() -> Callable[[], None] | None:
-    """A preexec_fn that has the kernel send the child SIGTERM when this process's main thread
-    ends (prctl PR_SET_PDEATHSIG; Linux only, else None). Called from the main thread."""
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-    import signal
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    parent = os.getpid()
-
-    def arm() -> None:  # in the child, between fork and exec: no allocation-heavy work here
-        libc.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the parent died before the line above: nothing would tell us
-            os._exit(1)
-
-    return arm
 
 
 def bound_writer_heap() -> None:
