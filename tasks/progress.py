@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import time
 from collections.abc import Iterator
 from typing import Protocol
 
@@ -45,3 +47,73 @@ def use_reporter(new: Reporter) -> Iterator[Reporter]:
         yield new
     finally:
         _current = previous
+
+
+# Set by the resident service for a command it runs for a client whose stderr is a terminal: the
+# stages' progress goes to this file descriptor as JSON lines, and the service hands it on.
+PROGRESS_FD_ENV = "CTX_PROGRESS_FD"
+FD_REPORT_S = 0.2  # at most one line per stage this often while it advances (a stage may advance per file)
+
+
+class FdReporter:
+    """Progress as one JSON line per change ({"stage", "description", "total", "done", "finished"}
+    or {"note"}) written to a file descriptor the caller owns; advances are sent at most every
+    FD_REPORT_S per stage. A reader that went away turns it silent; the work goes on."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._about: dict[str, tuple[str, int | None]] = {}  # stage -> (description, total)
+        self._done: dict[str, int] = {}
+        self._sent: dict[str, float] = {}
+
+    def __enter__(self) -> FdReporter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def _send(self, record: dict[str, object]) -> None:
+        import json
+
+        if self.fd < 0:
+            return
+        try:
+            os.write(self.fd, (json.dumps(record) + "\n").encode())
+        except OSError:
+            self.fd = -1
+
+    def _report(self, stage: str, finished: bool = False) -> None:
+        description, total = self._about[stage]
+        self._sent[stage] = time.monotonic()
+        self._send({"stage": stage, "description": description, "total": total, "done": self._done[stage],
+                    "finished": finished})
+
+    def start(self, stage: str, total: int | None, description: str = "") -> None:
+        self._about[stage], self._done[stage] = (description or stage, total), 0
+        self._report(stage)
+
+    def advance(self, stage: str, n: int = 1) -> None:
+        if stage in self._about:
+            self._done[stage] += n
+            if time.monotonic() - self._sent[stage] >= FD_REPORT_S:
+                self._report(stage)
+
+    def finish(self, stage: str) -> None:
+        if stage in self._about:
+            self._report(stage, finished=True)
+
+    def note(self, message: str) -> None:
+        self._send({"note": message})
+
+
+def fd_from_env() -> int | None:
+    """The descriptor PROGRESS_FD_ENV names, when it is one this process has open."""
+    value = os.environ.get(PROGRESS_FD_ENV, "")
+    if not value.isdigit():
+        return None
+    fd = int(value)
+    try:
+        os.fstat(fd)
+    except OSError:
+        return None
+    return fd

@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from ctxlake.errors import ConfigError, InputError, LakeError, NotIndexedError
 from ctxlake.schemas.config import SqlSettings
+from ctxlake.serve.api.cancel import abandoned
 from ctxlake.tasks.lake import connect, lance_failure
 
 if TYPE_CHECKING:
@@ -173,8 +174,8 @@ def _lock_down(con: duckdb.DuckDBPyConnection) -> None:
 def run_sql(lake_dir: Path, sql: str, limit: int = 1000, memory_dir: Path | None = None,
             bounds: SqlSettings | None = None) -> dict[str, Any]:
     """One read-only statement over the lake -> {columns, rows, row_count, truncated, limit, capped},
-    within `bounds` ([sql]; its defaults when None): stopped after timeout_s, at Ctrl-C or past
-    memory_limit, and never more than min(limit, max_rows) rows kept."""
+    within `bounds` ([sql]; its defaults when None): stopped after timeout_s, at Ctrl-C (the
+    client's, when the service runs it) or past memory_limit, and never more than min(limit, max_rows) rows kept."""
     import duckdb
 
     bounds = bounds or SqlSettings()
@@ -247,6 +248,9 @@ def _bounded(con: duckdb.DuckDBPyConnection, statement: Any, fetch: int,
                 _interrupt(con, done)
                 raise InputError(f"the query ran past the {timeout_s:g} s limit and was stopped",
                                  hint="narrow it, pass --timeout SECONDS, or raise [sql] timeout_s")
+            if abandoned():  # served for a client that quit (Ctrl-C): nobody will read the rows
+                _interrupt(con, done)
+                raise InputError("the query was stopped: the command that asked for it has ended")
     except KeyboardInterrupt:
         _interrupt(con, done)
         raise

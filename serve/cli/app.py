@@ -193,11 +193,11 @@ def _startup(report: Any, wall: float) -> float:
 
 def _run_flow(settings: Settings, *, force: bool, embed: bool, verbose: bool, watch: bool = False) -> Any:
     _prefect_quietly(verbose)
-    from ctxlake.serve.cli.render import RichReporter
+    from ctxlake.serve.cli.render import stage_reporter
     from ctxlake.tasks.progress import use_reporter
 
     bound_writer_heap()
-    with RichReporter() as rich, use_reporter(rich):
+    with stage_reporter() as rich, use_reporter(rich):
         rich.start("prefect", None, "starting")
         from ctxlake.flows.index_code import index_code
 

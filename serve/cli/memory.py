@@ -116,12 +116,12 @@ def _run_flow(settings: Settings, roots: dict[str, list[Path]], *, embed: bool, 
         start_prefect_shielded,
         without_heartbeats,
     )
-    from ctxlake.serve.cli.render import RichReporter
+    from ctxlake.serve.cli.render import stage_reporter
     from ctxlake.tasks.progress import use_reporter
 
     _prefect_quietly(verbose)
     bound_writer_heap()
-    with RichReporter() as rich, use_reporter(rich):
+    with stage_reporter() as rich, use_reporter(rich):
         rich.start("prefect", None, "starting")
         from ctxlake.flows.ingest_conversations import ingest_conversations
 

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
     from rich.text import Text
 
+    from ctxlake.tasks.progress import FdReporter
+
 
 def stderr_console() -> Console:
     from rich.console import Console
@@ -96,6 +98,15 @@ class RichReporter:
             from rich.markup import escape
 
             self.progress.console.print(f"[green]•[/] {escape(message)}")
+
+
+def stage_reporter() -> RichReporter | FdReporter:
+    """Progress bars on a terminal's stderr; for a command the resident service runs for a client
+    on a terminal, the progress feed the service hands on to it (tasks/progress.py, PROGRESS_FD_ENV)."""
+    from ctxlake.tasks.progress import FdReporter, fd_from_env
+
+    fd = fd_from_env()
+    return FdReporter(fd) if fd is not None else RichReporter()
 
 
 def print_search(result: SearchResult, console: Console) -> None:

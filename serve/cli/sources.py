@@ -43,7 +43,7 @@ def _split(values: list[str] | None) -> list[str]:
 def _sync(settings: Settings, specs: list[SourceSpec], wait: float, verbose: bool) -> list[SyncReport]:
     """Run the sync-sources flow under the lake's writer lock."""
     from ctxlake.serve.cli.base import _prefect_quietly, start_prefect_shielded
-    from ctxlake.serve.cli.render import RichReporter
+    from ctxlake.serve.cli.render import stage_reporter
     from ctxlake.tasks.lake import WriterLock
     from ctxlake.tasks.progress import use_reporter
 
@@ -55,7 +55,7 @@ def _sync(settings: Settings, specs: list[SourceSpec], wait: float, verbose: boo
         # temporary server. (setdefault: a user's own settings win.)
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "INFO" if verbose else "CRITICAL")
         os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
-        with RichReporter() as rich, use_reporter(rich):
+        with stage_reporter() as rich, use_reporter(rich):
             rich.start("prefect", None, "starting")
             from ctxlake.flows.sync_sources import sync_sources
 

@@ -98,15 +98,65 @@ def request(argv: list[str], cwd: str) -> dict[str, Any]:
 def forward(sock: socket.socket, message: dict[str, Any]) -> dict[str, Any]:
     """The service's answer to `message`. A command may run for minutes (`ctx run index`): the
     service says it is at work every few seconds, and silence (a stopped or hung service) ends
-    the wait with TimeoutError instead of holding the user, or an agent's hook, for ever."""
+    the wait with TimeoutError instead of holding the user, or an agent's hook, for ever. On a
+    terminal, the command's progress is drawn on one stderr line meanwhile."""
+    line = StatusLine() if message.get("stderr_tty") else None
     with sock:
         sock.settimeout(protocol.FIRST_REPLY_S)
         protocol.send(sock, message)
-        while True:
-            reply = protocol.recv(sock)
-            if reply.get("op") not in ("accepted", "working"):
-                return reply
-            sock.settimeout(protocol.SILENCE_S)
+        try:
+            while True:
+                reply = protocol.recv(sock)
+                if reply.get("op") not in ("accepted", "working"):
+                    return reply
+                if line is not None and isinstance(reply.get("progress"), list):
+                    line.show(reply["progress"])
+                sock.settimeout(protocol.SILENCE_S)
+        finally:
+            if line is not None:
+                line.clear()
+
+
+class StatusLine:
+    """One line on stderr (a terminal) showing the stage a served command is in: what, how far,
+    for how long. The in-process path draws Rich's bars; the thin client does not import Rich."""
+
+    def __init__(self) -> None:
+        self.drawn = False
+        self.began: dict[str, float] = {}
+
+    def show(self, stages: list[Any]) -> None:
+        import time
+
+        now = time.monotonic()
+        current = [s for s in stages if isinstance(s, dict) and not s.get("finished")] or [
+            s for s in stages if isinstance(s, dict)]
+        if not current:
+            return
+        stage = current[-1]
+        name = str(stage.get("stage", ""))
+        self.began.setdefault(name, now)
+        done, total = stage.get("done"), stage.get("total")
+        done = done if isinstance(done, int) else 0
+        count = f"{done:,}/{total:,}" if isinstance(total, int) and total > 0 else (f"{done:,}" if done else "")
+        seconds = int(now - self.began[name])
+        text = f"{stage.get('description') or name}  {count}  {seconds // 60}:{seconds % 60:02d}"
+        width = terminal_columns()
+        self._write(f"\r\x1b[2K{text[:max(10, width - 1)]}")
+        self.drawn = True
+
+    def clear(self) -> None:
+        if self.drawn:
+            self._write("\r\x1b[2K")
+            self.drawn = False
+
+    @staticmethod
+    def _write(text: str) -> None:
+        try:
+            sys.stderr.write(text)
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
 
 
 def run(argv: list[str]) -> int:
@@ -135,7 +185,8 @@ def run(argv: list[str]) -> int:
     try:
         reply = forward(sock, request(argv, cwd))
     except KeyboardInterrupt:
-        # The service keeps the command until it ends; `ctx sql` stops at [sql] timeout_s there.
+        # Closing the socket tells the service: a `ctx sql` there stops at once; other commands
+        # run to their end (an index run is not cut half-way).
         print("ctx: interrupted.", file=sys.stderr)
         return 130
     except TimeoutError:

@@ -22,16 +22,19 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from ctxlake import __version__
+from ctxlake.serve.api.cancel import on_behalf
 from ctxlake.serve.service import capture, protocol
 from ctxlake.serve.service.paths import ServicePaths, ctx_home, service_paths, write_private_json
+from ctxlake.serve.service.progress import PROGRESS_S, ProgressFeed
 from ctxlake.serve.service.protocol import Busy
 from ctxlake.serve.service.watchers import CHILD_NICE, WATCHER_PURPOSE, imports_ready
 from ctxlake.tasks.heap import bound_heap
+from ctxlake.tasks.progress import PROGRESS_FD_ENV
 
 EXIT_DISK = 8
 HOUSEKEEPING_S = 2.0  # how often deleted project folders are dropped and idle lakes evicted
@@ -310,8 +313,20 @@ class Service:
             self.stopping.set()
         elif op == "cli":
             protocol.send(conn, {"op": "accepted"})
-            with protocol.heartbeat(conn):
+            gone = threading.Event()
+            with ExitStack() as stack:
+                # A client on a terminal is shown its command's progress (it draws one status line).
+                feed = stack.enter_context(ProgressFeed()) if message.get("stderr_tty") else None
+                stack.enter_context(protocol.heartbeat(conn, gone=gone, progress=feed.changed if feed else None,
+                                                       progress_every=PROGRESS_S))
+                stack.enter_context(on_behalf(gone))
+                if feed is not None:
+                    message = {**message, "env": {**dict(message.get("env") or {}), PROGRESS_FD_ENV: str(feed.fd)}}
                 answer = self.run_cli(message)
+            if gone.is_set():
+                argv = " ".join(str(a) for a in message.get("argv", []))[:200]
+                log(f"the client of `ctx {argv}` left before its answer (exit {answer.get('code')})")
+                return
             protocol.send(conn, answer)
         elif op == "watch":
             added = [self.register(Path(p)) for p in message.get("paths", [])]
@@ -546,9 +561,11 @@ class Service:
         # the same cores, and a query waits on the user while the run does not.
         code = (f"import os, sys\nos.nice({CHILD_NICE})\nfrom ctxlake.serve.service.client import in_process\n"
                 "sys.exit(in_process(sys.argv[1:]))")
+        progress = env.get(PROGRESS_FD_ENV, "")
         try:
             done = subprocess.run([sys.executable, "-c", code, *argv], cwd=cwd, env=env, capture_output=True,
-                                  text=True, stdin=subprocess.DEVNULL, check=False)
+                                  text=True, stdin=subprocess.DEVNULL, check=False,
+                                  pass_fds=(int(progress),) if progress.isdigit() else ())
         except OSError as exc:  # no process left to start, the folder gone meanwhile
             return 1, "", f"ctx: error: could not start the index run: {exc}\n"
         return done.returncode, done.stdout, done.stderr

@@ -7,10 +7,13 @@ the rest of the connection into the MCP stdio byte stream (newline-delimited JSO
 from __future__ import annotations
 
 import json
+import os
+import select
 import socket
 import struct
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -70,16 +73,43 @@ def recv(sock: socket.socket) -> dict[str, Any]:
 
 
 @contextmanager
-def heartbeat(sock: socket.socket, every: float = HEARTBEAT_S) -> Iterator[None]:
+def heartbeat(sock: socket.socket, every: float = HEARTBEAT_S, gone: threading.Event | None = None,
+              progress: Callable[[], Any] | None = None, progress_every: float = 0.5) -> Iterator[None]:
     """A `working` frame on `sock` every `every` seconds while the block runs (from a thread, which
-    has stopped when the block ends: the frame that follows is the last one)."""
+    has stopped when the block ends: the frame that follows is the last one), and, with `progress`,
+    one carrying what it returns when that is not None, at most every `progress_every` seconds.
+    With `gone`: the client sends nothing after its request, so the socket turning readable means
+    it closed (quit, Ctrl-C), and `gone` is set at once, as it is when a frame cannot be sent."""
     done = threading.Event()
+    wake_r, wake_w = os.pipe()  # ends the thread's wait as soon as the block ends
 
     def beat() -> None:
-        while not done.wait(every):
+        watch: list[Any] = [sock, wake_r] if gone is not None else [wake_r]
+        next_beat = time.monotonic() + every
+        next_progress = time.monotonic() + progress_every if progress is not None else float("inf")
+        while True:
             try:
-                send(sock, {"op": "working"})
-            except OSError:  # the client went away; the command still finishes
+                wait = max(0.0, min(next_beat, next_progress) - time.monotonic())
+                readable, _, _ = select.select(watch, [], [], wait)
+                if done.is_set():
+                    return
+                if sock in readable:
+                    if gone is not None and not sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
+                        gone.set()
+                        return
+                    watch = [wake_r]  # bytes the protocol does not expect: stop looking, keep beating
+                now = time.monotonic()
+                if progress is not None and now >= next_progress:
+                    next_progress = now + progress_every
+                    if (state := progress()) is not None:
+                        send(sock, {"op": "working", "progress": state})
+                        next_beat = now + every
+                if now >= next_beat:
+                    send(sock, {"op": "working"})
+                    next_beat = now + every
+            except (OSError, ValueError):  # the client went away (or the socket closed); the command goes on
+                if gone is not None:
+                    gone.set()
                 return
 
     thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
@@ -88,7 +118,10 @@ def heartbeat(sock: socket.socket, every: float = HEARTBEAT_S) -> Iterator[None]
         yield
     finally:
         done.set()
+        os.write(wake_w, b"\0")
         thread.join()
+        os.close(wake_r)
+        os.close(wake_w)
 
 
 def connect(path: str, timeout: float | None = 2.0) -> socket.socket:

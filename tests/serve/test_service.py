@@ -334,6 +334,63 @@ def test_two_concurrent_ups_start_one_service(indexed: Path, ctx_home: Path) -> 
         ctx("down", cwd=indexed)
 
 
+def test_a_served_query_stops_when_its_client_quits(indexed: Path, service: Path) -> None:
+    """A `ctx sql` the service ran for a client that quit (Ctrl-C) went on to [sql] timeout_s (60 s
+    by default), a core busy for nobody and the service's request slot taken; it stops at once."""
+    served = psutil.Process(service_pid(service))
+
+    def cpu() -> float:
+        times = served.cpu_times()
+        return float(times.user + times.system)
+
+    before = cpu()
+    client = subprocess.Popen([CTX, "sql", "SELECT sum(hash(i)) FROM range(100000000000) t(i)"], cwd=indexed,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and cpu() - before < 1.0:  # the query is running in the service
+        time.sleep(0.1)
+    assert cpu() - before >= 1.0 and client.poll() is None, "the query never ran in the service"
+    client.send_signal(signal.SIGINT)
+    _, err = client.communicate(timeout=20)
+    assert client.returncode == 130 and "interrupted" in err, err
+    time.sleep(2.0)  # the service notices within a second
+    idle_from = cpu()
+    time.sleep(2.0)
+    assert cpu() - idle_from < 0.5, "the service is still busy with the query"
+    assert "the client of `ctx sql" in (service_dir(service) / "service.log").read_text()
+    answer = ctx("sql", "SELECT 41 + 1 AS n", "--json", cwd=indexed)
+    assert answer.returncode == 0 and json.loads(answer.stdout)["rows"] == [[42]], answer.stderr
+
+
+def test_a_served_run_shows_its_progress_on_a_terminal(indexed: Path, service: Path) -> None:
+    """A command the service runs (a forced index: in its child) for a client whose stderr is a
+    terminal draws its stages on one status line while it runs, as the in-process path draws its
+    bars; the result comes as before, and the line is cleared at the end."""
+    import pty
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([CTX, "run", "index", "--force"], cwd=indexed, stdout=subprocess.PIPE,
+                            stderr=slave, text=True)
+    os.close(slave)
+    seen = bytearray()
+    while True:
+        try:
+            data = os.read(master, 4096)
+        except OSError:  # EIO: the terminal's other end closed with the process
+            break
+        if not data:
+            break
+        seen += data
+    out, _ = proc.communicate(timeout=120)
+    os.close(master)
+    text = seen.decode(errors="replace")
+    assert proc.returncode == 0, text
+    assert "indexed" in out.lower(), out
+    drawn = [part for part in text.split("\r\x1b[2K") if part.strip()]
+    assert any(word in " ".join(drawn) for word in ("starting", "scanning", "chunking", "embedding")), text
+    assert text.count("\r\x1b[2K") > len(drawn), text  # each line drawn over the last, then cleared
+
+
 def test_garbage_gets_an_error_and_the_service_stays_up(indexed: Path, service: Path) -> None:
     sock_path = str(service_dir(service) / "ctx.sock")
     for garbage in (b"\x00\x00\x00\x05hello", b"GET / HTTP/1.1\r\n\r\n", struct.pack(">I", 2**31) + b"x"):
