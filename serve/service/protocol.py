@@ -84,20 +84,30 @@ def heartbeat(sock: socket.socket, every: float = HEARTBEAT_S, gone: threading.E
     wake_r, wake_w = os.pipe()  # ends the thread's wait as soon as the block ends
 
     def beat() -> None:
-        watch: list[Any] = [sock, wake_r] if gone is not None else [wake_r]
+        # poll, not select: a service holding LanceDB's files has descriptors past select's 1,024.
+        watch = select.poll()
+        watch.register(wake_r, select.POLLIN)
+        if gone is not None:
+            watch.register(sock, select.POLLIN | select.POLLHUP)
         next_beat = time.monotonic() + every
         next_progress = time.monotonic() + progress_every if progress is not None else float("inf")
         while True:
             try:
                 wait = max(0.0, min(next_beat, next_progress) - time.monotonic())
-                readable, _, _ = select.select(watch, [], [], wait)
+                events = watch.poll(wait * 1000)
                 if done.is_set():
                     return
-                if sock in readable:
-                    if gone is not None and not sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
+                if gone is not None and any(fd == sock.fileno() for fd, _ in events):
+                    try:
+                        left = not sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+                    except BlockingIOError:  # woken with nothing to read after all
+                        left = False
+                    else:
+                        if not left:  # bytes the protocol does not expect: stop looking, keep beating
+                            watch.unregister(sock)
+                    if left:
                         gone.set()
                         return
-                    watch = [wake_r]  # bytes the protocol does not expect: stop looking, keep beating
                 now = time.monotonic()
                 if progress is not None and now >= next_progress:
                     next_progress = now + progress_every
@@ -107,7 +117,7 @@ def heartbeat(sock: socket.socket, every: float = HEARTBEAT_S, gone: threading.E
                 if now >= next_beat:
                     send(sock, {"op": "working"})
                     next_beat = now + every
-            except (OSError, ValueError):  # the client went away (or the socket closed); the command goes on
+            except OSError:  # the client went away; the command goes on
                 if gone is not None:
                     gone.set()
                 return

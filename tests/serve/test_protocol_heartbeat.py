@@ -1,0 +1,69 @@
+"""The service's request heartbeat on real sockets: beats, progress frames, a client that left,
+and descriptors past select()'s 1,024 (a service holding LanceDB's files has them)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from ctxlake.serve.service import protocol
+
+
+@contextlib.contextmanager
+def high_descriptors(count: int = 1100) -> Iterator[None]:
+    """Open enough descriptors that the next ones are numbered past 1,024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < count + 64:
+        pytest.skip(f"the descriptor limit ({hard}) is too low")
+    if soft != resource.RLIM_INFINITY and soft < count + 64:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (count + 64, hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_beats_and_progress_reach_a_client_on_a_high_descriptor() -> None:
+    with high_descriptors():
+        service_end, client_end = socket.socketpair()
+        assert service_end.fileno() > 1024
+        gone = threading.Event()
+        states = iter([[{"stage": "chunk", "done": 3}], None, [{"stage": "chunk", "done": 9}]])
+        with service_end, client_end:
+            client_end.settimeout(5)
+            started = time.monotonic()
+            with protocol.heartbeat(service_end, every=0.3, gone=gone, progress=lambda: next(states, None),
+                                    progress_every=0.1):
+                time.sleep(1.0)
+            ended = time.monotonic() - started
+            service_end.shutdown(socket.SHUT_WR)
+            frames = []
+            with contextlib.suppress(protocol.ProtocolError, OSError):
+                while True:
+                    frames.append(protocol.recv(client_end))
+    assert not gone.is_set()
+    assert ended < 1.2  # the block's end is not held up by the thread's wait
+    assert [f["progress"] for f in frames if "progress" in f] == [[{"stage": "chunk", "done": 3}],
+                                                                  [{"stage": "chunk", "done": 9}]]
+    assert all(f["op"] == "working" for f in frames) and len(frames) >= 3
+
+
+def test_a_client_that_closes_its_end_is_noticed_at_once() -> None:
+    with high_descriptors():
+        service_end, client_end = socket.socketpair()
+        gone = threading.Event()
+        with service_end, protocol.heartbeat(service_end, every=30.0, gone=gone):
+            time.sleep(0.2)
+            assert not gone.is_set()
+            client_end.close()
+            assert gone.wait(2.0), "the closed connection went unnoticed"
