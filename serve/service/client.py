@@ -20,7 +20,10 @@ from ctxlake.serve.service.protocol import forwarded_env
 
 # Run in this process whatever the service state: they manage the service, hold the user's
 # terminal, or are the long-lived process themselves.
-LOCAL_COMMANDS = frozenset({"up", "down", "chat", "ask", "ui"})  # ui: opens this user's browser, may serve in the foreground
+# ui: opens this user's browser, may serve in the foreground. eval: indexes whole trees for minutes
+# to hours and prints each task as it goes; in the service it held the one CLI request slot (every
+# other command ran in its own client meanwhile) and the interpreter the agents' queries need.
+LOCAL_COMMANDS = frozenset({"up", "down", "chat", "ask", "ui", "eval"})
 # Interactive unless told not to ask.
 ASKS_UNLESS = {"clean": ("-y", "--yes"), "init": ("-y", "--yes")}
 

@@ -538,7 +538,13 @@ class Service:
         share of the GIL and returns its memory when it ends. A run of a project not watched yet
         scans and hashes the whole tree and runs the flow's every stage: in this process on django
         it left ~210 MB more resident for good. Once the project is watched, its runs find the
-        watcher's batches applied and stay here (0.1-0.3 s)."""
+        watcher's batches applied and stay here (0.1-0.3 s).
+
+        The same for a conversation ingest with `--force` (it compacts every table) or the first
+        one (every log the agent tools hold: 20,000 sessions took 8 minutes and ~1.5 GB here);
+        the scheduled and later ones read what is new and stay here."""
+        if argv[:2] == ["run", "ingest"]:
+            return "--force" in argv or self._first_ingest()
         if argv[:2] != ["run", "index"]:
             return False
         if "--force" in argv:
@@ -553,6 +559,18 @@ class Service:
             return IndexState.read(root / CTX_DIR / "lake") is None
         except Exception:  # an unreadable state: let the in-process path report it
             return False
+
+    @staticmethod
+    def _first_ingest() -> bool:
+        """No conversation ingest has finished for the request's user data dir yet."""
+        from ctxlake.schemas.config import default_home
+        from ctxlake.tasks.lake import IndexState
+
+        try:
+            state = IndexState.read(default_home() / "memory")
+        except Exception:  # an unreadable state: let the in-process path report it
+            return False
+        return state is None or not state.last_run
 
     def _run_in_child(self, argv: list[str], cwd: str, env: dict[str, str]) -> tuple[int, str, str]:
         """`ctx ARGV` in a child running the in-process path, in the request's folder and

@@ -25,6 +25,7 @@ import psutil
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp_helpers import PROJECT, call_ok
+from memlogs import claude, write_jsonl
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -249,13 +250,50 @@ def test_help_and_flow_output_through_the_service_are_as_in_process(indexed: Pat
     assert "INFO" not in ingested.stderr and "Task run" not in ingested.stderr, ingested.stderr
 
 
-def test_flow_runs_in_a_service_without_schedules_each_find_prefect_up(indexed: Path, service: Path) -> None:
+def _new_session(logs: Path, n: int) -> list[str]:
+    """A small Claude Code transcript under `logs`: the `--from` argument that reads it."""
+    write_jsonl(logs / "projects" / "-srv-app" / f"sess-{n}.jsonl", [
+        claude("user", f"u{n}", n, f"why does the invoice total drift, case {n}?", session=f"sess-{n}"),
+        claude("assistant", f"a{n}", n + 0.5, [{"type": "text", "text": f"rounding in case {n}"}], session=f"sess-{n}"),
+    ])
+    return [f"--from=claude={logs / 'projects'}"]
+
+
+def test_a_first_or_forced_ingest_runs_in_a_child_and_later_ones_in_the_service(
+        indexed: Path, service: Path, tmp_path: Path) -> None:
+    """The first ingest reads every log there is (minutes and ~1.5 GB at 20,000 sessions) and a
+    forced one compacts every table: in a child, as whole-tree index runs are. Later ones stay."""
+    pid, logs = service_pid(service), tmp_path / "logs"
+    first, seen = _children_running(pid, ["run", "ingest", *_new_session(logs, 1)], indexed)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert seen, "the first ingest did not run in a child"
+    later, seen = _children_running(pid, ["run", "ingest", *_new_session(logs, 2)], indexed)
+    assert later.returncode == 0, later.stderr[-3000:]
+    assert not seen, "a later ingest went to a child"
+    forced, seen = _children_running(pid, ["run", "ingest", "--force", *_new_session(logs, 3)], indexed)
+    assert forced.returncode == 0 and seen, forced.stderr[-3000:]
+    found = ctx("context", "search", "rounding in case 3", "--all-projects", "--json", cwd=indexed)
+    assert found.returncode == 0 and "case 3" in found.stdout, found.stderr
+
+
+def test_eval_runs_in_its_own_client() -> None:
+    """`ctx eval` indexes whole trees for minutes to hours and prints each task as it goes: it is
+    never sent to the service (where it held the one CLI request slot and the interpreter)."""
+    from ctxlake.serve.service.client import runs_locally
+
+    assert runs_locally(["eval", "tasks.jsonl", "--mirrors", "m"])
+    assert not runs_locally(["search", "eval"])
+
+
+def test_flow_runs_in_a_service_without_schedules_each_find_prefect_up(
+        indexed: Path, service: Path, tmp_path: Path) -> None:
     """Without its own Prefect server (schedules off) the service starts Prefect's temporary one in
     the thread of the first flow run's request. The kernel's parent-death signal, set for a
     command's server, killed it as that thread ended, and every later run ended in
     `httpx.ConnectError: Connection refused`."""
-    for _ in range(3):
-        ingested = ctx("run", "ingest", "--force", cwd=indexed, timeout=300)
+    assert ctx("run", "ingest", *_new_session(tmp_path, 0), cwd=indexed, timeout=300).returncode == 0  # a child's
+    for n in range(1, 4):  # each has a new session to store: a flow run in the service
+        ingested = ctx("run", "ingest", *_new_session(tmp_path, n), cwd=indexed, timeout=300)
         assert ingested.returncode == 0, ingested.stderr[-3000:]
         assert "ConnectError" not in ingested.stderr, ingested.stderr[-3000:]
 
@@ -680,15 +718,17 @@ def test_a_killed_services_prefect_server_ends_with_it(indexed: Path, ctx_home: 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 def test_the_temporary_prefect_server_of_a_service_without_schedules_ends_with_it(
-        indexed: Path, service: Path) -> None:
+        indexed: Path, service: Path, tmp_path: Path) -> None:
     """Without schedules the service's flow runs start Prefect's temporary server from a request
     thread; a `kill -9` of the service used to leave it running (~220 MB each time)."""
-    ingested = ctx("run", "ingest", cwd=indexed, timeout=300)
+    assert ctx("run", "ingest", *_new_session(tmp_path, 0), cwd=indexed, timeout=300).returncode == 0  # a child's
+    ingested = ctx("run", "ingest", *_new_session(tmp_path, 1), cwd=indexed, timeout=300)
     assert ingested.returncode == 0, ingested.stderr[-3000:]
     pid = service_pid(service)
     servers = [c.pid for c in psutil.Process(pid).children(recursive=True) if "uvicorn" in " ".join(c.cmdline())]
     assert servers, "no temporary Prefect server among the service's children"
-    ingested = ctx("run", "ingest", cwd=indexed, timeout=300)  # the request thread that started it is gone
+    # The request thread that started it is gone; the server serves the next run.
+    ingested = ctx("run", "ingest", *_new_session(tmp_path, 2), cwd=indexed, timeout=300)
     assert ingested.returncode == 0, ingested.stderr[-3000:]
     assert all(psutil.pid_exists(s) for s in servers)
     os.kill(pid, signal.SIGKILL)
