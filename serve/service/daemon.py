@@ -542,7 +542,10 @@ class Service:
 
         The same for a conversation ingest with `--force` (it compacts every table) or the first
         one (every log the agent tools hold: 20,000 sessions took 8 minutes and ~1.5 GB here);
-        the scheduled and later ones read what is new and stay here."""
+        the scheduled and later ones read what is new and stay here. And `ctx add` / `add-docs`,
+        which fetch a whole source (a clone, a crawl) and index all of it; `ctx update` stays."""
+        if argv[:1] in (["add"], ["add-docs"]):
+            return True
         if argv[:2] == ["run", "ingest"]:
             return "--force" in argv or self._first_ingest()
         if argv[:2] != ["run", "index"]:
@@ -585,7 +588,7 @@ class Service:
                                   text=True, stdin=subprocess.DEVNULL, check=False,
                                   pass_fds=(int(progress),) if progress.isdigit() else ())
         except OSError as exc:  # no process left to start, the folder gone meanwhile
-            return 1, "", f"ctx: error: could not start the index run: {exc}\n"
+            return 1, "", f"ctx: error: could not start the run: {exc}\n"
         return done.returncode, done.stdout, done.stderr
 
     def _settle(self, argv: list[str]) -> None:

@@ -276,6 +276,19 @@ def test_a_first_or_forced_ingest_runs_in_a_child_and_later_ones_in_the_service(
     assert found.returncode == 0 and "case 3" in found.stdout, found.stderr
 
 
+def test_adding_a_source_runs_in_a_child(indexed: Path, service: Path, tmp_path: Path) -> None:
+    """`ctx add` fetches and indexes a whole source: in the service's child, as whole-tree index
+    runs are; the source is then searched with the project through the service."""
+    docs = tmp_path / "handbook"
+    (docs / "guide").mkdir(parents=True)
+    (docs / "guide" / "refunds.md").write_text("# Refunds\n\nA refund voucher expires after ninety days.\n")
+    added, seen = _children_running(service_pid(service), ["add-docs", "handbook", str(docs), "--json"], indexed)
+    assert added.returncode == 0, added.stderr[-3000:]
+    assert seen, "adding a source did not run in a child"
+    found = ctx("search", "refund voucher expires", "--mode", "keyword", "--json", cwd=indexed)
+    assert any(h["source"] == "handbook" for h in json.loads(found.stdout)["hits"]), found.stdout
+
+
 def test_eval_runs_in_its_own_client() -> None:
     """`ctx eval` indexes whole trees for minutes to hours and prints each task as it goes: it is
     never sent to the service (where it held the one CLI request slot and the interpreter)."""
