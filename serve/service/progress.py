@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from typing import Any
 
 PROGRESS_S = 0.5  # the most often a client is sent its command's progress
+REPEAT_S = 1.0  # how often an unchanged stage under way is sent again (its elapsed time moves)
 
 
 class ProgressFeed:
@@ -25,6 +27,7 @@ class ProgressFeed:
         self._stages: dict[str, dict[str, Any]] = {}  # in the order they started
         self._version = 0
         self._shown = 0
+        self._sent_at = 0.0
         self._lock = threading.Lock()
         self._reader: threading.Thread | None = None
 
@@ -54,9 +57,13 @@ class ProgressFeed:
                     self._version += 1
 
     def changed(self) -> list[dict[str, Any]] | None:
-        """The stages' latest state when it changed since the last call, else None."""
+        """The stages' latest state when it changed since the last call, or a stage is still under
+        way and a second has passed (the client's elapsed time keeps moving through a long step,
+        such as the model's one-time distillation); else None."""
+        now = time.monotonic()
         with self._lock:
-            if self._version == self._shown:
+            running = any(not s.get("finished") for s in self._stages.values())
+            if self._version == self._shown and not (running and now - self._sent_at >= REPEAT_S):
                 return None
-            self._shown = self._version
+            self._shown, self._sent_at = self._version, now
             return list(self._stages.values())

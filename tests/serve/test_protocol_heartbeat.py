@@ -67,3 +67,34 @@ def test_a_client_that_closes_its_end_is_noticed_at_once() -> None:
             assert not gone.is_set()
             client_end.close()
             assert gone.wait(2.0), "the closed connection went unnoticed"
+
+
+def test_the_progress_feed_carries_a_stages_reports_through_its_pipe() -> None:
+    """What a served command's stages write (FdReporter on the feed's pipe) comes out of the feed:
+    each change once, an unchanged stage under way again after a second (the client's elapsed time
+    moves through a long step), nothing once every stage is finished and shown."""
+    from ctxlake.serve.service.progress import REPEAT_S, ProgressFeed
+    from ctxlake.tasks.progress import FdReporter
+
+    def settled(feed: ProgressFeed, finished: bool = False) -> list[dict[str, object]] | None:
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            if (state := feed.changed()) is not None and state[-1]["finished"] is finished:
+                return state
+            time.sleep(0.01)
+        return None
+
+    with ProgressFeed() as feed:
+        stages = FdReporter(feed.fd)
+        stages.start("chunk", 10, "chunking")
+        assert settled(feed) == [{"stage": "chunk", "description": "chunking", "total": 10, "done": 0,
+                                  "finished": False}]
+        assert feed.changed() is None
+        time.sleep(REPEAT_S + 0.1)
+        assert feed.changed() is not None  # the same state, sent again while the stage runs
+        stages.advance("chunk", 10)
+        stages.finish("chunk")
+        state = settled(feed, finished=True)
+        assert state is not None and state[-1]["done"] == 10
+        time.sleep(REPEAT_S + 0.1)
+        assert feed.changed() is None
