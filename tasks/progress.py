@@ -106,14 +106,27 @@ class FdReporter:
         self._send({"note": message})
 
 
-def fd_from_env() -> int | None:
-    """The descriptor PROGRESS_FD_ENV names, when it is one this process has open."""
-    value = os.environ.get(PROGRESS_FD_ENV, "")
-    if not value.isdigit():
+def fd_token(fd: int) -> str:
+    """What PROGRESS_FD_ENV holds for pipe end `fd`: its number and its inode, so that a process
+    that got the variable without the descriptor (a grandchild, a child started meanwhile from
+    the service's environment) never writes into whatever file has that number there."""
+    return f"{fd}:{os.fstat(fd).st_ino}"
+
+
+def fd_of(token: str) -> int | None:
+    """The descriptor a fd_token names, when this process has that very pipe open."""
+    import stat
+
+    number, _, inode = token.partition(":")
+    if not number.isdigit() or not inode.isdigit():
         return None
-    fd = int(value)
     try:
-        os.fstat(fd)
+        st = os.fstat(int(number))
     except OSError:
         return None
-    return fd
+    return int(number) if stat.S_ISFIFO(st.st_mode) and st.st_ino == int(inode) else None
+
+
+def fd_from_env() -> int | None:
+    """The progress pipe PROGRESS_FD_ENV names, when this process has it open."""
+    return fd_of(os.environ.get(PROGRESS_FD_ENV, ""))

@@ -34,7 +34,7 @@ from ctxlake.serve.service.progress import PROGRESS_S, ProgressFeed
 from ctxlake.serve.service.protocol import Busy
 from ctxlake.serve.service.watchers import CHILD_NICE, WATCHER_PURPOSE, imports_ready
 from ctxlake.tasks.heap import bound_heap
-from ctxlake.tasks.progress import PROGRESS_FD_ENV
+from ctxlake.tasks.progress import PROGRESS_FD_ENV, fd_of, fd_token
 
 EXIT_DISK = 8
 HOUSEKEEPING_S = 2.0  # how often deleted project folders are dropped and idle lakes evicted
@@ -321,7 +321,7 @@ class Service:
                                                        progress_every=PROGRESS_S))
                 stack.enter_context(on_behalf(gone))
                 if feed is not None:
-                    message = {**message, "env": {**dict(message.get("env") or {}), PROGRESS_FD_ENV: str(feed.fd)}}
+                    message = {**message, "env": {**dict(message.get("env") or {}), PROGRESS_FD_ENV: fd_token(feed.fd)}}
                 answer = self.run_cli(message)
             if gone.is_set():
                 argv = " ".join(str(a) for a in message.get("argv", []))[:200]
@@ -582,11 +582,11 @@ class Service:
         # the same cores, and a query waits on the user while the run does not.
         code = (f"import os, sys\nos.nice({CHILD_NICE})\nfrom ctxlake.serve.service.client import in_process\n"
                 "sys.exit(in_process(sys.argv[1:]))")
-        progress = env.get(PROGRESS_FD_ENV, "")
+        progress = fd_of(env.get(PROGRESS_FD_ENV, ""))
         try:
             done = subprocess.run([sys.executable, "-c", code, *argv], cwd=cwd, env=env, capture_output=True,
                                   text=True, stdin=subprocess.DEVNULL, check=False,
-                                  pass_fds=(int(progress),) if progress.isdigit() else ())
+                                  pass_fds=() if progress is None else (progress,))
         except OSError as exc:  # no process left to start, the folder gone meanwhile
             return 1, "", f"ctx: error: could not start the run: {exc}\n"
         return done.returncode, done.stdout, done.stderr

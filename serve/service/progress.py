@@ -18,8 +18,8 @@ REPEAT_S = 1.0  # how often an unchanged stage under way is sent again (its elap
 
 
 class ProgressFeed:
-    """The pipe and the latest state read from it. `fd` is the write end, open (and inheritable,
-    for a child given it with pass_fds) between enter and exit."""
+    """The pipe and the latest state read from it. `fd` is the write end, open between enter and
+    exit (a child gets it with pass_fds)."""
 
     def __init__(self) -> None:
         self.fd = -1

@@ -98,3 +98,21 @@ def test_the_progress_feed_carries_a_stages_reports_through_its_pipe() -> None:
         assert state is not None and state[-1]["done"] == 10
         time.sleep(REPEAT_S + 0.1)
         assert feed.changed() is None
+
+
+def test_a_progress_variable_without_its_pipe_names_nothing() -> None:
+    """A process that inherited the variable but not the descriptor (or has another file under
+    that number) must not write its progress into that file."""
+    from ctxlake.tasks.progress import fd_of, fd_token
+
+    read_end, write_end = os.pipe()
+    try:
+        token = fd_token(write_end)
+        assert fd_of(token) == write_end
+        with open(os.devnull, "rb") as other:
+            assert fd_of(f"{other.fileno()}:{token.split(':')[1]}") is None  # a file, not that pipe
+        assert fd_of(f"{write_end}:1") is None  # that number, another pipe
+        assert fd_of("12") is None and fd_of("") is None and fd_of("x:y") is None
+    finally:
+        os.close(read_end)
+        os.close(write_end)
