@@ -103,7 +103,8 @@ def forward(sock: socket.socket, message: dict[str, Any]) -> dict[str, Any]:
     service says it is at work every few seconds, and silence (a stopped or hung service) ends
     the wait with TimeoutError instead of holding the user, or an agent's hook, for ever. On a
     terminal, the command's progress is drawn on one stderr line meanwhile."""
-    line = StatusLine() if message.get("stderr_tty") else None
+    # Not on a terminal that cannot move its cursor (as Rich's live display, in-process, is not).
+    line = StatusLine() if message.get("stderr_tty") and os.environ.get("TERM") != "dumb" else None
     with sock:
         sock.settimeout(protocol.FIRST_REPLY_S)
         protocol.send(sock, message)

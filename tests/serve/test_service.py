@@ -421,7 +421,7 @@ def test_a_served_run_shows_its_progress_on_a_terminal(indexed: Path, service: P
 
     master, slave = pty.openpty()
     proc = subprocess.Popen([CTX, "run", "index", "--force"], cwd=indexed, stdout=subprocess.PIPE,
-                            stderr=slave, text=True)
+                            stderr=slave, text=True, env={**os.environ, "TERM": "xterm"})
     os.close(slave)
     seen = bytearray()
     while True:
