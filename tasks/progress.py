@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -56,9 +57,10 @@ FD_REPORT_S = 0.2  # at most one line per stage this often while it advances (a 
 
 
 class FdReporter:
-    """Progress as one JSON line per change ({"stage", "description", "total", "done", "finished"}
-    or {"note"}) written to a file descriptor the caller owns; advances are sent at most every
-    FD_REPORT_S per stage. A reader that went away turns it silent; the work goes on."""
+    """Progress as one JSON line per change ({"stage", "description", "total", "done", "finished"})
+    written to a file descriptor the caller owns; advances are sent at most every FD_REPORT_S per
+    stage. A reader that went away turns it silent; the work goes on. Notes are not sent: the
+    command prints them in its own output."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -73,8 +75,6 @@ class FdReporter:
         pass
 
     def _send(self, record: dict[str, object]) -> None:
-        import json
-
         if self.fd < 0:
             return
         try:
@@ -103,7 +103,7 @@ class FdReporter:
             self._report(stage, finished=True)
 
     def note(self, message: str) -> None:
-        self._send({"note": message})
+        pass
 
 
 def fd_token(fd: int) -> str:

@@ -2,7 +2,7 @@
 
 The kernel's parent-death signal (prctl PR_SET_PDEATHSIG) is sent when the *thread* that spawned
 the child ends, not the process. A child started from one of the service's request threads would
-be signalled as that request ended; started from the main thread or from `lifetime_thread()`'s
+be signalled as that request ended; started from the main thread or from `on_lifetime_thread`'s
 thread, which live as long as the process, it is signalled only when the process dies.
 """
 
@@ -20,7 +20,7 @@ T = TypeVar("T")
 
 _keeper: ThreadPoolExecutor | None = None
 _keeper_lock = threading.Lock()
-_keeper_thread: list[int] = []  # the kept thread's ident, once it runs
+KEEPER_NAME = "ctx-child-spawner"
 
 
 def die_with_this_process() -> Callable[[], None] | None:
@@ -46,12 +46,12 @@ def on_lifetime_thread(fn: Callable[[], T]) -> T:
     it, else one kept for the purpose), so that children it spawns with `die_with_this_process`
     are signalled when the process dies and not before. Calls are served one at a time."""
     global _keeper
-    if threading.current_thread() is threading.main_thread() or threading.get_ident() in _keeper_thread:
+    here = threading.current_thread()
+    if here is threading.main_thread() or here.name.startswith(KEEPER_NAME):
         return fn()
     with _keeper_lock:
         if _keeper is None:
             # One worker that waits for work until the interpreter exits: its thread never ends
             # while the process runs.
-            _keeper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ctx-child-spawner",
-                                         initializer=lambda: _keeper_thread.append(threading.get_ident()))
+            _keeper = ThreadPoolExecutor(max_workers=1, thread_name_prefix=KEEPER_NAME)
     return _keeper.submit(fn).result()

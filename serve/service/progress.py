@@ -51,7 +51,7 @@ class ProgressFeed:
                 except ValueError:
                     continue
                 if not isinstance(record, dict) or not isinstance(record.get("stage"), str):
-                    continue  # notes are in the command's own output too
+                    continue
                 with self._lock:
                     self._stages[record["stage"]] = record
                     self._version += 1
