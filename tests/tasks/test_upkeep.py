@@ -52,7 +52,11 @@ def _found(table: lancedb.table.Table, key: str, word: str, vector: list[float])
     assert table.search().where(f"id = '{key}'").select(["id"]).to_list()[0]["id"] == key
     hits = table.search(word, query_type="fts", fts_columns="text").select(["id"]).limit(5).to_list()
     assert [h["id"] for h in hits] == [key]
-    assert table.search(vector, vector_column_name="vector").distance_type("cosine").limit(1).select(["id"]).to_list()[0]["id"] == key
+    # The vector index is approximate (HNSW over 8-bit scalar quantisation): its top hit for a
+    # row's own vector was once another row in a full CI run, so the row is asked for among the
+    # nearest five with a wider search.
+    near = table.search(vector, vector_column_name="vector").distance_type("cosine").ef(200).limit(5)
+    assert key in [h["id"] for h in near.select(["id"]).to_list()]
 
 
 def test_edits_are_folded_in_without_rewriting_the_big_fragment_or_its_indexes(tmp_path: Path) -> None:
