@@ -29,6 +29,7 @@ from typing import IO, Any, TypeVar
 from ctxlake import __version__
 from ctxlake.serve.api.cancel import on_behalf
 from ctxlake.serve.service import capture, protocol
+from ctxlake.serve.service.children import die_with_this_process, on_lifetime_thread
 from ctxlake.serve.service.paths import ServicePaths, ctx_home, service_paths, write_private_json
 from ctxlake.serve.service.progress import PROGRESS_S, ProgressFeed
 from ctxlake.serve.service.protocol import Busy
@@ -583,13 +584,18 @@ class Service:
         code = (f"import os, sys\nos.nice({CHILD_NICE})\nfrom ctxlake.serve.service.client import in_process\n"
                 "sys.exit(in_process(sys.argv[1:]))")
         progress = fd_of(env.get(PROGRESS_FD_ENV, ""))
+        # Spawned so that it ends with the service, `kill -9` included: the client whose service
+        # died falls back to running the command itself, which must not meet an orphan still
+        # writing the same lake (it would wait on the writer lock, or ingest the same logs twice).
         try:
-            done = subprocess.run([sys.executable, "-c", code, *argv], cwd=cwd, env=env, capture_output=True,
-                                  text=True, stdin=subprocess.DEVNULL, check=False,
-                                  pass_fds=() if progress is None else (progress,))
+            proc = on_lifetime_thread(lambda: subprocess.Popen(
+                [sys.executable, "-c", code, *argv], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                pass_fds=() if progress is None else (progress,), preexec_fn=die_with_this_process()))
         except OSError as exc:  # no process left to start, the folder gone meanwhile
             return 1, "", f"ctx: error: could not start the run: {exc}\n"
-        return done.returncode, done.stdout, done.stderr
+        stdout, stderr = proc.communicate()
+        return proc.returncode, stdout, stderr
 
     def _settle(self, argv: list[str]) -> None:
         """Before a `ctx run index` of a watched project: give the watcher time to take the batch.

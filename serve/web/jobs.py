@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ctxlake.serve.service.children import die_with_this_process, on_lifetime_thread
+
 MAX_LINES = 200
 KEEP_JOBS = 50
 # Runs the CLI in-process in the child (not through the thin client: the service would run it in
@@ -75,9 +77,11 @@ class Jobs:
         job.lines.append(f"$ ctx {' '.join(job.argv)}")
         child_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1", "NO_COLOR": "1"}
         try:
-            proc = subprocess.Popen([sys.executable, "-c", CHILD, *job.argv], cwd=job.cwd, env=child_env,
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, errors="replace")
+            # Ends with the process that serves the UI, `kill -9` included (see children.py).
+            proc = on_lifetime_thread(lambda: subprocess.Popen(
+                [sys.executable, "-c", CHILD, *job.argv], cwd=job.cwd, env=child_env, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                preexec_fn=die_with_this_process()))
         except OSError as exc:
             job.lines.append(f"could not start: {exc}")
             job.state, job.code, job.finished = "failed", -1, time.time()

@@ -748,6 +748,28 @@ def test_the_temporary_prefect_server_of_a_service_without_schedules_ends_with_i
     assert all(_gone_within(s, 30) for s in servers), "the killed service's temporary Prefect server is still running"
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_killed_services_index_child_ends_with_it_and_the_client_runs_the_index_itself(
+        indexed: Path, service: Path) -> None:
+    """A forced re-index runs in the service's child; a `kill -9` of the service used to leave that
+    child writing the lake until its run ended, while the client, its service gone, ran the same
+    index itself beside it."""
+    client = subprocess.Popen([CTX, "run", "index", "--force"], cwd=indexed, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    pid = service_pid(service)
+    deadline, child = time.monotonic() + 60, None
+    while child is None and time.monotonic() < deadline and client.poll() is None:
+        child = next((c for c in psutil.Process(pid).children() if "in_process" in " ".join(c.cmdline())), None)
+        time.sleep(0.02)
+    assert child is not None, "the forced run did not start a child of the service"
+    os.kill(pid, signal.SIGKILL)
+    assert _gone_within(child.pid, 5), "the killed service's index child is still running"
+    _, err = client.communicate(timeout=300)
+    assert client.returncode == 0, err[-3000:]
+    assert "running here instead" in err
+    assert json.loads(ctx("status", "--json", cwd=indexed).stdout)["chunks"] > 0
+
+
 def test_reap_stops_only_the_recorded_server(tmp_path: Path) -> None:
     """What `ctx up` and `ctx down` do with a server a dead service recorded: stop it (its whole
     session), but not a process that only has its pid now (another command line)."""
