@@ -17,14 +17,13 @@ from ctxlake.schemas.tables import FILES, chunks_schema
 from ctxlake.tasks import safe_io
 from ctxlake.tasks.chunk import Chunk, ChunkOptions, chunk_text, language_for
 from ctxlake.tasks.graph import graph_files
+from ctxlake.tasks.safe_io import decode_text
 from ctxlake.tasks.secrets import MaskReport, mask_text
 from ctxlake.tasks.stage import stage
 from ctxlake.tasks.terms import chunk_terms
 
 # --- the chunk stage: changed files -> CHUNKS rows (no vectors yet) and their FILES rows ---------
 
-# A file decoded with more replacement characters than this share is not text we can index.
-MAX_REPLACED_SHARE = 0.01
 # Parses kept for the graph stage, by source size: a tree takes ~20x its text in memory, so a
 # batch keeps at most ~90 MB of them; the graph parses the files beyond that again.
 TREES_KEPT_CHARS = 4_000_000
@@ -39,23 +38,6 @@ class ChunkedFiles(NamedTuple):
     # path -> (masked text, lang) of the code files read, for the graph stage (no second read)
     texts: dict[str, tuple[str, str]]
     trees: dict[str, Tree]  # path -> the chunker's parse of that text, so the graph does not parse again
-
-
-def decode_text(data: bytes) -> tuple[str | None, str | None]:
-    """(text, warning): UTF-8 (BOM allowed), UTF-16 by BOM, else UTF-8 with a few replacements."""
-    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
-        try:
-            return data.decode("utf-16"), None
-        except UnicodeDecodeError:
-            return None, "invalid UTF-16"
-    try:
-        return data.decode("utf-8-sig"), None
-    except UnicodeDecodeError as exc:
-        text = data.decode("utf-8", errors="replace")
-        replaced = text.count("\ufffd")
-        if replaced > max(8, len(text) * MAX_REPLACED_SHARE):
-            return None, f"not UTF-8 ({exc.reason} at byte {exc.start})"
-        return text, f"{replaced} invalid UTF-8 byte sequence(s) replaced"
 
 
 def chunk_id(source: str, path: str, chunk: Chunk, content_hash: str) -> str:

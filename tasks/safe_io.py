@@ -214,3 +214,32 @@ def read_fd(fd: int, label: str, max_bytes: int) -> bytes:
     if len(data) > max_bytes:
         raise TooLarge(f"{label!r} grew past the limit of {max_bytes:,} bytes while being read", len(data))
     return data
+
+
+# A file decoded with more replacement characters than this share is not text we can index.
+MAX_REPLACED_SHARE = 0.01
+
+
+def text_as_indexed(data: bytes) -> str:
+    """A file's bytes as the index read them (`decode_text`), for readers that serve it from disk
+    and must mask it the same way: a UTF-16 file read as UTF-8 matched no secret rule. Bytes the
+    index would have refused come out with replacement characters."""
+    text, _ = decode_text(data)
+    return data.decode("utf-8", errors="replace") if text is None else text
+
+
+def decode_text(data: bytes) -> tuple[str | None, str | None]:
+    """(text, warning): UTF-8 (BOM allowed), UTF-16 by BOM, else UTF-8 with a few replacements."""
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        try:
+            return data.decode("utf-16"), None
+        except UnicodeDecodeError:
+            return None, "invalid UTF-16"
+    try:
+        return data.decode("utf-8-sig"), None
+    except UnicodeDecodeError as exc:
+        text = data.decode("utf-8", errors="replace")
+        replaced = text.count("\ufffd")
+        if replaced > max(8, len(text) * MAX_REPLACED_SHARE):
+            return None, f"not UTF-8 ({exc.reason} at byte {exc.start})"
+        return text, f"{replaced} invalid UTF-8 byte sequence(s) replaced"

@@ -42,6 +42,7 @@ from ctxlake.serve.api.watched import project_freshness
 from ctxlake.tasks import freshness, safe_io
 from ctxlake.tasks.lake import IndexState, WriterLock
 from ctxlake.tasks.merkle import load_snapshot
+from ctxlake.tasks.safe_io import text_as_indexed
 from ctxlake.tasks.secrets import mask_text, skipped_as_secret
 
 if TYPE_CHECKING:
@@ -175,7 +176,7 @@ def file_context(
     if stale:
         warnings.append("the file changed since the last index run: lines are current, outline may be off")
     # Read from disk, so masked here as the index masked it (same stage, same line numbers).
-    text = mask_text(data.decode("utf-8", errors="replace"), clean)
+    text = mask_text(text_as_indexed(data), clean)
     lines = text.splitlines(keepends=True)
     total = len(lines)
     start = 1 if start_line is None else start_line

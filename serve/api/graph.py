@@ -28,6 +28,7 @@ from ctxlake.tasks import safe_io
 from ctxlake.tasks.cochange import newest_weight, strength
 from ctxlake.tasks.graph_store import DEFINITIONS_TABLE, IMPORTS_TABLE, REFERENCES_TABLE
 from ctxlake.tasks.lake import FILES_TABLE, connect, open_table, table_names
+from ctxlake.tasks.safe_io import text_as_indexed
 from ctxlake.tasks.secrets import mask_text
 from ctxlake.tasks.source_store import source_roots
 from ctxlake.tasks.store import sql_str
@@ -195,7 +196,7 @@ class GraphReader:
                 except (OSError, InputError):
                     data = b""
             # Masked as the index masked it: a snippet shows no more than a search hit would.
-            text = mask_text(data.decode("utf-8", "replace"), path) if data else ""
+            text = mask_text(text_as_indexed(data), path) if data else ""
             lines = files[(source, path)] = text.split("\n")
         return lines[line - 1].strip()[:SNIPPET_CHARS] if 0 < line <= len(lines) else ""
 

@@ -192,13 +192,14 @@ def _hit_text(root: Path, path: str, start: int, end: int, fallback: str) -> str
     # The race-safe opener, like every other reader: no link out, nothing hidden, no FIFO, bounded.
     from ctxlake.errors import InputError
     from ctxlake.tasks import safe_io
+    from ctxlake.tasks.safe_io import text_as_indexed
     from ctxlake.tasks.secrets import mask_text
 
     try:
         data = safe_io.open_inside(root, path, HIT_READ_BYTES)
     except (InputError, OSError):
         return fallback
-    text = data.decode("utf-8", errors="replace")
+    text = text_as_indexed(data)
     lines = text.splitlines(keepends=True)[max(start, 1) - 1:min(end, start + MAX_HIT_LINES)]
     return mask_text("".join(lines), path) or fallback
 

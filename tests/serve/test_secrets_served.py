@@ -171,3 +171,25 @@ def test_opting_in_indexes_secret_files_with_their_values_masked(
     assert back["removed"] == 2 and back["skipped"]["secret"] == 2
     after = cli("search", "ENV_ONLY_TOKEN DATABASE_PASSWORD", "--json", cwd=repo)
     assert ".env" not in {h["path"] for h in json.loads(after.stdout)["hits"]}
+
+
+def test_a_utf16_file_is_masked_when_read_from_disk_as_in_the_index(
+        cli: Callable[..., Any], make_repo: Callable[..., Path]) -> None:
+    """Windows tools write UTF-16 with a BOM. The index decodes it and masks its values, and the
+    readers that serve the file from disk (`ctx show`, MCP get_file_context, hit texts) read it as
+    UTF-8, where no secret rule matched: they served the password as it is."""
+    repo = make_repo({"app/settings.py": "DEBUG = False\n"})
+    (repo / "app" / "App.config").write_bytes(f'db_password = "{DB_PW}"\nretries = 3\n'.encode("utf-16"))
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    assert DB_PW not in cli("sql", "SELECT text FROM chunks WHERE path = 'app/App.config'", cwd=repo).stdout
+    shown = cli("show", "app/App.config", cwd=repo)
+    assert shown.exit_code == 0, shown.stderr
+    assert "db_password = \"[REDACTED:" in shown.stdout and "retries = 3" in shown.stdout and DB_PW not in shown.stdout
+    settings = load_settings(repo, {"mcp": {"stale_check_s": 0}}, env=dict(os.environ))
+
+    async def main() -> dict[str, Any]:
+        async with Client(build_server(settings)) as client:
+            return await call_ok(client, "get_file_context", {"filepath": "app/App.config"})
+
+    context = anyio.run(main)
+    assert context["total_lines"] == 2 and "[REDACTED:" in context["content"] and DB_PW not in json.dumps(context)
