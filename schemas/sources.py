@@ -77,6 +77,20 @@ class SourceSpec(BaseModel):
     def _paths(cls, value: list[str]) -> list[str]:
         return list(dict.fromkeys(clean_path(p) for p in value))
 
+    @field_validator("origin")
+    @classmethod
+    def _origin(cls, value: str) -> str:
+        # git's `transport::address` hands the address to a remote helper: `ext::` runs it as a
+        # command (allowed where the user's git config allows it), so a cloned sources.toml could
+        # run anything. No source needs one; a leading dash would reach git as an option.
+        if GIT_HELPER_RE.match(value.strip()):
+            raise InputError(f"origin {value!r} goes through a git remote helper ({value.split('::', 1)[0]}::), "
+                             "which can run commands: not accepted",
+                             hint="use an https://, ssh://, git@host:path or file:// origin, or a folder")
+        if value.strip().startswith("-"):
+            raise InputError(f"invalid origin {value!r}: it would reach git as an option")
+        return value
+
     @field_validator("ref")
     @classmethod
     def _ref(cls, value: str | None) -> str | None:
@@ -108,6 +122,8 @@ class SourceSpec(BaseModel):
         return base.model_copy(update={"include": include, "exclude": list(self.exclude)})
 
 
+# git's `<transport>::<address>` syntax (ext::, fd::, any remote-<transport> helper).
+GIT_HELPER_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*::")
 # A git origin that names a remote (scheme://..., or scp-like host:path); anything else is a path here.
 _REMOTE_RE = re.compile(r"^(?:[a-z][a-z0-9+.-]*://|[^/]+:)", re.IGNORECASE)
 

@@ -28,6 +28,7 @@ USERS_FILE = "users.json"
 LOCK_FILE = ".lock"
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 SHORT_SHA_RE = re.compile(r"^[0-9a-f]{7,39}$")
+GIT_PROTOCOLS = "file:git:http:https:ssh"
 _GIT_URL_RE = re.compile(r"^(?:[a-z][a-z0-9+.-]*://|[\w.-]+@[\w.-]+:)", re.IGNORECASE)
 
 
@@ -185,10 +186,14 @@ def run_git(args: Sequence[str], cwd: Path, timeout: float) -> str:
     configured it (credential helpers, ssh agent); without one it fails and we say so.
     """
     cmd = ["git", "-c", "advice.detachedHead=false", *args]
+    # The transports a source may use, whatever the git config allows (`ext::` runs a command; the
+    # origin check refuses it, and this holds for remotes git finds elsewhere, e.g. submodules).
+    # A GIT_ALLOW_PROTOCOL the user set stays theirs.
+    env = {"GIT_ALLOW_PROTOCOL": GIT_PROTOCOLS, **os.environ}
     try:
         proc = subprocess.Popen(
             cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-            text=True, start_new_session=True,
+            text=True, start_new_session=True, env=env,
         )
     except FileNotFoundError as exc:
         raise SourceError("git is not installed (needed for git sources)") from exc

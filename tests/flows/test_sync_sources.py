@@ -385,3 +385,27 @@ def test_add_refuses_a_system_folder_even_as_type_local(project: Path, cli: Call
         refused = cli("add", "sys", origin, "--type", "local", cwd=project)
         assert refused.exit_code == 2 and "system folder" in refused.stderr
     assert not (project / ".ctx" / "sources.toml").exists() or "sys" not in (project / ".ctx" / "sources.toml").read_text()
+
+
+def test_a_committed_origin_through_a_git_remote_helper_runs_nothing(
+        cli: Callable[..., Any], project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ext::CMD` makes git run CMD. A clone's sources.toml is the repository author's: it was
+    taken for a remote (host:path) and reached `git ls-remote`, so only git's own default (ext
+    disallowed) stood between it and a command; a git config that allows ext ran it."""
+    planted = tmp_path / "planted"
+    monkeypatch.setenv("GIT_CONFIG_COUNT", "1")
+    monkeypatch.setenv("GIT_CONFIG_KEY_0", "protocol.ext.allow")
+    monkeypatch.setenv("GIT_CONFIG_VALUE_0", "always")
+    added = cli("add", "ext", f"ext::sh -c touch% {planted}", cwd=project)
+    assert added.exit_code == 2 and not planted.exists(), added.stderr
+    write_files(project, {".ctx/sources.toml": f'[sources.ext]\ntype = "git"\norigin = "ext::sh -c touch% {planted}"\n'})
+    updated = cli("update", "ext", cwd=project)
+    assert updated.exit_code == 3 and "remote helper" in updated.stderr, updated.stderr  # the file is refused
+    assert not planted.exists()
+    # And git itself is told which transports a source may use, whatever its config says.
+    from ctxlake.errors import SourceError
+    from ctxlake.tasks.sources import run_git
+
+    with pytest.raises(SourceError):
+        run_git(["ls-remote", f"ext::sh -c touch% {planted}"], tmp_path, timeout=30)
+    assert not planted.exists()
