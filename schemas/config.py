@@ -429,11 +429,28 @@ def git_toplevel(start: Path) -> Path | None:
     return Path(out.stdout.strip()).resolve() if out.returncode == 0 and out.stdout.strip() else None
 
 
+# Trees of the running system, never a project: refused as index roots and as sources (/etc holds
+# the password hashes root can read; /proc and /sys are endless and change as they are read).
+SYSTEM_TREES = ("/proc", "/sys", "/dev", "/etc", "/boot", "/run")
+
+
+def system_tree(real: Path) -> bool:
+    """Whether a resolved path is a system tree or inside one."""
+    text = str(real)
+    return any(text == tree or text.startswith(tree + "/") for tree in SYSTEM_TREES)
+
+
 def _refuse_broad(root: Path, allow_home: bool) -> Path:
     if not allow_home and (root == Path(root.anchor) or root == Path.home().resolve()):
         # Almost always a mistake (a terminal left in ~ or /, a path typed short), and a very long one.
         raise InputError(f"refusing to index {root}: it is {'your home folder' if root != Path(root.anchor) else 'a filesystem root'}",
                          hint=f"run `ctx run index {root} --allow-home` if you really mean it")
+    if system_tree(root):
+        raise InputError(f"refusing to index {root}: it is a system folder", hint="index a project folder")
+    data = default_home().resolve()
+    if root == data or data in root.parents:
+        raise InputError(f"refusing to index {root}: it is ctxlake's own data folder (CTX_HOME: models, "
+                         "embedding cache, memory lake)", hint="index a project folder")
     return root
 
 

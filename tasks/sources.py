@@ -16,7 +16,7 @@ from typing import NamedTuple
 import xxhash
 
 from ctxlake.errors import ConfigError, InputError, SourceError
-from ctxlake.schemas.config import IndexSettings, Settings, SourcesSettings
+from ctxlake.schemas.config import IndexSettings, Settings, SourcesSettings, system_tree
 from ctxlake.schemas.sources import SourceSpec, is_trusted, origin_path
 from ctxlake.tasks import freshness
 from ctxlake.tasks.stage import stage
@@ -48,17 +48,14 @@ class Fetched(NamedTuple):
 
 # Folders whose scan would read kernel files (/proc/kmsg blocks), devices, or a whole system or
 # home: never a source, whatever the user meant. The folder itself and anything under it.
-_SYSTEM_TREES = ("/proc", "/sys", "/dev", "/etc", "/boot", "/run")
 
 
 def refuse_system_folder(real: Path) -> None:
     """InputError for `/`, the home folder itself, and system trees (/proc, /sys, /dev, /etc, ...)."""
-    text = str(real)
     home = Path.home().resolve()
-    if real == Path(real.anchor) or real == home or any(
-            text == tree or text.startswith(tree + "/") for tree in _SYSTEM_TREES):
+    if real == Path(real.anchor) or real == home or system_tree(real):
         what = "your home folder" if real == home else "a system folder"
-        raise InputError(f"{text} is {what}: it cannot be a source",
+        raise InputError(f"{real} is {what}: it cannot be a source",
                          hint="add the project or docs folder you mean, e.g. ~/code/lib")
 
 

@@ -313,6 +313,20 @@ def test_an_explicit_home_or_root_is_refused_without_allow_home(cli: Callable[..
     assert json.loads(cli("files", "total", "--json", cwd=home).stdout)["files"][0]["path"] == "code/app.py"
 
 
+def test_system_folders_and_the_data_folder_are_never_index_roots(cli: Callable[..., Any], tmp_path: Path,
+                                                                 ctx_home: Path) -> None:
+    """`ctx run index /etc` indexed /etc (its shadow file included, read as root) into /etc/.ctx;
+    `ctx run index /proc` ended in a traceback; CTX_HOME, which the README says is never indexed,
+    was indexed when named."""
+    (ctx_home / "models").mkdir(parents=True, exist_ok=True)
+    for target, what in (("/etc", "a system folder"), ("/proc", "a system folder"),
+                         (str(ctx_home), "ctxlake's own data folder"), (str(ctx_home / "models"), "ctxlake's own data folder")):
+        refused = cli("run", "index", target, "--json", cwd=tmp_path)
+        assert refused.exit_code == 2 and f"it is {what}" in refused.stderr, (target, refused.stderr)
+        assert json.loads(refused.stdout)["code"] == 2
+        assert not (Path(target) / ".ctx").exists()
+
+
 def test_a_table_gone_from_the_lake_is_rebuilt_by_a_plain_run(indexed: Path, cli: Callable[..., Any]) -> None:
     def chunks() -> int:
         result = cli("sql", "select count(*) from chunks", "--json", cwd=indexed)
