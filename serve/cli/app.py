@@ -27,6 +27,7 @@ from ctxlake.schemas.config import (
     resolve_root,
 )
 from ctxlake.schemas.names import PROJECT_SOURCE
+from ctxlake.serve.cli import MAX_LIMIT
 from ctxlake.serve.cli import eval as cli_eval
 from ctxlake.serve.cli import graph as cli_graph
 from ctxlake.serve.cli import handoff as cli_handoff
@@ -247,7 +248,7 @@ def _print_report(report: Any, wall: float) -> None:
 @app.command()
 def search(
     query: Annotated[str, typer.Argument(help="what to look for: words, identifiers, a question")],
-    limit: Annotated[int | None, typer.Option("-n", "--limit", min=1, help="number of results")] = None,
+    limit: Annotated[int | None, typer.Option("-n", "--limit", min=1, max=MAX_LIMIT, help="number of results")] = None,
     mode: Annotated[str | None, typer.Option("--mode", help="hybrid | keyword | semantic | fuzzy")] = None,
     path_glob: Annotated[str | None, typer.Option("--path", help="only paths matching this glob, e.g. 'src/**/*.py'")] = None,
     lang: Annotated[str | None, typer.Option("--lang", help="only this language, e.g. python")] = None,

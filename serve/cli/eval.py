@@ -12,6 +12,7 @@ import typer
 from ctxlake.errors import InputError
 from ctxlake.schemas.config import find_root, load_settings
 from ctxlake.schemas.names import PROJECT_SOURCE
+from ctxlake.serve.cli import MAX_LIMIT
 
 if TYPE_CHECKING:
     from ctxlake.serve.api.evaluate import EvalReport, RunSummary
@@ -98,7 +99,7 @@ def eval_command(
 
 def files_command(
     query: Annotated[str, typer.Argument(help="what to look for: an issue text, a traceback, identifiers, words")],
-    limit: Annotated[int | None, typer.Option("-n", "--limit", min=1, help="number of files")] = None,
+    limit: Annotated[int | None, typer.Option("-n", "--limit", min=1, max=MAX_LIMIT, help="number of files")] = None,
     mode: Annotated[str | None, typer.Option("--mode", help="hybrid | keyword | semantic")] = None,
     path_glob: Annotated[str | None, typer.Option("--path", help="only paths matching this glob")] = None,
     lang: Annotated[str | None, typer.Option("--lang", help="only this language, e.g. python")] = None,

@@ -11,6 +11,7 @@ import typer
 
 from ctxlake.errors import InputError
 from ctxlake.schemas.config import Settings, find_root, git_toplevel, load_settings
+from ctxlake.serve.cli import MAX_LIMIT
 
 if TYPE_CHECKING:
     from ctxlake.serve.api.context import MemoryLake
@@ -161,7 +162,7 @@ def _print_ingest(report: Any) -> None:
 
 def sessions(
     tools: ToolOpt = None,
-    limit: Annotated[int, typer.Option("-n", "--limit", min=1, help="number of sessions")] = 20,
+    limit: Annotated[int, typer.Option("-n", "--limit", min=1, max=MAX_LIMIT, help="number of sessions")] = 20,
     all_projects: AllOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -188,7 +189,7 @@ def sessions(
 def session_show(
     ref: Annotated[str, typer.Argument(help="session ref (tool:id\\[#n]) or a unique prefix of it or of the id")],
     offset: Annotated[int, typer.Option("--offset", min=0, help="first message to show")] = 0,
-    limit: Annotated[int, typer.Option("-n", "--limit", min=1, help="messages per page")] = 50,
+    limit: Annotated[int, typer.Option("-n", "--limit", min=1, max=100_000, help="messages per page")] = 50,
     as_json: JsonOpt = False,
 ) -> None:
     """A session's summary and its messages."""
@@ -222,7 +223,7 @@ def context_search(
     after: Annotated[str | None, typer.Option("--after", help="only after this date/time or age (2025-12-01, 7d)")] = None,
     before: Annotated[str | None, typer.Option("--before", help="only before this date/time or age")] = None,
     depth: Annotated[str, typer.Option("--depth", help="summary | detail | raw")] = "summary",
-    limit: Annotated[int, typer.Option("-n", "--limit", min=1, help="number of results")] = 10,
+    limit: Annotated[int, typer.Option("-n", "--limit", min=1, max=MAX_LIMIT, help="number of results")] = 10,
     all_projects: AllOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -251,7 +252,7 @@ def knowledge(
     kind: Annotated[str | None, typer.Option("--type", help="decision | error | insight")] = None,
     query: Annotated[str | None, typer.Option("--query", "-q", help="best matches for this text")] = None,
     include_superseded: Annotated[bool, typer.Option("--all", help="include superseded records")] = False,
-    limit: Annotated[int, typer.Option("-n", "--limit", min=1)] = 20,
+    limit: Annotated[int, typer.Option("-n", "--limit", min=1, max=MAX_LIMIT)] = 20,
     as_json: JsonOpt = False,
 ) -> None:
     """This project's decisions, error solutions and insights (.ctx/knowledge/)."""

@@ -488,3 +488,11 @@ def test_an_embedding_cache_folder_that_cannot_be_made_is_named_as_such(
     result = cli("run", "index", "--force", cwd=indexed)
     assert result.exit_code == 8, result.stderr
     assert f"cannot create the embedding cache at {ctx_home / 'embeddings'}" in result.stderr
+
+
+@pytest.mark.parametrize("argv", [["search", "total"], ["files", "total"], ["sessions"], ["context", "search", "x"]])
+def test_a_limit_past_the_cap_is_a_usage_error(cli: Callable[..., Any], indexed: Path, argv: list[str]) -> None:
+    """`ctx search -n 2147483648` reached LanceDB and ended in an OverflowError traceback (exit 1)."""
+    refused = cli(*argv, "-n", "2147483648", "--json", cwd=indexed)
+    assert refused.exit_code == 2 and json.loads(refused.stdout)["code"] == 2, refused.stderr
+    assert "less than or equal to 1000" in json.loads(refused.stdout)["error"]
