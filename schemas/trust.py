@@ -30,6 +30,8 @@ GATED: dict[str, tuple[str, ...]] = {
     # Connecting to a scheduler ships pickled code and the project's files to it, and runs what it
     # sends back; executor alone is harmless (without an address it means a LocalCluster here).
     "run": ("dask_address",),
+    # Starts a long-lived process for the user (watchers, schedules, the web UI on a local port).
+    "service": ("autostart",),
 }
 # memory.llm mode -> the gated key it needs. Without that key the mode falls back to "off", so an
 # untrusted `llm = "command"` turns LLM compaction off instead of failing every ingest.

@@ -15,7 +15,7 @@ from typing import Any
 
 from ctxlake.errors import asks_json, error_document
 from ctxlake.serve.service import protocol
-from ctxlake.serve.service.paths import ServicePaths, service_paths
+from ctxlake.serve.service.paths import ServicePaths, ctx_home, service_paths
 from ctxlake.serve.service.protocol import forwarded_env
 
 # Run in this process whatever the service state: they manage the service, hold the user's
@@ -43,7 +43,9 @@ def runs_locally(argv: list[str]) -> bool:
 
 
 def autostart_enabled(cwd: Path) -> bool:
-    """`[service] autostart` from CTX_SERVICE_AUTOSTART or the nearest .ctx/config.toml (off by default)."""
+    """`[service] autostart` from CTX_SERVICE_AUTOSTART or the nearest .ctx/config.toml (off by
+    default). The file's setting counts only once its content is trusted (`ctx trust`): a cloned
+    repository's config must not start a long-lived service on the machine of whoever runs ctx in it."""
     value = os.environ.get("CTX_SERVICE_AUTOSTART")
     if value is not None:
         return value.strip().lower() in ("1", "true", "yes", "on")
@@ -52,11 +54,16 @@ def autostart_enabled(cwd: Path) -> bool:
         if config.is_file():
             import tomllib  # here: only a command with the service down reads it (~13 ms to import)
 
+            from ctxlake.schemas import trust  # standard library only
+
             try:
-                data = tomllib.loads(config.read_text(encoding="utf-8"))
+                content = config.read_bytes()
+                data = tomllib.loads(content.decode("utf-8"))
             except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError):
                 return False
-            return bool(data.get("service", {}).get("autostart", False))
+            section = data.get("service")
+            wanted = isinstance(section, dict) and bool(section.get("autostart", False))
+            return wanted and trust.is_trusted(config, content, ctx_home())
     return False
 
 
