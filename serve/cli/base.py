@@ -78,7 +78,6 @@ def _start_temporary_server() -> None:
 
     import prefect.server.api.server as prefect_server
 
-    from ctxlake.serve.service.children import die_with_this_process
 
     server = prefect_server.SubprocessASGIServer()  # the one instance Prefect's clients use
     if server.running:
@@ -90,9 +89,8 @@ def _start_temporary_server() -> None:
     # A blocked signal stays blocked across fork and exec; a Ctrl-C meanwhile waits for this process.
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     real = prefect_server.subprocess
-    arm = die_with_this_process()
-    if arm is not None:  # only Prefect's server module sees the shim, and only while it starts the server
-        prefect_server.subprocess = _SpawnWith(real, arm)  # type: ignore[assignment]
+    # Only Prefect's server module sees the shim, and only while it starts the server.
+    prefect_server.subprocess = _SpawnDying(real)  # type: ignore[assignment]
     try:
         for _ in range(SERVER_START_ATTEMPTS):
             server.start()
@@ -134,17 +132,20 @@ def _own_server_answers(server: Any) -> bool:
     return False
 
 
-class _SpawnWith:
-    """`subprocess` as Prefect's server module uses it, with a preexec_fn added to Popen."""
+class _SpawnDying:
+    """`subprocess` as Prefect's server module uses it, its Popen's command run through
+    `dying_with_this_process`."""
 
-    def __init__(self, real: Any, preexec: Callable[[], None]) -> None:
-        self._real, self._preexec = real, preexec
+    def __init__(self, real: Any) -> None:
+        self._real = real
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
 
-    def Popen(self, *args: Any, **kwargs: Any) -> Any:
-        return self._real.Popen(*args, preexec_fn=self._preexec, **kwargs)
+    def Popen(self, args: Any, *rest: Any, **kwargs: Any) -> Any:
+        from ctxlake.serve.service.children import dying_with_this_process
+
+        return self._real.Popen(dying_with_this_process(args), *rest, **kwargs)
 
 
 def bound_writer_heap() -> None:

@@ -9,10 +9,9 @@ thread, which live as long as the process, it is signalled only when the process
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -23,27 +22,29 @@ _keeper_lock = threading.Lock()
 KEEPER_NAME = "ctx-child-spawner"
 
 
-def die_with_this_process() -> Callable[[], None] | None:
-    """A preexec_fn that has the kernel send the child SIGTERM when the spawning thread ends
-    (Linux only, else None): spawn from the main thread or through `on_lifetime_thread`."""
+# Arms the signal in the child and then runs the real command in its place (the setting survives
+# exec). Armed in the child's own code, not in a preexec_fn: a preexec_fn makes subprocess fork
+# instead of vfork, which runs LanceDB's fork handlers in the child ("lancedb fork support is
+# experimental ... a small chance of deadlock", printed on every such spawn).
+_LAUNCHER = ("import ctypes, os, signal, sys\n"
+             "ctypes.CDLL(None).prctl(1, int(signal.SIGTERM))\n"  # PR_SET_PDEATHSIG
+             # The parent died before the line above: nothing would signal us.
+             "os.getppid() == int(sys.argv[1]) or os._exit(1)\n"
+             "os.execvp(sys.argv[2], sys.argv[2:])")
+
+
+def dying_with_this_process(argv: Sequence[str]) -> list[str]:
+    """`argv` run so that the kernel sends it SIGTERM when the spawning thread ends (Linux only;
+    elsewhere `argv` as it is): spawn from the main thread or through `on_lifetime_thread`. The
+    child keeps the pid it is started with (a small Python launcher execs `argv`)."""
     if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    parent = os.getpid()
-
-    def arm() -> None:  # in the child, between fork and exec: no allocation-heavy work here
-        libc.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the parent died before the line above: nothing would tell us
-            os._exit(1)
-
-    return arm
+        return list(argv)
+    return [sys.executable, "-c", _LAUNCHER, str(os.getpid()), *argv]
 
 
 def on_lifetime_thread(fn: Callable[[], T]) -> T:
     """`fn()` on a thread that lives as long as this process (the main thread when called from
-    it, else one kept for the purpose), so that children it spawns with `die_with_this_process`
+    it, else one kept for the purpose), so that children it spawns with `dying_with_this_process`
     are signalled when the process dies and not before. Calls are served one at a time."""
     global _keeper
     here = threading.current_thread()

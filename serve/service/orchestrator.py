@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ctxlake.errors import CtxError
 from ctxlake.schemas.config import Settings
-from ctxlake.serve.service.children import die_with_this_process, on_lifetime_thread
+from ctxlake.serve.service.children import dying_with_this_process, on_lifetime_thread
 from ctxlake.serve.service.lifecycle import reap_prefect_server, record_prefect_server
 from ctxlake.serve.service.paths import ServicePaths
 
@@ -186,9 +186,9 @@ class Orchestrator:
         # Signalled by the kernel when the service dies (a `kill -9` too: Linux); the record below
         # is for the rest, which the next `ctx up` or `ctx down` reaps.
         self._server = on_lifetime_thread(lambda: subprocess.Popen(
-            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            preexec_fn=die_with_this_process()))
+            dying_with_this_process([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                                     "--port", str(port)]),
+            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
         log.close()
         with contextlib.suppress(OSError, ProcessLookupError):
             record_prefect_server(self.paths, self._server.pid)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ctxlake.serve.service.children import die_with_this_process, on_lifetime_thread
+from ctxlake.serve.service.children import dying_with_this_process, on_lifetime_thread
 
 MAX_LINES = 200
 KEEP_JOBS = 50
@@ -79,9 +79,9 @@ class Jobs:
         try:
             # Ends with the process that serves the UI, `kill -9` included (see children.py).
             proc = on_lifetime_thread(lambda: subprocess.Popen(
-                [sys.executable, "-c", CHILD, *job.argv], cwd=job.cwd, env=child_env, stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                preexec_fn=die_with_this_process()))
+                dying_with_this_process([sys.executable, "-c", CHILD, *job.argv]), cwd=job.cwd, env=child_env,
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                errors="replace"))
         except OSError as exc:
             job.lines.append(f"could not start: {exc}")
             job.state, job.code, job.finished = "failed", -1, time.time()
