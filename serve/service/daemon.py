@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from ctxlake import __version__
-from ctxlake.serve.api.cancel import on_behalf
+from ctxlake.serve.api.cancel import abandoned, on_behalf
 from ctxlake.serve.service import capture, protocol
-from ctxlake.serve.service.children import die_with_this_process, on_lifetime_thread
+from ctxlake.serve.service.children import dying_with_this_process, on_lifetime_thread
 from ctxlake.serve.service.paths import ServicePaths, ctx_home, service_paths, write_private_json
 from ctxlake.serve.service.progress import PROGRESS_S, ProgressFeed
 from ctxlake.serve.service.protocol import Busy
@@ -49,6 +49,14 @@ TRIM_AFTER_CPU_S = 2.0
 IDLE_CPU_SHARE = 0.10
 INDEX_WAIT_S = 60
 BUSY_WAIT_S = 1.0  # a CLI request waits this long for the one before it, then runs in its client
+# accept() errors that pass (descriptors or memory short for a moment), how long to wait after
+# one, and how often to log them while they last.
+ACCEPT_RETRY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED,
+                                 errno.EPROTO, errno.EINTR})
+ACCEPT_RETRY_S = 0.1
+ACCEPT_LOG_EVERY_S = 10.0
+CHILD_POLL_S = 0.25  # how often a waiting child run checks that its client is still there
+CHILD_INTERRUPT_GRACE_S = 20.0  # after SIGINT, before SIGTERM
 SETTLE_S = 0.08  # > the watcher's 50 ms quiet step; a miss only costs a full (correct) run
 SETTLE_MAX_S = 10.0  # how long a `ctx run index` waits for a watcher batch under way
 SCHEDULES_WAIT_S = 3.0  # `ctx status` shows the last schedules read when Prefect takes longer
@@ -79,6 +87,7 @@ class Service:
         self.paths = paths
         self.started = time.time()
         self.stopping = threading.Event()
+        self._accept_logged = -ACCEPT_LOG_EVERY_S  # when a failed accept was last logged
         self._listener: socket.socket | None = None
         self._lock_fh: IO[str] | None = None
         self._cli_lock = threading.Lock()  # cwd and os.environ are per process: one CLI request at a time
@@ -230,12 +239,28 @@ class Service:
                 conn, _ = self._listener.accept()
             except TimeoutError:
                 continue
-            except OSError:
+            except OSError as exc:
                 if self.stopping.is_set():
                     break
-                raise
-            threading.Thread(target=self._handle, args=(conn,), name="request", daemon=True).start()
+                if exc.errno not in ACCEPT_RETRY_ERRNOS:
+                    raise
+                # Out of descriptors (a client holding thousands of connections, or LanceDB's open
+                # files): the waiting connections stay queued; take them once some are closed.
+                self._accept_failed(exc)
+                time.sleep(ACCEPT_RETRY_S)
+                continue
+            try:
+                threading.Thread(target=self._handle, args=(conn,), name="request", daemon=True).start()
+            except RuntimeError as exc:  # no thread left to start: this client is refused, not the service
+                conn.close()
+                self._accept_failed(exc)
         self.shutdown()
+
+    def _accept_failed(self, exc: BaseException) -> None:
+        now = time.monotonic()
+        if now - self._accept_logged >= ACCEPT_LOG_EVERY_S:
+            self._accept_logged = now
+            log(f"cannot take a connection now ({exc}); retrying")
 
     def _housekeeping(self) -> None:
         cpu_seen = cpu_trimmed = time.process_time()
@@ -326,7 +351,9 @@ class Service:
                 answer = self.run_cli(message)
             if gone.is_set():
                 argv = " ".join(str(a) for a in message.get("argv", []))[:200]
-                log(f"the client of `ctx {argv}` left before its answer (exit {answer.get('code')})")
+                last = (str(answer.get("stderr") or "").strip().splitlines() or [""])[-1][:300]
+                log(f"the client of `ctx {argv}` left before its answer (exit {answer.get('code')})"
+                    + (f": {last}" if last else ""))
                 return
             protocol.send(conn, answer)
         elif op == "watch":
@@ -581,21 +608,36 @@ class Service:
         environment: (exit code, stdout, stderr)."""
         # At a lower CPU priority: on a small machine a whole-tree run and the agents' queries want
         # the same cores, and a query waits on the user while the run does not.
-        code = (f"import os, sys\nos.nice({CHILD_NICE})\nfrom ctxlake.serve.service.client import in_process\n"
-                "sys.exit(in_process(sys.argv[1:]))")
+        # A SIGINT (its client quit) before the CLI catches it, during the imports, ends it with 130 too.
+        code = (f"import os, sys\nos.nice({CHILD_NICE})\ntry:\n    from ctxlake.serve.service.client import in_process\n"
+                "    sys.exit(in_process(sys.argv[1:]))\nexcept KeyboardInterrupt:\n    sys.exit(130)")
         progress = fd_of(env.get(PROGRESS_FD_ENV, ""))
         # Spawned so that it ends with the service, `kill -9` included: the client whose service
         # died falls back to running the command itself, which must not meet an orphan still
         # writing the same lake (it would wait on the writer lock, or ingest the same logs twice).
         try:
             proc = on_lifetime_thread(lambda: subprocess.Popen(
-                [sys.executable, "-c", code, *argv], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
-                pass_fds=() if progress is None else (progress,), preexec_fn=die_with_this_process()))
+                dying_with_this_process([sys.executable, "-c", code, *argv]), cwd=cwd, env=env,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                pass_fds=() if progress is None else (progress,)))
         except OSError as exc:  # no process left to start, the folder gone meanwhile
             return 1, "", f"ctx: error: could not start the run: {exc}\n"
-        stdout, stderr = proc.communicate()
-        return proc.returncode, stdout, stderr
+        interrupted_at: float | None = None
+        while True:
+            try:
+                stdout, stderr = proc.communicate(timeout=CHILD_POLL_S)
+                return proc.returncode, stdout, stderr
+            except subprocess.TimeoutExpired:
+                pass
+            # Its client quit (Ctrl-C, a closed terminal): stop the run as a Ctrl-C stops it
+            # without the service (exit 130; the lake keeps what was committed and the next run
+            # resumes), rather than go on for minutes for nobody. SIGTERM if it does not stop.
+            if interrupted_at is None and abandoned():
+                log(f"client gone: interrupting `ctx {' '.join(argv[:2])}` (pid {proc.pid})")
+                proc.send_signal(signal.SIGINT)
+                interrupted_at = time.monotonic()
+            elif interrupted_at is not None and time.monotonic() - interrupted_at > CHILD_INTERRUPT_GRACE_S:
+                proc.terminate()
 
     def _settle(self, argv: list[str]) -> None:
         """Before a `ctx run index` of a watched project: give the watcher time to take the batch.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -30,6 +31,7 @@ from memlogs import claude, write_jsonl
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
 CTX = str(Path(sys.executable).parent / "ctx")
+FD_LIMIT = 400  # the descriptors a service gets in the test that runs it out of them
 HEAVY = ("lancedb", "pyarrow", "torch", "prefect", "pydantic", "typer", "rich")
 
 
@@ -413,6 +415,74 @@ def test_a_served_query_stops_when_its_client_quits(indexed: Path, service: Path
     assert answer.returncode == 0 and json.loads(answer.stdout)["rows"] == [[42]], answer.stderr
 
 
+def test_a_served_child_run_stops_when_its_client_quits(indexed: Path, service: Path) -> None:
+    """A forced re-index runs in the service's child: a Ctrl-C of its client stops it there as a
+    Ctrl-C stops it without the service (exit 130), instead of it running on for nobody; the next
+    run and the searches find the lake whole."""
+    pid = service_pid(service)
+    client = subprocess.Popen([CTX, "run", "index", "--force"], cwd=indexed, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    deadline, child = time.monotonic() + 60, None
+    while child is None and time.monotonic() < deadline and client.poll() is None:
+        child = next((c for c in psutil.Process(pid).children() if "in_process" in " ".join(c.cmdline())), None)
+        time.sleep(0.02)
+    assert child is not None, "the forced run did not start a child of the service"
+    client.send_signal(signal.SIGINT)
+    _, err = client.communicate(timeout=20)
+    assert client.returncode == 130 and "interrupted" in err, err
+    assert _gone_within(child.pid, 30), "the child run went on after its client quit"
+    log = service_dir(service) / "service.log"
+    deadline = time.monotonic() + 10
+    while "left before its answer" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "client gone: interrupting `ctx run index`" in log.read_text()
+    ended = re.search(r"`ctx run index --force` left before its answer \(exit (-?\d+)\)", log.read_text())
+    assert ended is not None and ended.group(1) != "0", log.read_text()[-2000:]  # stopped, not run to its end
+    again = ctx("run", "index", cwd=indexed, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    found = ctx("search", "invoice total", "--json", cwd=indexed)
+    assert json.loads(found.stdout)["hits"][0]["path"] == "src/billing/invoice.py", found.stderr
+
+
+def test_the_service_outlives_running_out_of_descriptors(indexed: Path, ctx_home: Path) -> None:
+    """accept() failing with EMFILE (a client holding thousands of connections) ended the service:
+    the accept loop re-raised every OSError but a timeout."""
+    import resource
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
+
+    started = subprocess.run([CTX, "up"], cwd=indexed, capture_output=True, text=True, timeout=120, check=False,
+                             preexec_fn=low_limit)
+    assert started.returncode == 0, started.stderr
+    try:
+        pid = service_pid(ctx_home)
+        assert ctx("search", "invoice total", cwd=indexed).returncode == 0
+        held: list[socket.socket] = []
+        log = service_dir(ctx_home) / "service.log"
+        deadline = time.monotonic() + 60
+        # More connections than the service can hold descriptors for, as fast as it takes them.
+        while "cannot take a connection now" not in log.read_text() and time.monotonic() < deadline:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            try:
+                sock.connect(str(service_dir(ctx_home) / "ctx.sock"))
+            except BlockingIOError:  # its listen queue is full for now
+                sock.close()
+                time.sleep(0.01)
+                continue
+            held.append(sock)
+        assert "cannot take a connection now" in log.read_text() and psutil.pid_exists(pid)
+        for sock in held:
+            sock.close()
+        found = ctx("search", "invoice total", "--json", cwd=indexed)
+        assert found.returncode == 0 and json.loads(found.stdout)["hits"][0]["path"] == "src/billing/invoice.py"
+        assert service_pid(ctx_home) == pid and psutil.Process(pid).is_running()
+        assert "Traceback" not in log.read_text()
+    finally:
+        ctx("down", cwd=indexed)
+
+
 def test_a_served_run_shows_its_progress_on_a_terminal(indexed: Path, service: Path) -> None:
     """A command the service runs (a forced index: in its child) for a client whose stderr is a
     terminal draws its stages on one status line while it runs, as the in-process path draws its
@@ -641,6 +711,20 @@ def test_autostart_starts_the_service_when_enabled(indexed: Path, ctx_home: Path
     try:
         on = ctx("search", "invoice", cwd=indexed)
         assert on.returncode == 0 and on.stdout == off.stdout
+        assert "Service: up" in ctx("status", cwd=indexed).stdout
+    finally:
+        ctx("down", cwd=indexed)
+    # From the project's config.toml only once the user trusts that content: a clone's committed
+    # `autostart = true` started a long-lived service (watchers, schedules, a web UI port).
+    monkeypatch.delenv("CTX_SERVICE_AUTOSTART")
+    config = indexed / ".ctx" / "config.toml"
+    config.write_text(config.read_text() + "\n[service]\nautostart = true\n")
+    untrusted = ctx("search", "invoice", cwd=indexed)
+    assert untrusted.returncode == 0 and not (service_dir(ctx_home) / "ctx.sock").exists()
+    assert "ignoring service.autostart" in untrusted.stderr
+    assert ctx("trust", cwd=indexed).returncode == 0
+    try:
+        assert ctx("search", "invoice", cwd=indexed).returncode == 0
         assert "Service: up" in ctx("status", cwd=indexed).stdout
     finally:
         ctx("down", cwd=indexed)
