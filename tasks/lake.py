@@ -251,20 +251,29 @@ class WriterLock:
         previous = self.owner().get("pid")
         if isinstance(previous, int) and previous != os.getpid() and not _pid_alive(previous):
             self.took_over_from = previous
-        os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"pid": os.getpid(), "purpose": self.purpose,
-                                 "since": time.strftime("%Y-%m-%dT%H:%M:%S")}).encode())
-        self._fd = fd
+        self._fd = fd  # held from here: release() must find it whatever fails below
+        # The owner record only makes "busy" messages useful. A full disk must not fail the taking
+        # (it left the descriptor, and the lock, held by a long-lived service for good): the run
+        # goes on to report the disk itself.
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps({"pid": os.getpid(), "purpose": self.purpose,
+                                     "since": time.strftime("%Y-%m-%dT%H:%M:%S")}).encode())
+        except OSError:
+            pass
         return self
 
     def release(self) -> None:
         if self._fd is not None:
             import fcntl
 
-            os.ftruncate(self._fd, 0)
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+            fd, self._fd = self._fd, None
+            try:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, 0)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
 
     def held_by_other(self) -> dict[str, Any] | None:
         """The owner's record if another live process holds the lock (used by `ctx status`)."""
