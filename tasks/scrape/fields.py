@@ -28,23 +28,34 @@ EXIT_CODE = re.compile(r"Exit Code: (-?\d+)")
 # -- typed accessors ----------------------------------------------------------------------------
 
 
+# Times outside these are damage, not history: a record stamped 9999-12-31 overflowed the session
+# windows' date arithmetic and stopped every later ingest; year 1 was stored as text the read
+# side could not cast back.
+EARLIEST_TS = datetime(1990, 1, 1, tzinfo=UTC)
+LATEST_TS = datetime(2200, 1, 1, tzinfo=UTC)
+
+
 def parse_ts(value: Any) -> datetime | None:
-    """ISO-8601 text or epoch seconds/milliseconds -> aware UTC datetime; None when unusable."""
+    """ISO-8601 text or epoch seconds/milliseconds -> aware UTC datetime between EARLIEST_TS and
+    LATEST_TS; None when unusable."""
     if isinstance(value, bool) or value is None:
         return None
+    ts: datetime | None = None
     if isinstance(value, int | float):
         seconds = value / 1000.0 if value > 1e11 else float(value)
         try:
-            return datetime.fromtimestamp(seconds, tz=UTC)
+            ts = datetime.fromtimestamp(seconds, tz=UTC)
         except (OverflowError, OSError, ValueError):
             return None
-    if isinstance(value, str) and value[:1].isdigit():
+    elif isinstance(value, str) and value[:1].isdigit():
         try:
-            ts = datetime.fromisoformat(value)
-        except ValueError:
+            parsed = datetime.fromisoformat(value)
+            ts = parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+        except (ValueError, OverflowError):
             return None
-        return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
-    return None
+    if ts is None or not EARLIEST_TS <= ts < LATEST_TS:
+        return None
+    return ts
 
 
 def obj(value: Any) -> dict[str, Any]:

@@ -47,3 +47,33 @@ def test_bad_logs_do_not_stop_ingestion_and_are_counted(
     assert json.loads(status.stdout)["memory_malformed"] == expected
     human = cli("status", cwd=repo)
     assert "claude logs: 2 malformed record(s) skipped" in human.stdout
+
+
+@pytest.mark.timeout(300)
+def test_a_record_stamped_at_the_ends_of_the_calendar_stops_nothing(
+        tmp_path: Path, make_repo: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, ctx_home: Path,
+        cli: Callable[..., Any]) -> None:
+    """A record stamped 9999-12-31 was stored, then its session's window overflowed the date
+    arithmetic (OverflowError, exit 1) in this run and every later one; one stamped year 1 was
+    stored as text the read side could not cast back (`ctx session show` exit 8)."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    repo = make_repo({"a.py": "x = 1\n"}, name="app")
+    logs = tmp_path / "claude" / "projects"
+    write_jsonl(logs / "p" / "far.jsonl", [
+        {**claude("user", "f1", 0, "stamped at the end of time", session="s-far", cwd=str(repo)),
+         "timestamp": "9999-12-31T23:59:59Z"},
+        claude("user", "f2", 1, "a sane neighbour", session="s-far", cwd=str(repo)),
+    ])
+    write_jsonl(logs / "p" / "old.jsonl", [
+        {**claude("user", "o1", 0, "stamped in year one", session="s-old", cwd=str(repo)),
+         "timestamp": "0001-01-01T00:00:00Z"},
+    ])
+    first = cli("run", "ingest", f"--from=claude={logs}", "--json", "--no-embed", cwd=repo)
+    assert first.exit_code == 0, first.stderr
+    # Both are skipped and counted like any record without a usable time.
+    assert json.loads(first.stdout)["malformed_in_logs"] == {"claude": {"bad timestamp": 2}}
+    again = cli("run", "ingest", f"--from=claude={logs}", "--json", "--no-embed", cwd=repo)
+    assert again.exit_code == 0, again.stderr  # the next run too: nothing was left half done
+    shown = cli("session", "show", "claude:s-far", cwd=repo)
+    assert shown.exit_code == 0 and "a sane neighbour" in shown.stdout, shown.stderr
+    assert "stamped at the end of time" not in shown.stdout
