@@ -209,7 +209,9 @@ def run(argv: list[str]) -> int:
         print(f"ctx: the service stopped answering ({exc.__class__.__name__}); running here instead.",
               file=sys.stderr)
         return in_process(argv)
-    if reply.get("op") == "local":  # the service cannot run it faithfully (e.g. different env)
+    if reply.get("op") == "local":  # the service cannot run it faithfully (e.g. different env), or stopped
+        if reply.get("reason"):
+            print(f"ctx: {reply['reason']}; running here instead.", file=sys.stderr)
         return in_process(argv)
     if reply.get("op") == "error":
         message, code = str(reply.get("message", "the service refused the request")), int(reply.get("code", 1))

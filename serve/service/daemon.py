@@ -467,6 +467,15 @@ class Service:
             # runs this one itself rather than wait behind it.
             return {"op": "local"}
         code, stdout, stderr = self._run_in_child(argv, folder, env)
+        if self.stopping.is_set():
+            # `ctx down` came during the run, which the service's stop ends (its exit code then
+            # says nothing: a child reaped elsewhere reads as 0): the client runs it, as it does
+            # when the service is gone.
+            return {"op": "local", "reason": "the service stopped during the run"}
+        if code < 0:  # ended by a signal, not by itself
+            name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+            return {"op": "result", "code": 1, "stdout": stdout,
+                    "stderr": stderr + f"ctx: error: the run in the service's child process was killed ({name})\n"}
         if code == 0 and root is not None and (watched := self.register(root)):
             log(f"watching {watched}")
         return {"op": "result", "code": code, "stdout": stdout, "stderr": stderr}

@@ -444,6 +444,23 @@ def test_a_served_child_run_stops_when_its_client_quits(indexed: Path, service: 
     assert json.loads(found.stdout)["hits"][0]["path"] == "src/billing/invoice.py", found.stderr
 
 
+def test_ctx_down_during_a_child_run_leaves_the_run_to_its_client(indexed: Path, service: Path) -> None:
+    """`ctx down` while a forced re-index ran in the service's child ended the client with exit 0 or
+    241 and no output at all, the index not done: it now runs the command itself, with a notice."""
+    pid = service_pid(service)
+    client = subprocess.Popen([CTX, "run", "index", "--force", "--json"], cwd=indexed, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    deadline, child = time.monotonic() + 60, None
+    while child is None and time.monotonic() < deadline and client.poll() is None:
+        child = next((c for c in psutil.Process(pid).children() if "in_process" in " ".join(c.cmdline())), None)
+        time.sleep(0.02)
+    assert child is not None, "the forced run did not start a child of the service"
+    assert ctx("down", cwd=indexed).returncode == 0
+    out, err = client.communicate(timeout=300)
+    assert client.returncode == 0 and "running here instead" in err, err[-3000:]
+    assert json.loads(out)["files_seen"] > 0  # the run, done here
+
+
 def test_the_service_outlives_running_out_of_descriptors(indexed: Path, ctx_home: Path) -> None:
     """accept() failing with EMFILE (a client holding thousands of connections) ended the service:
     the accept loop re-raised every OSError but a timeout."""
@@ -461,6 +478,8 @@ def test_the_service_outlives_running_out_of_descriptors(indexed: Path, ctx_home
         held: list[socket.socket] = []
         log = service_dir(ctx_home) / "service.log"
         deadline = time.monotonic() + 60
+        while "imports warmed" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)  # its warm-up imports need descriptors too: this is about taking connections
         # More connections than the service can hold descriptors for, as fast as it takes them.
         while "cannot take a connection now" not in log.read_text() and time.monotonic() < deadline:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
