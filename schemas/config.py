@@ -274,11 +274,13 @@ def check_cron(value: str) -> str:
 class ScheduleSettings(_Section):
     """Defaults of the service's scheduled flows (`ctx up`); `ctx schedule set` changes the live ones."""
 
-    # At least a minute, as `ctx schedule set` (serve/service/schedules.py MIN_EVERY_S): each run is a process.
-    ingest_every_s: float = Field(300.0, ge=60.0, description="ingest_conversations interval")
+    # At least a minute and at most a year, as `ctx schedule set` (serve/service/schedules.py
+    # MIN_EVERY_S, MAX_EVERY_S): each run is a process, and a longer one is a pause.
+    ingest_every_s: float = Field(300.0, ge=60.0, le=366 * 86400.0, description="ingest_conversations interval")
     logs_debounce_s: float = Field(2.0, ge=0.0, description="agent log file events within this window (from the first) make one ingest run")
     sync_cron: str = Field("0 3 * * *", description="sync_sources: daily cron")
-    index_every_s: float = Field(3600.0, ge=60.0, description="index_code consistency run per registered project")
+    index_every_s: float = Field(3600.0, ge=60.0, le=366 * 86400.0,
+                                 description="index_code consistency run per registered project")
     max_failures: int = Field(3, ge=1, description="a deployment failing this many runs in a row is paused")
     max_parallel_runs: int = Field(2, ge=1, description="flow runs the service runs at once (each is a process)")
 

@@ -15,6 +15,7 @@ _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # Each run is a process of its own (imports alone take seconds): a shorter interval would keep the
 # service busy starting runs, and with two parallel runs, queue them without end.
 MIN_EVERY_S = 60
+MAX_EVERY_S = 366 * 86400  # a year: longer is a pause, which has its own command
 
 
 def parse_every(text: str) -> timedelta:
@@ -22,7 +23,11 @@ def parse_every(text: str) -> timedelta:
     match = _EVERY.match(text.strip().lower())
     if not match or float(match.group(1)) <= 0:
         raise InputError(f"invalid interval {text!r}", hint="use e.g. 90s, 10m, 2h, 1d")
-    every = timedelta(seconds=float(match.group(1)) * _UNIT_S[match.group(2) or "s"])
+    seconds = float(match.group(1)) * _UNIT_S[match.group(2) or "s"]
+    if seconds > MAX_EVERY_S:  # timedelta overflowed past ~2.7 million years (an OverflowError traceback)
+        raise InputError(f"interval {text!r} is too long: at most {MAX_EVERY_S // 86400} days",
+                         hint="use e.g. 1d or 7d; `ctx schedule pause` stops a schedule")
+    every = timedelta(seconds=seconds)
     if every.total_seconds() < MIN_EVERY_S:
         raise InputError(f"interval {text!r} is too short: a schedule runs at most once every {MIN_EVERY_S} s",
                          hint="use 1m or more; the file watchers already catch edits as they happen")

@@ -50,6 +50,14 @@ def test_an_interval_under_a_minute_is_refused(cli: Callable[..., Any], tmp_path
         assert result.exit_code == 2 and "too short" in result.stderr and "60 s" in result.stderr, every
 
 
+def test_an_interval_past_a_year_is_refused(cli: Callable[..., Any], tmp_path: Path) -> None:
+    """99999999999d overflowed timedelta: an OverflowError traceback, exit 1."""
+    for every in ("99999999999d", "367d"):
+        result = cli("schedule", "set", "ingest_conversations", "--every", every, cwd=tmp_path)
+        assert result.exit_code == 2 and "too long" in result.stderr, (every, result.stderr)
+    assert parse_every("366d").days == 366
+
+
 def test_a_config_interval_under_a_minute_is_a_config_error(tmp_path: Path) -> None:
     from ctxlake.errors import ConfigError
     from ctxlake.schemas.config import load_settings
