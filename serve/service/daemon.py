@@ -319,6 +319,7 @@ class Service:
                 conn.settimeout(30.0)
                 try:
                     message = protocol.recv(conn)
+                    protocol.check_fields(message)
                 except protocol.ProtocolError as exc:
                     log(f"bad request: {exc}")
                     protocol.send(conn, {"op": "error", "message": f"bad request: {exc}", "code": 2})
@@ -357,7 +358,12 @@ class Service:
                 return
             protocol.send(conn, answer)
         elif op == "watch":
-            added = [self.register(Path(p)) for p in message.get("paths", [])]
+            # Folders as the client resolved them: a relative one would be read from this process's folder.
+            paths = [Path(p) for p in message["paths"]]
+            if not all(p.is_absolute() for p in paths):
+                protocol.send(conn, {"op": "error", "message": "watch: paths must be absolute", "code": 2})
+                return
+            added = [self.register(p) for p in paths]
             protocol.send(conn, {"op": "ok", "watching": added})
         elif op == "mcp":
             from ctxlake.serve.service.mcp_host import serve_connection

@@ -36,6 +36,33 @@ class ProtocolError(Exception):
     """The peer sent something that is not a frame of this protocol."""
 
 
+# op -> field -> the type its value must have when present (required: REQUIRED_FIELDS).
+FIELD_TYPES: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "cli": {"argv": list, "cwd": str, "env": dict, "columns": int, "stdout_tty": bool, "stderr_tty": bool},
+    "watch": {"paths": list},
+}
+REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {"cli": ("argv", "cwd"), "watch": ("paths",)}
+
+
+def check_fields(message: dict[str, Any]) -> None:
+    """ProtocolError naming the first field of a request that is missing or of the wrong type
+    (a string where a list of paths belongs was read as one path per character)."""
+    op = str(message.get("op"))
+    for name in REQUIRED_FIELDS.get(op, ()):
+        if name not in message:
+            raise ProtocolError(f"{op}: missing field {name!r}")
+    for name, kind in FIELD_TYPES.get(op, {}).items():
+        value = message.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ProtocolError(f"{op}: field {name!r} must be {getattr(kind, '__name__', kind)}")
+        if isinstance(value, list) and not all(isinstance(v, str) for v in value):
+            raise ProtocolError(f"{op}: field {name!r} must be a list of strings")
+        if isinstance(value, dict) and not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            raise ProtocolError(f"{op}: field {name!r} must map strings to strings")
+
+
 class PeerClosed(ProtocolError):
     """The connection ended before a whole frame arrived (e.g. the service died)."""
 

@@ -541,8 +541,24 @@ def test_garbage_gets_an_error_and_the_service_stays_up(indexed: Path, service: 
             (length,) = struct.unpack(">I", sock.recv(4))
             reply = json.loads(sock.recv(length))
             assert reply["op"] == "error" and "bad request" in reply["message"]
+    # Frames of the protocol with fields of the wrong type: an error answer, not a closed
+    # connection ("columns": "abc"), nor "abc" taken for three folders to watch.
+    for message in ({"op": "cli", "argv": ["search", "x"], "cwd": str(indexed), "columns": "abc"},
+                    {"op": "cli", "argv": ["search", "x"], "cwd": str(indexed), "env": [1, 2]},
+                    {"op": "cli", "argv": "search x", "cwd": str(indexed)},
+                    {"op": "watch", "paths": "abc"}, {"op": "watch", "paths": ["relative/folder"]}):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(10)
+            sock.connect(sock_path)
+            data = json.dumps({**message, "v": 1}).encode()
+            sock.sendall(struct.pack(">I", len(data)) + data)
+            (length,) = struct.unpack(">I", sock.recv(4))
+            reply = json.loads(sock.recv(length))
+            assert reply["op"] == "error" and reply["code"] == 2, (message, reply)
     assert ctx("search", "invoice", cwd=indexed).returncode == 0
     assert "Service: up" in ctx("status", cwd=indexed).stdout
+    watching = json.loads(ctx("status", "--json", cwd=indexed).stdout)["service"]["watching"]
+    assert not [w for w in watching if w.endswith(("/a", "/b", "/c", "relative/folder"))], watching
 
 
 def _as_nobody(sock_path: str) -> str:
