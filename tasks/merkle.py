@@ -90,11 +90,17 @@ def may_read(st: os.stat_result) -> bool:
 
 
 def storable_path(rel: str) -> str:
-    """`rel` as a UTF-8 string: itself, or with the bytes that are not UTF-8 written as `\\xNN`
-    (os.listdir hands them over as lone surrogates, which no encoder, hash or Arrow column takes)."""
-    if rel.isascii():
+    """`rel` as a UTF-8 string of printable characters: itself, or with the bytes that are not UTF-8
+    written as `\\xNN` (os.listdir hands them over as lone surrogates, which no encoder, hash or Arrow
+    column takes), and control characters too (a newline in a name split every listing of it, and
+    no command could name the file back)."""
+    if rel.isascii() and rel.isprintable():
         return rel
-    return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    text = rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class Entry(NamedTuple):

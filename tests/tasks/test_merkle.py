@@ -467,6 +467,17 @@ def test_a_name_that_is_not_utf8_is_skipped_and_counted_not_fatal(tmp_path: Path
     assert diff_trees(again, scan(tmp_path, previous=again)) == Diff([], [], [])
 
 
+def test_a_name_with_a_control_character_is_skipped_as_a_bad_name(tmp_path: Path) -> None:
+    """A newline in a file name was indexed: every listing of it broke in two lines, and no
+    command could name it back (`ctx show` refused it as not a path)."""
+    write_files(tmp_path, {"ok.py": "def ok(): pass\n", "new\nline.py": "def f(): pass\n",
+                           "tab\there.py": "x = 1\n", "café.py": "y = 2\n"})
+    tree, stats = scan_tree(tmp_path, IndexSettings())
+    assert indexed(tree) == {"ok.py", "café.py"}
+    assert sorted(stats.bad_names) == ["new\\x0aline.py", "tab\\x09here.py"]
+    assert diff_trees(tree, scan(tmp_path, previous=tree)) == Diff([], [], [])  # stable between runs
+
+
 def test_watch_events_for_a_name_that_is_not_utf8_match_a_scan(tmp_path: Path) -> None:
     write_files(tmp_path, {"ok.py": "def ok(): pass\n", "pkg/a.py": "a = 1\n"})
     index = IndexSettings()
