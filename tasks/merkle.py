@@ -139,6 +139,9 @@ class ScanStats:
     unreadable: list[str] = field(default_factory=list)  # files it may not read, folders (ending in /) it may not list
     # Folders whose listing was refused, as (path, lstat mtime_ns); "" is the root itself.
     unreadable_folders: list[tuple[str, int]] = field(default_factory=list)
+    # FIFOs, sockets and devices the walk passed by, as (path, lstat mtime_ns): never opened, but
+    # recorded so that `ctx status --skipped` lists them as it lists every other skipped file.
+    special_files: list[tuple[str, int]] = field(default_factory=list)
 
 
 def _folder_hash(folder: str, kids: dict[str, tuple[bool, str]], dirs: dict[str, str]) -> str:
@@ -607,6 +610,7 @@ def walk_files(
             if not stat.S_ISREG(st.st_mode):
                 # FIFOs, sockets, devices: never opened (a FIFO would block the scan), but counted.
                 stats.skipped["special"] = stats.skipped.get("special", 0) + 1
+                stats.special_files.append((rel, st.st_mtime_ns))
                 continue
             if rules.ignored(rel, False, stack) or rules.excluded_by_include(rel):
                 stats.ignored += 1
@@ -736,6 +740,9 @@ def scan_tree(
         if rel:  # nothing below it was listed, so its path is free for an entry that stands for them all
             key = storable_path(rel)
             entries[key] = Entry(key, 0, mtime_ns, f"{UNREADABLE_FOLDER}:0", UNREADABLE_FOLDER)
+    for rel, mtime_ns in stats.special_files:  # counted by the walk
+        key = storable_path(rel)
+        entries.setdefault(key, Entry(key, 0, mtime_ns, "special:0", "special"))
     if previous is not None and entries == old:  # nothing changed (~12 ms for 100,000 files)
         return previous.rescanned(started), stats
     return Tree.build(entries, started), stats

@@ -195,6 +195,11 @@ def test_fifos_are_skipped_and_counted_never_opened(tmp_path: Path) -> None:
     assert indexed(tree) == {"a.py", "sub/b.py"}
     assert stats.skipped.get("special") == 2
     assert time.monotonic() - started < 5
+    # Listed where skipped files are (`ctx status --skipped`); they were counted and never named.
+    save_snapshot(tmp_path / "lake", "project", tree)
+    assert [(p, why) for p, why, _ in merkle.not_indexed(tmp_path / "lake", "project")] == [
+        ("pipe.py", "special"), ("sub/.gitignore", "special")]
+    assert diff_trees(tree, scan(tmp_path, previous=tree)) == Diff([], [], [])  # and the same next time
     # A file swapped for a FIFO between the scan's lstat and the read is refused, not waited on.
     assert merkle.hash_file(tmp_path / "pipe.py", 0, 1000) == ("special:0", "special")
 
