@@ -82,6 +82,12 @@ def docs_sources(root: Path, docs: DocsSettings) -> list[DocsSource]:
         if raw.is_absolute():
             folder, name = raw, raw.name
         else:
+            if entry.strip() and not [part for part in entry.strip().replace("\\", "/").split("/") if part not in ("", ".")]:
+                # The project itself: its top-level documents are listed already (ROOT_DOCS), and
+                # the whole tree is what `ctx search` is for.
+                raise ConfigError(f"[docs] paths: {entry!r} is the project itself, not a docs folder",
+                                  hint="its top-level documents (README, CHANGELOG, ...) are always listed; "
+                                       "name the folders that hold documentation, e.g. docs")
             try:
                 name = clean_relative(entry, "docs folder")
             except InputError as exc:

@@ -68,6 +68,10 @@ def test_sources_unknown_and_missing_folders(project: Path) -> None:
     assert "docs, handbook, nowhere" in str(err.value)
     with pytest.raises(ConfigError, match="path traversal"):
         reader(project, paths=["../elsewhere"])
+    for itself in (".", "./", "./."):  # was "empty docs folder: '.'" (it is not empty)
+        with pytest.raises(ConfigError, match="is the project itself") as refused:
+            reader(project, paths=[itself])
+        assert "top-level documents" in (refused.value.hint or "")
 
 
 def test_content_in_chunks_of_at_most_500_lines(project: Path) -> None:
