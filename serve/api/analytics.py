@@ -186,7 +186,11 @@ def run_sql(lake_dir: Path, sql: str, limit: int = 1000, memory_dir: Path | None
     try:
         statements = con.extract_statements(sql)
     except duckdb.Error as exc:
-        raise InputError(f"SQL error: {str(exc).splitlines()[0]}") from exc
+        first = str(exc).splitlines()[0]
+        if "max_expression_depth" in first:  # its advice (a SET) is a statement ctx sql refuses
+            raise InputError("SQL error: the statement nests expressions more than 1,000 deep",
+                             hint="write it flatter (e.g. IN (...) or a join instead of chained ORs)") from exc
+        raise InputError(f"SQL error: {first}") from exc
     if len(statements) != 1:
         raise InputError(f"ctx sql runs exactly one statement, not {len(statements)}")
     if statements[0].type.name not in _READ_TYPES or not _READ_ONLY.match(sql):

@@ -124,7 +124,7 @@ def run_index(
     lock.acquire(wait_s=wait)
     try:
         if lock.took_over_from:
-            typer.echo(f"Took over the lock of a finished indexer (pid {lock.took_over_from}).", err=True)
+            typer.echo(f"Took over the lock of an indexer that ended without releasing it (pid {lock.took_over_from}: killed or crashed).", err=True)
         if watch:
             import signal
 

@@ -329,7 +329,7 @@ def test_second_writer_is_refused_and_dead_lock_taken_over(project: Path, cli: C
     (lake / "writer.lock").write_text(json.dumps({"pid": 999_999, "purpose": "ctx run index"}))
     taken = cli("run", "index", cwd=project)
     assert taken.exit_code == 0
-    assert "Took over the lock of a finished indexer (pid 999999)" in taken.stderr
+    assert "Took over the lock of an indexer that ended without releasing it (pid 999999" in taken.stderr
 
 
 def test_interrupted_run_is_repaired_by_the_next(project: Path, cli: Callable[..., Any]) -> None:

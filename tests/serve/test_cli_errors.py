@@ -496,3 +496,9 @@ def test_a_limit_past_the_cap_is_a_usage_error(cli: Callable[..., Any], indexed:
     refused = cli(*argv, "-n", "2147483648", "--json", cwd=indexed)
     assert refused.exit_code == 2 and json.loads(refused.stdout)["code"] == 2, refused.stderr
     assert "less than or equal to 1000" in json.loads(refused.stdout)["error"]
+
+
+def test_a_too_deep_statement_gets_advice_ctx_sql_can_follow(cli: Callable[..., Any], indexed: Path) -> None:
+    """DuckDB's own advice was `SET max_expression_depth TO x`, a statement ctx sql refuses."""
+    deep = cli("sql", "select " + "+".join(["1"] * 2000), "--json", cwd=indexed)
+    assert deep.exit_code == 2 and "1,000 deep" in deep.stderr and "SET" not in deep.stderr, deep.stderr
