@@ -398,6 +398,15 @@ def lake_failure(exc: BaseException) -> LakeError | None:
     return storage_failure(exc) or lance_failure(exc)
 
 
+# How Lance words the same errors in a RuntimeError's text (no errno attached), e.g.
+# "lance error: LanceError(IO): No space left on device": a full disk while writing messages
+# ended `ctx run ingest` in a 119-line traceback.
+_STORAGE_TEXT = ((errno.ENOSPC, ("No space left on device", "os error 28")),
+                 (errno.EDQUOT, ("Disk quota exceeded", "os error 122")),
+                 (errno.EROFS, ("Read-only file system", "os error 30")),
+                 (errno.EACCES, ("Permission denied", "os error 13")))
+
+
 def _storage_oserror(exc: BaseException) -> OSError | None:
     seen: set[int] = set()
     current: BaseException | None = exc
@@ -405,6 +414,11 @@ def _storage_oserror(exc: BaseException) -> OSError | None:
         seen.add(id(current))
         if isinstance(current, OSError) and current.errno in STORAGE_ERRNOS:
             return current
+        if isinstance(current, RuntimeError | ValueError):
+            text = str(current)
+            for code, words in _STORAGE_TEXT:
+                if any(word in text for word in words):
+                    return OSError(code, STORAGE_ERRNOS[code])
         current = current.__cause__ or current.__context__
     return None
 

@@ -223,6 +223,20 @@ def test_a_really_full_disk_is_exit_8_with_one_line(tiny_disk: Path, ctx_home: P
     assert again.returncode == 8 and "disk is full" in again.stderr and "Traceback" not in again.stderr
 
 
+def test_lances_worded_storage_errors_are_storage_errors() -> None:
+    """Lance reports a full disk in a RuntimeError's text, without an errno: a write of messages that
+    failed so ended `ctx run ingest` in a 119-line traceback instead of exit 8 and one line."""
+    from ctxlake.tasks.lake import lake_failure
+
+    full = lake_failure(RuntimeError("lance error: LanceError(IO): No space left on device, "
+                                     "/home/u/.local/share/ctxlake/memory/messages.lance"))
+    assert full is not None and full.exit_code == 8 and "disk is full" in full.message
+    denied = lake_failure(ValueError("Generic LocalFileSystem error: Permission denied (os error 13)"))
+    assert denied is not None and "permission denied" in denied.message
+    other = lake_failure(RuntimeError("lance error: something else went wrong"))  # damage, or a bug: not the disk
+    assert other is None or "disk" not in other.message
+
+
 def test_sql_reads_the_lake_and_nothing_else(indexed: Path, tmp_path: Path, cli: Callable[..., Any]) -> None:
     ok = cli("sql", "SELECT count(*) AS n FROM files", "--json", cwd=indexed)
     assert ok.exit_code == 0 and json.loads(ok.stdout)["rows"] == [[2]]
