@@ -20,7 +20,13 @@ from ctxlake.tasks.cochange import update_cochange
 from ctxlake.tasks.embed import EmbeddingCache, embed_missing, embed_pending, fill_from_cache
 from ctxlake.tasks.embedders import Embedder, make_embedder
 from ctxlake.tasks.graph import forget_known
-from ctxlake.tasks.graph_store import clear_graph, open_graph, optimize_graph, write_graph
+from ctxlake.tasks.graph_store import (
+    clear_graph,
+    open_graph,
+    optimize_graph,
+    reresolve_imports,
+    write_graph,
+)
 from ctxlake.tasks.heap import give_back_freed_memory
 from ctxlake.tasks.lake import (
     COLD_WRITE_FAILED_HINT,
@@ -153,6 +159,11 @@ class Writer:
         if not self.known:  # a watcher's writer: the lake's files stand in for the scan's tree
             self.known = indexed_paths(self.tables, self.source) | set(diff.changed)
         _write_changes(self, diff, report, force)
+        # Files this run did not touch may import what it added or removed. A run that rewrote every
+        # file (cold, forced) resolved them all against the new paths already.
+        if self.settings.index.graph and not force and not set(diff.changed) >= self.known:
+            report.graph_rows += reresolve_imports(self.graph, self.source, diff.added, diff.removed,
+                                                   [*diff.changed, *diff.removed], self.known)
 
     def wrote(self, chunks: Any) -> None:
         """Note the rows of a batch about to be written without a vector."""

@@ -3,7 +3,7 @@ changed/removed files -> LanceDB, a delete and an append per table and batch."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -18,7 +18,7 @@ from ctxlake.tasks.lake import (  # the graph's table names are declared with th
     open_table,
     writing,
 )
-from ctxlake.tasks.store import paths_filter, sql_str
+from ctxlake.tasks.store import paths_filter, sql_list, sql_str
 from ctxlake.tasks.upkeep import compact
 
 if TYPE_CHECKING:
@@ -98,6 +98,55 @@ def write_graph(
             if new.num_rows:
                 table.add(new)
     return written
+
+
+# Removed paths per IN list when looking for the imports that named them.
+REMOVED_PER_QUERY = 500
+
+
+def reresolve_imports(tables: GraphTables, source: str, added: Collection[str], removed: Collection[str],
+                      rewritten: Collection[str], known: Collection[str]) -> int:
+    """Resolve again the imports of files this run did not rewrite whose answer the run's new and
+    removed paths change: an import resolved to a file now gone, or unresolved while files came.
+    (`from util import helper` kept pointing at a deleted util.py, and `from later import f` stayed
+    unresolved after later.py was added, until a forced run.) Each importer's rows are rewritten
+    whole; returns how many rows changed."""
+    from ctxlake.tasks.chunk import language_for
+    from ctxlake.tasks.graph import known_paths, resolve_import
+
+    if not added and not removed:
+        return 0
+    table = tables.imports
+    columns = ["source", "path", "module", "resolved"]
+    where = [f"resolved IN {sql_list(chunk)}" for chunk in _chunks(sorted(removed), REMOVED_PER_QUERY)]
+    if added:
+        where.append("resolved IS NULL")
+    skip = set(rewritten)
+    index = known_paths(set(known) - set(removed))
+    stale: set[str] = set()
+    for condition in where:
+        rows = table.search().where(f"source = {sql_str(source)} AND ({condition})").select(columns).limit(None)
+        for row in rows.to_arrow().to_pylist():
+            if row["path"] in skip or row["path"] in stale:
+                continue
+            if resolve_import(row["module"], row["path"], language_for(row["path"]) or "", index) != row["resolved"]:
+                stale.add(row["path"])
+    if not stale:
+        return 0
+    where_stale = paths_filter(source, sorted(stale))
+    old = table.search().where(where_stale).select(columns).limit(None).to_arrow()
+    resolved = [resolve_import(m, p, language_for(p) or "", index)
+                for m, p in zip(old.column("module").to_pylist(), old.column("path").to_pylist(), strict=True)]
+    changed = sum(a != b for a, b in zip(resolved, old.column("resolved").to_pylist(), strict=True))
+    new = old.set_column(old.schema.get_field_index("resolved"), "resolved", pa.array(resolved, pa.string()))
+    with writing(IMPORTS_TABLE):
+        table.delete(where_stale)
+        table.add(new.cast(IMPORTS))
+    return changed
+
+
+def _chunks(values: list[str], size: int) -> list[list[str]]:
+    return [values[i : i + size] for i in range(0, len(values), size)]
 
 
 # Columns the read API filters on: a BTREE index turns `name = 'render'` from a scan of every

@@ -81,6 +81,29 @@ def test_graph_rows_follow_edits_and_deletes_file_by_file(
     assert pkg == {(f"pkg/m{i}.py", f"g{i}") for i in range(12)}
 
 
+def test_imports_of_untouched_files_follow_the_files_they_name(
+    make_repo: Callable[..., Path], cli: Callable[..., Any]
+) -> None:
+    """An import kept pointing at a deleted file, and one naming a file added later stayed
+    unresolved, until a forced run: only the edited files' rows were rewritten."""
+    app = "from util import helper\nfrom later import later_fn\n\n\ndef main():\n    return helper(1) + later_fn()\n"
+    repo = make_repo({"app.py": app, "util.py": "def helper(x):\n    return x\n", "other.py": "import json\n"})
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    assert sorted((r["module"], r["resolved"]) for r in rows(repo, IMPORTS_TABLE) if r["path"] == "app.py") == [
+        ("later", None), ("util", "util.py")]
+    (repo / "util.py").unlink()
+    (repo / "later.py").write_text("def later_fn():\n    return 2\n")
+    assert cli("run", "index", cwd=repo).exit_code == 0
+    assert sorted((r["module"], r["resolved"]) for r in rows(repo, IMPORTS_TABLE) if r["path"] == "app.py") == [
+        ("later", "later.py"), ("util", None)]
+    assert [(r["module"], r["resolved"]) for r in rows(repo, IMPORTS_TABLE) if r["path"] == "other.py"] == [
+        ("json", None)]
+    related = json.loads(cli("related", "app.py", "--json", cwd=repo).stdout)
+    assert "util.py" not in json.dumps(related) and "later.py" in json.dumps(related)
+    # A run with nothing added or removed stays a no-op.
+    assert cli("run", "index", cwd=repo).exit_code == 0
+
+
 def test_cli_graph_readers_answer_in_json_rank_ambiguity_and_page(
     make_repo: Callable[..., Path], cli: Callable[..., Any]
 ) -> None:
