@@ -86,11 +86,27 @@ def up(
     before = lifecycle.ping(paths)
     info = lifecycle.start_detached(paths, watch=folders)
     if info is None:
-        raise LakeError(f"the service did not start; last lines of {paths.log}:\n{_tail(paths.log)}")
+        tail = _tail(paths.log)
+        if tail.strip() and tail != "(no log)":
+            raise LakeError(f"the service did not start; last lines of {paths.log}:\n{tail}")
+        # Nothing in the log: most often it could not be written at all.
+        raise LakeError(f"the service did not start, and {paths.log} says nothing" + _disk_note(paths.dir),
+                        hint="run `ctx up --foreground` to see its errors in this terminal")
     started = "already running" if before is not None else "started"
     typer.echo(f"Service {started}: pid {info['pid']}, listening on {info['socket']}")
     if info.get("ui_url"):
         typer.echo(f"UI: {info['ui_url']}")
+
+
+def _disk_note(folder: Path) -> str:
+    """'; the disk holding FOLDER is full' when it is (under 1 MiB free), else ''."""
+    import shutil
+
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return ""
+    return f": the disk holding {folder} is full ({free:,} bytes free)" if free < 1 << 20 else ""
 
 
 def _tail(path: Path, lines: int = 5) -> str:

@@ -125,6 +125,9 @@ class Service:
             raise SystemExit(f"ctx: error: the socket path {sock_path} is too long for a Unix socket; "
                              "set CTX_HOME to a shorter folder")
         # We hold the lock, so any socket file here is left by a dead service.
+        if sock_path.is_dir() and not sock_path.is_symlink():
+            raise SystemExit(f"ctx: error: {sock_path} is a folder where the service's socket belongs; "
+                             "move it away and run `ctx up` again")
         if sock_path.exists() or sock_path.is_symlink():
             log(f"replacing a stale socket {sock_path}")
             sock_path.unlink()

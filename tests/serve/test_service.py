@@ -461,6 +461,13 @@ def test_ctx_down_during_a_child_run_leaves_the_run_to_its_client(indexed: Path,
     assert json.loads(out)["files_seen"] > 0  # the run, done here
 
 
+def test_a_folder_where_the_socket_belongs_is_named_not_a_traceback(indexed: Path, ctx_home: Path) -> None:
+    (service_dir(ctx_home) / "ctx.sock").mkdir(parents=True)
+    started = ctx("up", cwd=indexed)
+    assert started.returncode != 0 and "Traceback" not in started.stderr, started.stderr
+    assert "is a folder where the service's socket belongs" in started.stderr
+
+
 def test_the_service_outlives_running_out_of_descriptors(indexed: Path, ctx_home: Path) -> None:
     """accept() failing with EMFILE (a client holding thousands of connections) ended the service:
     the accept loop re-raised every OSError but a timeout."""
