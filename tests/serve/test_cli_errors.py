@@ -226,6 +226,24 @@ def test_a_really_full_disk_is_exit_8_with_one_line(tiny_disk: Path, ctx_home: P
     assert "disk is full" in again.stderr or "No space left on device" in again.stderr, again.stderr
 
 
+def test_ctx_up_on_a_full_disk_says_so(tiny_disk: Path, tmp_path: Path) -> None:
+    """The service could not write a line of its log, and `ctx up` only pointed at that empty log."""
+    home = tiny_disk / "home"
+    (home / "service").mkdir(parents=True, mode=0o700)
+    filler = tiny_disk / "filler"
+    with pytest.raises(OSError), filler.open("wb") as out:
+        while True:
+            out.write(b"x" * 4096)
+            out.flush()
+    started = ctx_subprocess("up", cwd=tmp_path, env={"CTX_HOME": str(home), "CTX_SERVICE_SCHEDULES": "false"},
+                             timeout=120)
+    try:
+        assert started.returncode != 0 and "Traceback" not in started.stderr, started.stderr
+        assert "is full" in started.stderr or "No space left" in started.stderr, started.stderr
+    finally:
+        ctx_subprocess("down", cwd=tmp_path, env={"CTX_HOME": str(home)})
+
+
 def test_lances_worded_storage_errors_are_storage_errors() -> None:
     """Lance reports a full disk in a RuntimeError's text, without an errno: a write of messages that
     failed so ended `ctx run ingest` in a 119-line traceback instead of exit 8 and one line."""
