@@ -204,6 +204,9 @@ RULE_DETECTORS = [
              ("-p", "pass"), rank=STRUCTURE, word_start=True),
     Detector("password", re.compile(r"mysql(?:dump|admin)?\b[^\n]*?\s-p(?P<pw>[^\s\"'$-]\S{3,})"),
              ("-p",), rank=STRUCTURE, word_start=True),
+    # sshpass takes the password itself after -p: `sshpass -p 'hunter2' ssh host` ($VAR is a reference).
+    Detector("password", re.compile(r"sshpass\b[^\n]*?\s-p ?[\"']?(?P<pw>[^\s\"'$]{4,})"),
+             ("sshpass",), rank=STRUCTURE, word_start=True),
 ]
 
 
@@ -241,7 +244,9 @@ _ASSIGN = re.compile(
     r"""(?:\\?"(?P<dq>[^"\r\n]*?)\\?"|'(?P<sq>[^'\r\n]*)'|`(?P<bq>[^`\r\n]*)`|(?P<bare>[^\s"'`,;(){}\[\]<>&|]+))""")
 _FLAG_VALUE = re.compile(r"""[ \t]+(?:"(?P<dq>[^"\r\n]*)"|'(?P<sq>[^'\r\n]*)'|(?P<bare>[^\s"'`;&|]+))""")
 _XML_VALUE = re.compile(r">(?P<bare>[^<\r\n]{4,})</")
-_PROSE_VALUE = re.compile(r"""[ \t]+(?:is|was)[ \t]*:?[ \t]+["'`]?(?P<bare>[^\s"'`,;]+?)["'`]?(?=[\s,;.]*(?:\s|$))""")
+# "the password is X", "the password was: X", "the password for the admin account: X".
+_PROSE_VALUE = re.compile(r"""[ \t]+(?:is|was|(?:for|of|on)[ \t]+[\w@.'-]+(?:[ \t]+[\w@.'-]+){0,3}[ \t]*(?=:|[ \t]+is\b)(?:[ \t]+is)?)"""
+                          r"""[ \t]*:?[ \t]+["'`]?(?P<bare>[^\s"'`,;]+?)["'`]?(?=[\s,;.]*(?:\s|$))""")
 _IDENTIFIER = re.compile(r"[A-Za-z_$][\w$]*(?:\.[A-Za-z_$][\w$]*)*")
 _CAMEL = re.compile(r"([a-z0-9])([A-Z])")
 _SPLIT = re.compile(r"[._\-$@]+")

@@ -47,6 +47,8 @@ FORMS = [
     (f"docker login -u bot -p {PW} registry.example.com", None, PW, "-p [REDACTED:"),
     (f"mysql -u root -p{PW} shop", None, PW, "-p[REDACTED:"),
     (f"my password is {PW} on staging", None, PW, "my password is [REDACTED:"),
+    (f"The password for the admin account: {PW} (rotate it)", None, PW, "admin account: [REDACTED:"),
+    (f"sshpass -p '{PW}' ssh deploy@web1", None, PW, "sshpass -p '[REDACTED:"),
     (f"cat deploy_key\n{PEM}\nthen ssh-add", None, "q0Zb3tYdN8pQ2fLkR5sT1uV7", "-----BEGIN RSA PRIVATE KEY-----\n[REDACTED:private_key]"),
 ]
 
@@ -81,6 +83,8 @@ def test_each_form_is_masked_and_its_name_kept(text: str, path: str | None, secr
     ('User.objects.filter(password__startswith="md5$$")', "releases.txt"),
     ("The token is expired; the password is required.", None),
     ("docker run -p 8080:80 web", None),
+    ("Reset the password for the user: see the docs.", None),
+    ('sshpass -p "$DEPLOY_PASSWORD" ssh deploy@web1', "deploy.sh"),
 ])
 def test_code_and_prose_are_left_alone(text: str, path: str | None) -> None:
     assert mask_text(text, path) == text
