@@ -157,7 +157,7 @@ class Writer:
 
     def apply(self, diff: Diff, report: IndexReport, force: bool = False) -> None:
         if not self.known:  # a watcher's writer: the lake's files stand in for the scan's tree
-            self.known = indexed_paths(self.tables, self.source) | set(diff.changed)
+            self.known = (indexed_paths(self.tables, self.source) | set(diff.changed)) - set(diff.removed)
         _write_changes(self, diff, report, force)
         # Files this run did not touch may import what it added or removed. A run that rewrote every
         # file (cold, forced) resolved them all against the new paths already.

@@ -86,6 +86,8 @@ def watch_code(settings: Settings, source: str = PROJECT_SOURCE, root: Path | No
             else:
                 new_tree = tree.update(rehash_paths(root, paths, tree, keep, settings.index.max_file_bytes))
                 diff = diff_trees(tree, new_tree)
+            if new_tree.entries:  # the paths imports resolve against now (the service's watchers do the same)
+                writer.known = set(new_tree.entries)
             try:
                 tree = apply_batch(writer, tree, new_tree, diff, total)
             except LakeError as exc:

@@ -106,6 +106,26 @@ def test_edits_creations_deletions_and_renames_become_searchable(watching: Path)
              "lake matches the tree")
 
 
+def test_a_watched_import_follows_the_file_it_names(watching: Path) -> None:
+    """The import rows of a file the batch does not touch are resolved again when the file they
+    name comes or goes (the watcher's paths also dropped the removed ones only from this change)."""
+    from ctxlake.tasks.graph_store import IMPORTS_TABLE
+    from ctxlake.tasks.lake import connect
+
+    repo = watching
+
+    def resolved() -> list[str | None]:
+        table = connect(repo / ".ctx" / "lake").open_table(IMPORTS_TABLE)
+        return [r["resolved"] for r in table.to_arrow().to_pylist() if r["path"] == "user.py"]
+
+    write_files(repo, {"user.py": "import helper\n\n\ndef use():\n    return helper.go()\n"})
+    wait_for(lambda: resolved() == [None], "the importer, unresolved")
+    write_files(repo, {"helper.py": "def go():\n    return 1\n"})
+    wait_for(lambda: resolved() == ["helper.py"], "resolved once helper.py exists")
+    (repo / "helper.py").unlink()
+    wait_for(lambda: resolved() == [None], "unresolved once helper.py is gone")
+
+
 def test_branch_switch_burst_is_batched(watching: Path) -> None:
     repo = watching
     git(repo, "add", "-A")
