@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -114,3 +115,15 @@ def damage_lake(lake: Path, how: str) -> None:
         (lake / "state.json").write_text("{garbage")
     else:
         raise ValueError(f"unknown damage {how!r}")
+
+
+def gone_within(pid: int, seconds: float) -> bool:
+    """Whether process `pid` has ended (or is a zombie) within `seconds`."""
+    import psutil
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return True
+        time.sleep(0.05)
+    return False

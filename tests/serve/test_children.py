@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers import gone_within
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 
@@ -36,15 +37,6 @@ time.sleep(120)
 """
 
 
-def _gone_within(pid: int, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_a_child_outlives_the_thread_that_asked_for_it_and_dies_with_the_process(tmp_path: Path) -> None:
     parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path / "lake")], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
@@ -57,7 +49,7 @@ def test_a_child_outlives_the_thread_that_asked_for_it_and_dies_with_the_process
         assert psutil.pid_exists(child) and psutil.Process(child).ppid() == parent.pid
         assert "time.sleep(120)" in " ".join(psutil.Process(child).cmdline())  # the launcher exec'd it
         os.kill(parent.pid, signal.SIGKILL)
-        assert _gone_within(child, 5), "the child outlived its parent's kill -9"
+        assert gone_within(child, 5), "the child outlived its parent's kill -9"
         _, err = parent.communicate(timeout=30)
         # Spawned without a preexec_fn: no fork, so no LanceDB fork handler and no warning of it.
         assert "fork" not in err, err[-2000:]

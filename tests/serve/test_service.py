@@ -24,6 +24,7 @@ from typing import Any
 import anyio
 import psutil
 import pytest
+from helpers import gone_within
 from mcp import Client, StdioServerParameters
 from mcp_helpers import PROJECT, call_ok
 from memlogs import claude, write_jsonl
@@ -415,22 +416,28 @@ def test_a_served_query_stops_when_its_client_quits(indexed: Path, service: Path
     assert answer.returncode == 0 and json.loads(answer.stdout)["rows"] == [[42]], answer.stderr
 
 
-def test_a_served_child_run_stops_when_its_client_quits(indexed: Path, service: Path) -> None:
-    """A forced re-index runs in the service's child: a Ctrl-C of its client stops it there as a
-    Ctrl-C stops it without the service (exit 130), instead of it running on for nobody; the next
-    run and the searches find the lake whole."""
-    pid = service_pid(service)
-    client = subprocess.Popen([CTX, "run", "index", "--force"], cwd=indexed, stdout=subprocess.PIPE,
+def _forced_run_in_a_child(home: Path, project: Path, *options: str) -> tuple[subprocess.Popen[str], psutil.Process]:
+    """`ctx run index --force` sent to the service, once the service's child runs it: (the client, the child)."""
+    pid = service_pid(home)
+    client = subprocess.Popen([CTX, "run", "index", "--force", *options], cwd=project, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     deadline, child = time.monotonic() + 60, None
     while child is None and time.monotonic() < deadline and client.poll() is None:
         child = next((c for c in psutil.Process(pid).children() if "in_process" in " ".join(c.cmdline())), None)
         time.sleep(0.02)
     assert child is not None, "the forced run did not start a child of the service"
+    return client, child
+
+
+def test_a_served_child_run_stops_when_its_client_quits(indexed: Path, service: Path) -> None:
+    """A forced re-index runs in the service's child: a Ctrl-C of its client stops it there as a
+    Ctrl-C stops it without the service (exit 130), instead of it running on for nobody; the next
+    run and the searches find the lake whole."""
+    client, child = _forced_run_in_a_child(service, indexed)
     client.send_signal(signal.SIGINT)
     _, err = client.communicate(timeout=20)
     assert client.returncode == 130 and "interrupted" in err, err
-    assert _gone_within(child.pid, 30), "the child run went on after its client quit"
+    assert gone_within(child.pid, 30), "the child run went on after its client quit"
     log = service_dir(service) / "service.log"
     deadline = time.monotonic() + 10
     while "left before its answer" not in log.read_text() and time.monotonic() < deadline:
@@ -447,14 +454,7 @@ def test_a_served_child_run_stops_when_its_client_quits(indexed: Path, service: 
 def test_ctx_down_during_a_child_run_leaves_the_run_to_its_client(indexed: Path, service: Path) -> None:
     """`ctx down` while a forced re-index ran in the service's child ended the client with exit 0 or
     241 and no output at all, the index not done: it now runs the command itself, with a notice."""
-    pid = service_pid(service)
-    client = subprocess.Popen([CTX, "run", "index", "--force", "--json"], cwd=indexed, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-    deadline, child = time.monotonic() + 60, None
-    while child is None and time.monotonic() < deadline and client.poll() is None:
-        child = next((c for c in psutil.Process(pid).children() if "in_process" in " ".join(c.cmdline())), None)
-        time.sleep(0.02)
-    assert child is not None, "the forced run did not start a child of the service"
+    client, _ = _forced_run_in_a_child(service, indexed, "--json")
     assert ctx("down", cwd=indexed).returncode == 0
     out, err = client.communicate(timeout=300)
     assert client.returncode == 0 and "running here instead" in err, err[-3000:]
@@ -815,15 +815,6 @@ def test_service_runs_the_schedules_and_stops_them_with_it(
     assert not alive, f"left running after ctx down: {alive}"
 
 
-def _gone_within(pid: int, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-            return True
-        time.sleep(0.2)
-    return False
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 def test_a_killed_services_prefect_server_ends_with_it(indexed: Path, ctx_home: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
@@ -847,12 +838,12 @@ def test_a_killed_services_prefect_server_ends_with_it(indexed: Path, ctx_home: 
     try:
         first = server_started()
         os.kill(service_pid(ctx_home), signal.SIGKILL)
-        assert _gone_within(first, 30), "the killed service's Prefect server is still running"
+        assert gone_within(first, 30), "the killed service's Prefect server is still running"
         assert ctx("up", cwd=indexed).returncode == 0
         second = server_started(other_than=first)
     finally:
         assert ctx("down", cwd=indexed).returncode == 0
-    assert _gone_within(second, 20), "ctx down left the service's Prefect server running"
+    assert gone_within(second, 20), "ctx down left the service's Prefect server running"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
@@ -871,7 +862,7 @@ def test_the_temporary_prefect_server_of_a_service_without_schedules_ends_with_i
     assert ingested.returncode == 0, ingested.stderr[-3000:]
     assert all(psutil.pid_exists(s) for s in servers)
     os.kill(pid, signal.SIGKILL)
-    assert all(_gone_within(s, 30) for s in servers), "the killed service's temporary Prefect server is still running"
+    assert all(gone_within(s, 30) for s in servers), "the killed service's temporary Prefect server is still running"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
@@ -880,16 +871,9 @@ def test_a_killed_services_index_child_ends_with_it_and_the_client_runs_the_inde
     """A forced re-index runs in the service's child; a `kill -9` of the service used to leave that
     child writing the lake until its run ended, while the client, its service gone, ran the same
     index itself beside it."""
-    client = subprocess.Popen([CTX, "run", "index", "--force"], cwd=indexed, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-    pid = service_pid(service)
-    deadline, child = time.monotonic() + 60, None
-    while child is None and time.monotonic() < deadline and client.poll() is None:
-        child = next((c for c in psutil.Process(pid).children() if "in_process" in " ".join(c.cmdline())), None)
-        time.sleep(0.02)
-    assert child is not None, "the forced run did not start a child of the service"
-    os.kill(pid, signal.SIGKILL)
-    assert _gone_within(child.pid, 5), "the killed service's index child is still running"
+    client, child = _forced_run_in_a_child(service, indexed)
+    os.kill(service_pid(service), signal.SIGKILL)
+    assert gone_within(child.pid, 5), "the killed service's index child is still running"
     _, err = client.communicate(timeout=300)
     assert client.returncode == 0, err[-3000:]
     assert "running here instead" in err
