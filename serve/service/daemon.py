@@ -482,7 +482,10 @@ class Service:
             # when the service is gone.
             return {"op": "local", "reason": "the service stopped during the run"}
         if code < 0:  # ended by a signal, not by itself
-            name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
             return {"op": "result", "code": 1, "stdout": stdout,
                     "stderr": stderr + f"ctx: error: the run in the service's child process was killed ({name})\n"}
         if code == 0 and root is not None and (watched := self.register(root)):
