@@ -3,10 +3,6 @@ shared pieces live in `base`."""
 
 from __future__ import annotations
 
-# The most rows a `-n/--limit` may ask for: past it a number only reached LanceDB, which failed on
-# one over 2**31 with a traceback.
-MAX_LIMIT = 1000
-
 
 def main() -> None:
     """`python -c "from ctxlake.serve.cli import main; main()"` is the command agents' MCP configs

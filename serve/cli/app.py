@@ -27,7 +27,6 @@ from ctxlake.schemas.config import (
     resolve_root,
 )
 from ctxlake.schemas.names import PROJECT_SOURCE
-from ctxlake.serve.cli import MAX_LIMIT
 from ctxlake.serve.cli import eval as cli_eval
 from ctxlake.serve.cli import graph as cli_graph
 from ctxlake.serve.cli import handoff as cli_handoff
@@ -38,6 +37,7 @@ from ctxlake.serve.cli import read as cli_read
 from ctxlake.serve.cli import registry as cli_registry
 from ctxlake.serve.cli import stats as cli_stats
 from ctxlake.serve.cli.base import (
+    MAX_LIMIT,
     _prefect_quietly,
     bound_writer_heap,
     ensure_project,

@@ -44,6 +44,9 @@ def _prefect_quietly(verbose: bool) -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 
+# The most rows a `-n/--limit` may ask for: past it a number only reached LanceDB, which failed on
+# one over 2**31 with a traceback.
+MAX_LIMIT = 1000
 SERVER_START_ATTEMPTS = 3  # ports tried for Prefect's temporary server
 OWN_SERVER_WAIT_S = 120.0  # for the server Prefect started to listen (or exit) after a health answer
 

@@ -12,7 +12,7 @@ import typer
 from ctxlake.errors import InputError
 from ctxlake.schemas.config import find_root, load_settings
 from ctxlake.schemas.names import PROJECT_SOURCE
-from ctxlake.serve.cli import MAX_LIMIT
+from ctxlake.serve.cli.base import MAX_LIMIT
 
 if TYPE_CHECKING:
     from ctxlake.serve.api.evaluate import EvalReport, RunSummary

@@ -11,7 +11,7 @@ import typer
 
 from ctxlake.errors import InputError
 from ctxlake.schemas.config import Settings, find_root, git_toplevel, load_settings
-from ctxlake.serve.cli import MAX_LIMIT
+from ctxlake.serve.cli.base import MAX_LIMIT
 
 if TYPE_CHECKING:
     from ctxlake.serve.api.context import MemoryLake

@@ -250,7 +250,7 @@ def test_lances_worded_storage_errors_are_storage_errors() -> None:
     from ctxlake.tasks.lake import lake_failure
 
     full = lake_failure(RuntimeError("lance error: LanceError(IO): No space left on device, "
-                                     "/home/u/.local/share/ctxlake/memory/messages.lance"))
+                                     "memory/messages.lance"))
     assert full is not None and full.exit_code == 8 and "disk is full" in full.message
     denied = lake_failure(ValueError("Generic LocalFileSystem error: Permission denied (os error 13)"))
     assert denied is not None and "permission denied" in denied.message
