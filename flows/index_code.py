@@ -48,6 +48,7 @@ from ctxlake.tasks.store import (
     indexed_paths,
     open_for_write,
     optimize,
+    slices,
     sql_list,
     sql_str,
     upsert,
@@ -101,10 +102,6 @@ INLINE_EMBED_TEXTS = 64
 # them again by id (through the id index) instead of scanning the whole vector column for nulls.
 NULL_IDS_MAX = 4096
 OPTIMIZE_AFTER_ROWS = 2_000  # rows written since the last optimize that make the next run optimize
-
-
-def _batches(paths: list[str], size: int) -> list[list[str]]:
-    return [paths[i : i + size] for i in range(0, len(paths), size)]
 
 
 class Writer:
@@ -371,7 +368,7 @@ def _write_changes(writer: Writer, diff: Diff, report: IndexReport, force: bool)
     cold = tables.files.count_rows(where) == 0 and tables.chunks.count_rows(where) == 0
     graph_cold = all(t.count_rows(where) == 0 for t in writer.graph)
     removed = set(diff.removed)
-    jobs = [(batch, [p for p in batch if p not in removed]) for batch in _batches(todo, BATCH_FILES)]
+    jobs = [(batch, [p for p in batch if p not in removed]) for batch in slices(todo, BATCH_FILES)]
     progress.start("chunk", len(todo), "chunking")
     for batch, rows, with_graph_rows in _batch_rows(writer, jobs):
         chunks, hits = (rows.chunks, 0) if force else fill_from_cache(rows.chunks, cache)

@@ -60,13 +60,13 @@ from ctxlake.tasks.scrape import (
 )
 from ctxlake.tasks.scrape.base import Counts, ScrapeOutput, SessionMeta
 from ctxlake.tasks.sessionize import (
-    batches,
     known_projects,
     link_projects,
     sessionize,
     touched_filter,
     under,
 )
+from ctxlake.tasks.store import slices
 
 SESSIONS_PER_BATCH = 200  # bounds the message rows held in memory while summarizing
 
@@ -212,7 +212,7 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
     report.malformed_in_logs = malformed_totals(scrape_state)
 
     # Sessions are summarized a batch at a time: a cold ingest touches every session there is.
-    for batch in batches(sorted(touched), SESSIONS_PER_BATCH):
+    for batch in slices(sorted(touched), SESSIONS_PER_BATCH):
         segments = sessionize(tables.messages, tables.sessions, set(batch), meta, memory.gap_minutes)
         rows, warnings = compact(segments, memory, dims)
         report.warnings.extend(warnings)

@@ -18,7 +18,7 @@ from ctxlake.tasks.lake import (  # the graph's table names are declared with th
     open_table,
     writing,
 )
-from ctxlake.tasks.store import paths_filter, sql_list, sql_str
+from ctxlake.tasks.store import paths_filter, slices, sql_list, sql_str
 from ctxlake.tasks.upkeep import compact
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ def reresolve_imports(tables: GraphTables, source: str, added: Collection[str], 
         return 0
     table = tables.imports
     columns = ["source", "path", "module", "resolved"]
-    where = [f"resolved IN {sql_list(chunk)}" for chunk in _chunks(sorted(removed), REMOVED_PER_QUERY)]
+    where = [f"resolved IN {sql_list(chunk)}" for chunk in slices(sorted(removed), REMOVED_PER_QUERY)]
     if added:
         # Only imports that name an added file's stem can resolve to it (`later` for later.py, the
         # folder for a package's __init__.py or index.js): a run that adds a few files reads a few
@@ -164,10 +164,6 @@ def _stem(path: str) -> str:
     if name in ("__init__", "index", "mod", "lib") and len(parts) > 1:
         return parts[-2]
     return name
-
-
-def _chunks(values: list[str], size: int) -> list[list[str]]:
-    return [values[i : i + size] for i in range(0, len(values), size)]
 
 
 # Columns the read API filters on: a BTREE index turns `name = 'render'` from a scan of every

@@ -73,10 +73,6 @@ def known_projects(sessions: Table) -> set[str]:
     return {p for p in column.unique().to_pylist() if p}
 
 
-def batches(items: list[tuple[str, str]], size: int) -> list[list[tuple[str, str]]]:
-    return [items[i : i + size] for i in range(0, len(items), size)]
-
-
 def touched_filter(touched: Iterable[tuple[str, str]]) -> str:
     """SQL: the rows of these (tool, session id) pairs."""
     by_tool: dict[str, list[str]] = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import pyarrow as pa
 
@@ -101,9 +101,16 @@ def open_for_write(lake_dir: Path, dims: int) -> LakeTables:
             files = db.create_table(FILES_TABLE, schema=FILES)
     return LakeTables(db, chunks, files)
 
+_T = TypeVar("_T")
+
 
 def sql_str(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
+
+
+def slices(items: Sequence[_T], size: int) -> list[list[_T]]:
+    """`items` in lists of at most `size`, in order: batches of files, or values for one IN each."""
+    return [list(items[i : i + size]) for i in range(0, len(items), size)]
 
 
 def sql_list(values: Iterable[str]) -> str:
