@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from ctxlake.serve.service.children import dying_with_this_process, on_lifetime_thread
+
 if TYPE_CHECKING:
     from ctxlake.serve.service.engine import EngineCache
 
@@ -41,14 +43,17 @@ OPTIMIZE_QUIET_S = 3.0
 # CPU instead of 6.3 (5.3 once optimized, which took 2.2 s there), so waiting for 24 batches left
 # a lightly edited lake twice as dear to query for as long as it stayed that way.
 OPTIMIZE_IDLE_S = 30.0
-# Past this many files a watcher's optimize runs in a child process, so the service neither holds
-# its memory afterwards nor runs it on its interpreter. An optimize folds an edit's rows into small
-# tiers of the indexes (tasks/upkeep.py: 0.1-0.5 s on the 100,000-file tree, where LanceDB's
-# optimize took 62-256 s and 2.2-2.5 GB), but now and then a tier grows to the size of the one
-# below it and both are rewritten (there: 25 s and 0.9 GB for 84,000 rows; 82 s and 2.3 GB when a
-# tenth of the big fragment's rows were gone), and that belongs in a process that then exits.
-OPTIMIZE_CHILD_FILES = 20_000
-# The service's child processes (whole-tree index runs, a big project's optimize) yield the CPU to queries.
+# A watcher's optimize runs in a child process, so the service neither holds its memory afterwards
+# nor runs it on its interpreter:
+# - compaction is pylance's (tasks/upkeep.py), a second copy of lance beside LanceDB's: the first
+#   optimize in the service's own process mapped ~75 MB more of library code, kept for good
+#   (django: idle RSS 400 -> 478 MB after a 0.4 s optimize; the child costs ~2 s of CPU, niced, once
+#   the project is quiet);
+# - an optimize folds an edit's rows into small tiers of the indexes (0.1-0.5 s on the
+#   100,000-file tree, where LanceDB's optimize took 62-256 s and 2.2-2.5 GB), but now and then a
+#   tier grows to the size of the one below it and both are rewritten (there: 25 s and 0.9 GB for
+#   84,000 rows; 82 s and 2.3 GB when a tenth of the big fragment's rows were gone).
+# The service's child processes (whole-tree index runs, the watchers' optimizes) yield the CPU to queries.
 CHILD_NICE = 10
 # What the watchers' hold on a lake's writer lock says (the service tells them from other writers).
 WATCHER_PURPOSE = "ctx service watcher"
@@ -225,35 +230,29 @@ class ProjectWatcher(threading.Thread):
             lock.release()
 
     def _optimize(self, settings: Any) -> None:
-        """Optimize the project's lake while nothing else writes it (see OPTIMIZE_AFTER_BATCHES);
-        a writer holding the lake just now makes this wait for the next quiet second. A big
-        project's optimize runs in a child process (OPTIMIZE_CHILD_FILES)."""
+        """Optimize the project's lake while nothing else writes it (see OPTIMIZE_AFTER_BATCHES), in a
+        child process; a writer holding the lake just now makes this wait for the next quiet second."""
         dims = self.engine.embedder(settings).dims
         started = time.perf_counter()
-        big = self._tree is not None and len(self._tree[1].entries) > OPTIMIZE_CHILD_FILES
-        if big:
-            code = (f"import os, sys\nos.nice({CHILD_NICE})\n"
-                    "from ctxlake.serve.service.watchers import optimize_lake\n"
-                    "sys.exit(0 if optimize_lake(sys.argv[1], int(sys.argv[2])) else 3)")
-            try:
-                done = subprocess.run([sys.executable, "-c", code, str(settings.lake_dir), str(dims)],
-                                      capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
-            except OSError as exc:  # no process left to start: the next quiet second tries again
-                self.log(f"could not start the optimize of {self.root}: {exc}")
-                return
-            if done.returncode not in (0, 3):
-                # Counted as done: a child that fails would otherwise start again every quiet second.
-                self.unoptimized_batches, self.optimize_due = 0, False
-                self.log(f"the optimize of {self.root} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
-                return
-            optimized = done.returncode == 0
-        else:
-            optimized = optimize_lake(settings.lake_dir, dims)
-        if optimized:
+        code = (f"import os, sys\nos.nice({CHILD_NICE})\n"
+                "from ctxlake.serve.service.watchers import optimize_lake\n"
+                "sys.exit(0 if optimize_lake(sys.argv[1], int(sys.argv[2])) else 3)")
+        argv = dying_with_this_process([sys.executable, "-c", code, str(settings.lake_dir), str(dims)])
+        try:
+            child = on_lifetime_thread(lambda: subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        except OSError as exc:  # no process left to start: the next quiet second tries again
+            self.log(f"could not start the optimize of {self.root}: {exc}")
+            return
+        _, err = child.communicate()
+        if child.returncode not in (0, 3):
+            # Counted as done: a child that fails would otherwise start again every quiet second.
             self.unoptimized_batches, self.optimize_due = 0, False
-            where = " in a child process" if big else ""
-            self.log(f"optimized the lake of {self.root}{where} in {time.perf_counter() - started:.1f} s")
-
+            self.log(f"the optimize of {self.root} failed ({child.returncode}): {err.strip()[-500:]}")
+            return
+        if child.returncode == 0:
+            self.unoptimized_batches, self.optimize_due = 0, False
+            self.log(f"optimized the lake of {self.root} in a child process in {time.perf_counter() - started:.1f} s")
 
 def optimize_lake(lake_dir: Path | str, dims: int) -> bool:
     """Optimize a project's lake (chunks, files, graph) under its writer lock; False when another
