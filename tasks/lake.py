@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 import types
@@ -161,11 +162,19 @@ def missing_tables(lake_dir: Path, graph: bool) -> list[str]:
 
 
 def write_atomic(path: Path, text: str | bytes) -> None:
-    """Write via a temp file and rename, so a reader or a crash never sees half a file."""
+    """Write via a temp file and rename, so a reader or a crash never sees half a file.
+
+    The temp file is a new one (mkstemp: a link planted at any name cannot redirect the write),
+    and it takes the mode the file had, or the one a plain write would give a new file: mkstemp's
+    0600 made a user's `.gitignore`, AGENTS.md or knowledge record private after one write.
+    """
     data = text.encode("utf-8") if isinstance(text, str) else text
+    mode = file_mode(path)
     tmp: str | None = None
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        if hasattr(os, "fchmod"):
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -182,6 +191,27 @@ def write_atomic(path: Path, text: str | bytes) -> None:
         if tmp is not None:  # failed or interrupted: half a copy on a full disk holds the space to free
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+def file_mode(path: Path) -> int:
+    """`path`'s permission bits, or, for a file not there yet, what this process's umask gives a new one."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    try:  # Linux says it without changing it (setting it, even for a moment, races other threads)
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def remove_empty_folders(folder: Path, root: Path) -> None:
