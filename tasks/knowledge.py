@@ -84,6 +84,25 @@ def check_size(title: str, body: str, files: Sequence[str] = (), tags: Sequence[
             raise InputError(f"{name} is {len(value):,} characters; at most {ITEM_MAX_CHARS} are allowed")
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def plain_text(title: str, body: str) -> tuple[str, str]:
+    """The title as one line without control characters (`ctx knowledge` printed a BEL or an escape
+    sequence as it was), the body trimmed; in both, undecodable bytes of an argument or of stdin
+    (lone surrogates) become U+FFFD: the embedder refused them with a TypeError traceback."""
+    title, body = _without_surrogates(title), _without_surrogates(body)
+    return " ".join(_CONTROL.sub(" ", title).split()), body.strip()
+
+
+def _without_surrogates(value: str) -> str:
+    try:  # an undecodable byte as Python escaped it (U+DC80-U+DCFF): one U+FFFD for it
+        raw = value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # any other lone surrogate
+        raw = value.encode("utf-8", "surrogatepass")
+    return raw.decode("utf-8", "replace")
+
+
 def project_refs(files: Sequence[str], tags: Sequence[str], root: Path,
                  base: Path | None = None) -> tuple[list[str], list[str]]:
     """Files as project-relative POSIX paths and tags as one-line words, each once; InputError for
@@ -306,7 +325,7 @@ def write_record(
     `files_from`: the folder relative `files` are read from (default: the root)."""
     if kind not in KNOWLEDGE_TYPES:
         raise InputError(f"unknown knowledge type {kind!r}", hint=f"one of {', '.join(KNOWLEDGE_TYPES)}")
-    title, body = " ".join(title.split()), body.strip()
+    title, body = plain_text(title, body)
     if not inbox:  # extraction's candidates are cut to size where they are made
         check_size(title, body, files, tags, source_tool, source_session)
         files, tags = project_refs(files, tags, root, files_from)
@@ -318,7 +337,7 @@ def write_record(
         pool = ComparisonPool(knowledge_dir, root, inbox)
     existing, matrix = pool.of(kind, cache, embedder)
     new = Record(id="", type=kind, title=title, body=body, created_at=when, path="",
-                 files=list(dict.fromkeys(redact_strings(files))), tags=list(dict.fromkeys(tags)),
+                 files=list(dict.fromkeys(redact_strings(files))), tags=list(dict.fromkeys(redact_strings(tags))),
                  source_tool=source_tool, source_session=source_session)
     # The new text is embedded even with nothing to compare: its vector waits in the cache for ingest.
     vector = vectors_for([new.text], cache, embedder)[0]

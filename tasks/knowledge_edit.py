@@ -16,6 +16,7 @@ from ctxlake.tasks.knowledge import (
     decide,
     heads,
     load_records,
+    plain_text,
     project_refs,
     record_id,
     render,
@@ -51,7 +52,7 @@ def revise_record(
     record being edited is not compared with itself.
     """
     old = find_record(knowledge_dir, root, record)
-    title, body = " ".join(title.split()), body.strip()
+    title, body = plain_text(title, body)
     check_size(title, body, files or (), tags or ())
     if files is not None or tags is not None:
         new_files, new_tags = project_refs(files or (), tags or (), root)
@@ -67,7 +68,7 @@ def revise_record(
     pool = [r for r in heads(records) if r.type == old.type and r.id != old.id]
     new = replace(old, id="", title=title, body=body, created_at=when, path="", supersedes=old.id,
                   files=list(dict.fromkeys(redact_strings(old.files if files is None else files))),
-                  tags=list(dict.fromkeys(old.tags if tags is None else tags)))
+                  tags=list(dict.fromkeys(redact_strings(old.tags if tags is None else tags))))
     status, match, score = decide(new.text, pool, cache, embedder, duplicate_above, 2.0)
     if status == "duplicate" and match is not None:
         return WriteResult("duplicate", match.id, None, match.id, round(score, 4))

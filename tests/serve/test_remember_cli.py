@@ -53,3 +53,23 @@ def test_agents_and_the_ui_still_name_files_from_the_root(project: Path, monkeyp
     monkeypatch.chdir(project / "src" / "pkg")  # a face without a shell's folder: the cwd must not count
     written = remember(load_settings(project), "insight", "Named from the root", files=["top.txt"])
     assert parse_record(project / written.path, project).files == ["top.txt"]  # type: ignore[operator]
+
+
+def test_a_secret_in_a_tag_is_masked_like_one_in_the_body(cli: Callable[..., Any], project: Path) -> None:
+    key = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+    result = cli("remember", "error", "Deploy failed", "--tag", "password: hunter2xyz",
+                 "--tag", f"AWS_SECRET_ACCESS_KEY={key}", "--tag", "deploy", "--json", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    text = (project / json.loads(result.stdout)["path"]).read_text(encoding="utf-8")
+    assert "hunter2xyz" not in text and key not in text
+    record = parse_record(project / json.loads(result.stdout)["path"], project)
+    assert "deploy" in record.tags and sum("[REDACTED:" in t for t in record.tags) == 2
+
+
+def test_control_characters_and_undecodable_bytes_in_a_title_are_stored_as_plain_text(
+        cli: Callable[..., Any], project: Path) -> None:
+    # "\udcff" is how Python hands over an argument byte that is not UTF-8 (0xff).
+    result = cli("remember", "insight", "Bell\a and \x1b[31mred\x1b[0m tit\udcffle", "--json", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    title = parse_record(project / json.loads(result.stdout)["path"], project).title
+    assert title == "Bell and [31mred [0m tit\ufffdle"
