@@ -19,7 +19,8 @@ KINDS: tuple[Kind, ...] = ("skill", "command", "agent", "rule")
 # Folder under .ctx/registry/ of each kind.
 KIND_DIRS: dict[Kind, str] = {"skill": "skills", "command": "commands", "agent": "agents", "rule": "rules"}
 REGISTRY_DIR = "registry"
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+# \Z, not $: "$" also matches before a final line break, and "ab\n" became a file name.
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}\Z")
 MAX_ITEM_BYTES = 256 * 1024
 
 
@@ -90,7 +91,34 @@ def normalize_body(body: str) -> str:
 
 
 def render_front_matter(fm: dict[str, Any]) -> str:
-    return "---\n" + yaml.safe_dump(fm, sort_keys=False, allow_unicode=True, width=1000) + "---\n"
+    return "---\n" + dump_yaml(fm, sort_keys=False, allow_unicode=True, width=1000) + "---\n"
+
+
+class _NoAliases(yaml.SafeLoader):
+    """YAML without anchors' aliases: front matter never needs them, and a 341-byte file of nested
+    aliases (a "billion laughs") expanded without end when a value was turned into text."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.MarkedYAMLError(None, None, "aliases (*name) are not allowed here", event.start_mark)
+        return super().compose_node(parent, index)
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """Writes a value met twice (the same list under two keys) in full twice: load_yaml refuses aliases."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def dump_yaml(data: Any, **options: Any) -> str:
+    return yaml.dump(data, Dumper=_PlainDumper, **options)
+
+
+def load_yaml(text: str) -> Any:
+    """`text` parsed as YAML (safe types, no aliases); yaml.YAMLError when it is not."""
+    return yaml.load(text, Loader=_NoAliases)  # a SafeLoader: safe types only
 
 
 def split_front_matter(text: str, label: str) -> tuple[dict[str, Any], str]:
@@ -105,7 +133,7 @@ def split_front_matter(text: str, label: str) -> tuple[dict[str, Any], str]:
     rest = text[end + 4:]
     rest = rest[1:] if rest.startswith("\n") else rest
     try:
-        data = yaml.safe_load(raw) if raw.strip() else {}
+        data = load_yaml(raw) if raw.strip() else {}
     except yaml.YAMLError as exc:
         raise InputError(f"{label}: front matter is not valid YAML: {exc}") from exc
     if not isinstance(data, dict):

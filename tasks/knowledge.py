@@ -15,6 +15,7 @@ import xxhash
 import yaml
 
 from ctxlake.errors import InputError
+from ctxlake.schemas.registry import dump_yaml, load_yaml
 from ctxlake.schemas.tables import KNOWLEDGE, KNOWLEDGE_TYPES, with_vector_width
 from ctxlake.tasks.lake import write_atomic
 from ctxlake.tasks.memory_state import FOLDERS, knowledge_files
@@ -133,7 +134,7 @@ def parse_record(path: Path, root: Path, kind_hint: str | None = None) -> Record
     body = raw
     if match:
         try:
-            loaded = yaml.safe_load(match.group("front")) or {}
+            loaded = load_yaml(match.group("front")) or {}
         except yaml.YAMLError as exc:
             raise InputError(f"{path}: front matter is not valid YAML ({str(exc).splitlines()[0]})") from exc
         if not isinstance(loaded, dict):
@@ -280,7 +281,7 @@ def render(record: Record) -> str:
         front["files"] = record.files
     if record.tags:
         front["tags"] = record.tags
-    text = yaml.safe_dump(front, sort_keys=False, allow_unicode=True).strip()
+    text = dump_yaml(front, sort_keys=False, allow_unicode=True).strip()
     return f"---\n{text}\n---\n\n{record.body.strip()}\n"
 
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import tomllib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from ctxlake.schemas.registry import (
     KIND_DIRS,
     KINDS,
     MAX_ITEM_BYTES,
+    NAME_RE,
     REGISTRY_DIR,
     ConfigItem,
     Kind,
@@ -51,6 +54,15 @@ def _source(kind: Kind, name: str) -> str:
     return f"{CTX_DIR}/{REGISTRY_DIR}/{KIND_DIRS[kind]}/{name}.md"
 
 
+def _no_links_below(root: Path, path: Path) -> bool:
+    """No part of `path` under `root` is a symlink (a linked `.claude` or skill folder led a read
+    or a write outside the project: a clone can ship such links)."""
+    try:
+        return path.resolve() == root.resolve() / path.relative_to(root)
+    except (OSError, ValueError, RuntimeError):
+        return False
+
+
 def _read_text(path: Path) -> str:
     if path.is_symlink() or not path.is_file():
         raise InputError(f"{path}: not a regular file")
@@ -66,13 +78,18 @@ def load_registry(root: Path) -> list[ConfigItem]:
         folder = registry_dir(root) / KIND_DIRS[kind]
         if not folder.is_dir():
             continue
-        if folder.is_symlink() or registry_dir(root).is_symlink():
+        if not _no_links_below(root, folder):
             raise InputError(f"{_source(kind, '*')}: the registry folder is a symlink; it must live in the project")
         for path in sorted(folder.glob("*.md")):
             label = f"{_source(kind, path.stem)}"
             item = parse_item(kind, _read_text(path), label, default_name=path.stem)
             if item.name != path.stem:
                 raise InputError(f"{label}: front matter name {item.name!r} differs from the file name")
+            if any(marker in text for marker in (SECTION_START, SECTION_END)
+                   for text in (item.body, item.description)):
+                # In a shared file's section it would end the section early (a conflict each sync).
+                raise InputError(f"{label}: holds ctx sync's own section marker ({SECTION_END!r} or its start)",
+                                 hint="remove the marker line from the item")
             items.append(item)
     return items
 
@@ -244,6 +261,15 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def _damaged_section(text: str) -> bool:
+    """The markers of the generated section are not one start followed by one end: a start whose
+    end was deleted (its user text after it would have been taken for the section), or doubles."""
+    starts, ends = text.count(SECTION_START), text.count(SECTION_END)
+    if starts == ends == 0:
+        return False
+    return not (starts == ends == 1 and text.find(SECTION_START) < text.find(SECTION_END))
+
+
 def _extract_section(text: str) -> str | None:
     start = text.find(SECTION_START)
     if start < 0:
@@ -298,6 +324,17 @@ class SyncResult:
                 "conflicts": len(self.conflicts)}
 
 
+@cache
+def _generated_paths() -> re.Pattern[str]:
+    """Every path a client writer can produce, as one pattern (from a probe item of each kind)."""
+    probe = "ctx-probe-name"
+    items = [ConfigItem(kind=kind, name=probe, description="d", body="b", always_apply=True)
+             for kind in ("skill", "command", "agent", "rule")]
+    paths = {o.path for writer in CLIENT_WRITERS.values() for o in writer.render(items)}
+    name = NAME_RE.pattern.removeprefix("^").removesuffix("\\Z")
+    return re.compile("|".join(re.escape(p).replace(re.escape(probe), name) for p in sorted(paths)))
+
+
 def _load_manifest(root: Path) -> dict[str, dict[str, str]]:
     path = registry_dir(root) / MANIFEST
     if not path.is_file():
@@ -306,8 +343,15 @@ def _load_manifest(root: Path) -> dict[str, dict[str, str]]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise InputError(f"{path}: unreadable sync manifest ({exc})", hint="delete it and run `ctx sync --force`") from exc
-    files = data.get("files", {}) if isinstance(data, dict) else {}
-    return {k: v for k, v in files.items() if isinstance(v, dict) and "sha256" in v}
+    files = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(files, dict):
+        raise InputError(f"{path}: unreadable sync manifest (no table of files)",
+                         hint="delete it and run `ctx sync --force`")
+    # The manifest is committed with the project: an entry for a path no writer produces (a
+    # clone's `.git/HEAD` with its hash) would have had ctx sync delete that file as its own.
+    wanted = _generated_paths()
+    return {k: v for k, v in files.items()
+            if isinstance(k, str) and wanted.fullmatch(k) and isinstance(v, dict) and isinstance(v.get("sha256"), str)}
 
 
 def _save_manifest(root: Path, files: dict[str, dict[str, str]]) -> None:
@@ -349,8 +393,16 @@ def sync(root: Path, clients: list[str] | None = None, *, check: bool = False, f
         want = desired.get(rel)
         path = _target(root, rel)
         is_section = want.section if want else manifest[rel].get("kind") == "section"
+        if path.exists() and not path.is_file():
+            result.changes.append(Change(rel, "conflict", "is not a regular file; ctx sync leaves it alone"))
+            continue
         exists = path.is_file()
         text = path.read_text(encoding="utf-8", errors="replace") if exists else ""
+        if is_section and _damaged_section(text):
+            # Not even --force: replacing "the section" would take the user's text with it.
+            result.changes.append(Change(rel, "conflict", "its ctx:registry start and end markers are damaged "
+                                         "(one missing, or twice); fix them by hand, then run `ctx sync`"))
+            continue
         current = _extract_section(text) if is_section else (text if exists else None)
         want_text = want.content if want else None
         if current == want_text or (want_text is not None and current is not None and
@@ -440,7 +492,7 @@ def _native_files(root: Path, client: str) -> list[tuple[Kind, str, Path]]:
 
     def add(kind: Kind, folder: str, pattern: str, suffix: str) -> None:
         base = root / folder
-        if base.is_dir() and not base.is_symlink():
+        if base.is_dir():
             for p in sorted(base.glob(pattern)):
                 found.append((kind, p.name[: -len(suffix)] if suffix else p.parent.name, p))
 
@@ -483,6 +535,9 @@ def import_native(root: Path, clients: list[str] | None = None, *, dry_run: bool
         for kind, raw_name, path in _native_files(root, client):
             rel = str(path.relative_to(root))
             name = raw_name.lower()
+            if not _no_links_below(root, path):
+                result.skipped.append({"path": rel, "why": "a symlink on its path leads elsewhere; not read"})
+                continue
             try:
                 check_name(name)
                 text = _read_text(path)

@@ -67,3 +67,118 @@ def test_a_rewritten_file_keeps_its_mode_and_a_new_one_follows_the_umask(tmp_pat
     finally:
         os.umask(old)
     assert stat.S_IMODE(fresh.stat().st_mode) == 0o640
+
+
+def test_a_committed_manifest_cannot_make_sync_delete_a_file_no_writer_produces(project: Path) -> None:
+    import hashlib
+    import json
+
+    head = project / ".git" / "HEAD"
+    head.parent.mkdir()
+    head.write_text("ref: refs/heads/main\n", encoding="utf-8")
+    readme = project / "README.md"
+    readme.write_text("# Project\n", encoding="utf-8")
+    files = {rel: {"sha256": hashlib.sha256((project / rel).read_bytes()).hexdigest(), "client": "claude"}
+             for rel in (".git/HEAD", "README.md")}
+    manifest = project / ".ctx/registry/.sync.json"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text(json.dumps({"version": 1, "files": files}), encoding="utf-8")
+    result = sync(project, ["claude"])
+    assert not [c for c in result.changes if c.action == "delete"]
+    assert head.read_text(encoding="utf-8") == "ref: refs/heads/main\n" and readme.is_file()
+
+
+def test_a_manifest_without_a_table_of_files_is_one_clear_error(project: Path) -> None:
+    from ctxlake.errors import InputError
+
+    manifest = project / ".ctx/registry/.sync.json"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text('{"files": []}', encoding="utf-8")
+    with pytest.raises(InputError, match="unreadable sync manifest"):
+        sync(project, ["claude"])
+
+
+BOMB = "".join(["---\nname: bomb\ndescription: [&a [x, x, x, x, x, x, x, x, x]",
+                *(f", &{b} [{', '.join([f'*{a}'] * 9)}]" for a, b in zip("abcdefgh", "bcdefghi", strict=True)),
+                "]\n---\nx\n"])
+
+
+def test_yaml_aliases_in_an_items_front_matter_are_refused_not_expanded(project: Path) -> None:
+    from ctxlake.errors import InputError
+    from ctxlake.tasks.registry import load_registry
+
+    folder = project / ".ctx/registry/commands"
+    folder.mkdir(parents=True)
+    (folder / "bomb.md").write_text(BOMB, encoding="utf-8")
+    with pytest.raises(InputError, match="aliases"):
+        load_registry(project)
+
+
+def test_yaml_aliases_in_a_knowledge_record_are_refused_not_expanded(project: Path) -> None:
+    from ctxlake.errors import InputError
+    from ctxlake.tasks.knowledge import parse_record
+
+    path = project / ".ctx/knowledge/insights/bomb.md"
+    path.parent.mkdir(parents=True)
+    path.write_text(BOMB.replace("name: bomb\ndescription", "title: bomb\ntags"), encoding="utf-8")
+    with pytest.raises(InputError, match="aliases"):
+        parse_record(path, project)
+
+
+RULE = ConfigItem(kind="rule", name="style", description="Style", always_apply=True, body="Use type hints.\n")
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_a_section_whose_end_marker_was_deleted_is_left_alone_even_with_force(project: Path, force: bool) -> None:
+    from ctxlake.tasks.registry import SECTION_END
+
+    save_item(project, RULE)
+    sync(project, ["claude"])
+    claude = project / "CLAUDE.md"
+    damaged = claude.read_text(encoding="utf-8").replace(SECTION_END, "") + "## My notes\nNever push to main.\n"
+    claude.write_text(damaged, encoding="utf-8")
+    result = sync(project, ["claude"], force=force)
+    assert [(c.path, c.action) for c in result.conflicts] == [("CLAUDE.md", "conflict")]
+    assert "markers are damaged" in result.conflicts[0].detail
+    assert claude.read_text(encoding="utf-8") == damaged
+
+
+def test_an_item_holding_the_section_marker_is_refused(project: Path) -> None:
+    from ctxlake.errors import InputError
+    from ctxlake.tasks.registry import SECTION_END, load_registry
+
+    save_item(project, ConfigItem(kind="rule", name="sneaky", description="d", always_apply=True,
+                                  body=f"text\n{SECTION_END}\nmore\n"))
+    with pytest.raises(InputError, match="section marker"):
+        load_registry(project)
+
+
+def test_a_folder_where_a_generated_file_goes_is_a_conflict_not_a_traceback(project: Path) -> None:
+    save_item(project, COMMAND)
+    (project / ".claude/commands/deploy.md").mkdir(parents=True)
+    result = sync(project, ["claude"])
+    assert [(c.path, c.action) for c in result.conflicts] == [(".claude/commands/deploy.md", "conflict")]
+    assert not list((project / ".claude/commands").glob("*tmp*"))
+
+
+def test_import_reads_nothing_through_a_linked_client_folder(project: Path, tmp_path: Path) -> None:
+    from ctxlake.tasks.registry import import_native
+
+    outside = tmp_path / "elsewhere"
+    (outside / "notes").mkdir(parents=True)
+    (outside / "notes/SKILL.md").write_text("---\nname: notes\ndescription: private\n---\ntoken=abc123\n",
+                                            encoding="utf-8")
+    (project / ".claude/skills").mkdir(parents=True)
+    (project / ".claude/skills/notes").symlink_to(outside / "notes", target_is_directory=True)
+    result = import_native(project, ["claude"])
+    assert result.imported == []
+    assert [s["path"] for s in result.skipped] == [".claude/skills/notes/SKILL.md"]
+    assert not (project / ".ctx/registry/skills").exists()
+
+
+def test_a_name_with_a_trailing_line_break_is_refused() -> None:
+    from ctxlake.errors import InputError
+    from ctxlake.schemas.registry import check_name
+
+    with pytest.raises(InputError, match="invalid registry name"):
+        check_name("ab\n")
