@@ -7,6 +7,7 @@ alone, so `root:x:0:0` is not printed as `root❌0:0`.
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -241,8 +242,22 @@ def print_json(data: Any, indent: int | None = 2) -> None:
     import json
 
     global _documents
-    sys.stdout.write(json.dumps(data, indent=indent, default=str, ensure_ascii=False) + "\n")
+    try:
+        text = json.dumps(data, indent=indent, default=str, ensure_ascii=False, allow_nan=False)
+    except ValueError:  # NaN or infinity (`ctx sql` over a double column): not JSON, so null
+        text = json.dumps(_finite(data), indent=indent, default=str, ensure_ascii=False, allow_nan=False)
+    sys.stdout.write(text + "\n")
     _documents += 1
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def json_documents() -> int:

@@ -272,6 +272,11 @@ def test_sql_over_the_lake_is_read_only(indexed: Path, cli: Callable[..., Any]) 
     assert broken.exit_code == 2 and "SQL error" in broken.stderr and "tables: chunks, definitions, files, imports, index_runs, refs" in broken.stderr
 
 
+def test_sql_json_is_strict_json_when_a_value_is_not_a_number(indexed: Path, cli: Callable[..., Any]) -> None:
+    out = cli("sql", "SELECT 'nan'::double AS a, 'inf'::double AS b, 1.5::double AS c", "--json", cwd=indexed).stdout
+    assert json.loads(out, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))["rows"] == [[None, None, 1.5]]
+
+
 def test_semantic_file_list_embeds_an_issues_title(indexed: Path, cli: Callable[..., Any]) -> None:
     """An issue's body (a log, code, prose about other things) drowns its subject in an averaged
     vector; the semantic list of the file ranking embeds the title line instead."""
