@@ -8,7 +8,7 @@ import tempfile
 import tomllib
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -54,6 +54,25 @@ def clean_path(path: str) -> str:
     return "/".join(parts)
 
 
+def _no_credentials(origin: str) -> None:
+    """Refuse a URL that carries a password, or any user name over http(s) (a token often goes
+    there): the origin is stored in .ctx/sources.toml, which is committed, and shown by `ctx list`,
+    `ctx sql` and the prompt `ctx ask` writes. ssh's `ssh://git@host/...` names no secret."""
+    if "://" not in origin:
+        return
+    try:
+        parts = urlsplit(origin)
+        user, password = parts.username, parts.password
+    except ValueError:
+        return
+    if password is not None or (user and parts.scheme.lower() in ("http", "https")):
+        shown = f"{parts.scheme}://***@{parts.hostname or ''}{parts.path}"
+        raise InputError(f"origin {shown} holds credentials, which would be stored in .ctx/sources.toml "
+                         "(committed with the project) and shown by `ctx list`",
+                         hint="drop them from the URL: git finds them in a credential helper, ~/.netrc or "
+                              "an ssh key")
+
+
 class SourceSpec(BaseModel):
     """One declared source: where it comes from and which part of it is indexed."""
 
@@ -89,6 +108,7 @@ class SourceSpec(BaseModel):
                              hint="use an https://, ssh://, git@host:path or file:// origin, or a folder")
         if value.strip().startswith("-"):
             raise InputError(f"invalid origin {value!r}: it would reach git as an option")
+        _no_credentials(value.strip())
         return value
 
     @field_validator("ref")

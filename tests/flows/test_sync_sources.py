@@ -409,3 +409,23 @@ def test_a_committed_origin_through_a_git_remote_helper_runs_nothing(
     with pytest.raises(SourceError):
         run_git(["ls-remote", f"ext::sh -c touch% {planted}"], tmp_path, timeout=30)
     assert not planted.exists()
+
+
+@pytest.mark.parametrize("origin", ["https://deploy:S3cr3tPassw0rd@example.org/docs/", "https://ghp_token@example.org/r.git",
+                                    "ssh://git:pw@example.org/r.git"])
+def test_an_origin_with_credentials_is_refused_and_stored_nowhere(
+        cli: Callable[..., Any], project: Path, origin: str) -> None:
+    """sources.toml is committed and `ctx list`, `ctx sql` and ask's prompt show the origin: a
+    password (or a token as an http user name) in it would travel with all of them."""
+    added = cli("add", "creds", origin, "--type", "web" if origin.endswith("/") else "git", cwd=project)
+    assert added.exit_code == 2 and "holds credentials" in added.stderr, added.stderr
+    secret = origin.split("//", 1)[1].split("@", 1)[0]
+    assert secret not in added.stderr
+    assert not (project / ".ctx" / "sources.toml").exists() or secret not in (project / ".ctx" / "sources.toml").read_text()
+
+
+def test_an_ssh_user_name_alone_is_no_secret(cli: Callable[..., Any], project: Path) -> None:
+    from ctxlake.schemas.sources import SourceSpec
+
+    assert SourceSpec(name="r", type="git", origin="ssh://git@example.org/r.git").origin == "ssh://git@example.org/r.git"
+
