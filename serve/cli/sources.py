@@ -114,8 +114,14 @@ def _forget(settings: Settings, name: str, spec: SourceSpec | None, wait: float)
     storage: str | None = None
     if spec is not None and spec.type != "local":
         folder = storage_dir(settings.home, spec)
-        storage = "deleted" if release_storage(folder, settings.root) else (
-            "kept (another project uses it)" if folder.exists() else None)
+        # Two sources of one project with the same origin share the clone (its users are projects).
+        sharing = [n for n, other in load_registry(settings.root).items()
+                   if n != name and other.type == spec.type and storage_dir(settings.home, other) == folder]
+        if sharing:
+            storage = f"kept (source {sharing[0]} uses it)"
+        else:
+            storage = "deleted" if release_storage(folder, settings.root) else (
+                "kept (another project uses it)" if folder.exists() else None)
     declared = drop_source(settings.root, name)
     revoke_sources(registry_path(settings.root), settings.home, name)
     return {"name": name, "chunks": chunks, "files": files, "storage": storage, "declared": declared}

@@ -302,6 +302,20 @@ def test_ask_and_chat_with_a_stub_agent(
     assert "| lib | git |" in seen["prompt"]
 
 
+def test_removing_one_of_two_sources_of_one_origin_keeps_the_clone_the_other_reads(
+    project: Path, lib_remote: tuple[Path, str], cli: Callable[..., Any]
+) -> None:
+    _, url = lib_remote
+    for name in ("lib", "lib2"):
+        ok_json(cli("add", name, url, "--json", cwd=project))
+    removed = ok_json(cli("remove", "lib", "--json", cwd=project))
+    assert removed["storage"] == "kept (source lib2 uses it)"
+    shown = cli("show", "--source", "lib2", "libs/core/tools.py", cwd=project)
+    assert shown.exit_code == 0 and "make_tool" in shown.stdout, shown.stderr
+    last = ok_json(cli("remove", "lib2", "--json", cwd=project))
+    assert last["storage"] == "deleted"
+
+
 def test_a_cloned_sources_toml_reads_nothing_outside_the_project_until_trusted(
     make_repo: Callable[..., Path], cli: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
