@@ -10,7 +10,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ctxlake.errors import ConfigError, InputError
 from ctxlake.schemas.config import CTX_DIR, IndexSettings
@@ -110,6 +110,14 @@ class SourceSpec(BaseModel):
             raise InputError(f"invalid origin {value!r}: it would reach git as an option")
         _no_credentials(value.strip())
         return value
+
+    @model_validator(mode="after")
+    def _web_is_http(self) -> SourceSpec:
+        # Anything else reached the fetcher and came back as "robots.txt unreachable: UnsupportedProtocol".
+        if self.type == "web" and urlsplit(self.origin.strip()).scheme.lower() not in ("http", "https"):
+            raise InputError(f"a web source needs an http:// or https:// URL, not {self.origin!r}",
+                             hint="a folder is added as it is (`ctx add NAME PATH`), a repository by its git URL")
+        return self
 
     @field_validator("ref")
     @classmethod

@@ -443,3 +443,9 @@ def test_an_ssh_user_name_alone_is_no_secret(cli: Callable[..., Any], project: P
 
     assert SourceSpec(name="r", type="git", origin="ssh://git@example.org/r.git").origin == "ssh://git@example.org/r.git"
 
+
+
+@pytest.mark.parametrize("origin", ["file:///etc/passwd", "ftp://example.org/docs/"])
+def test_a_web_source_that_is_not_http_is_refused_as_bad_input(cli: Callable[..., Any], project: Path, origin: str) -> None:
+    added = cli("add", "w", origin, "--type", "web", cwd=project)
+    assert added.exit_code == 2 and "needs an http:// or https:// URL" in added.stderr, added.stderr
