@@ -322,7 +322,7 @@ def register(app: typer.Typer) -> None:
         timeout: Annotated[float | None, typer.Option("--timeout", min=1, help="seconds before the agent is stopped")] = None,
         as_json: JsonOpt = False,
     ) -> None:
-        """Ask a coding agent about some sources, in a sandbox that holds only them."""
+        """Ask a coding agent about some sources, run in a scratch folder that links only them (it runs as you: not a security sandbox)."""
         from ctxlake.serve.api import source_queries
 
         settings = load_settings(resolve_root(None, for_write=False))
@@ -348,7 +348,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("chat")
     def chat(sources: SourcesOpt = None, agent: AgentOpt = None) -> None:
-        """Open an interactive agent session in a sandbox holding the given sources."""
+        """Open an interactive agent session in a scratch folder linking the given sources (it runs as you: not a security sandbox)."""
         from ctxlake.serve.api import source_queries
         from ctxlake.tasks.agents import chat_agent
 
