@@ -157,6 +157,32 @@ def read_config(path: Path, errors: str = "strict") -> str:
     return data.decode("utf-8", errors)
 
 
+def unsafe_target(root: Path, rel: str) -> str | None:
+    """Why ctx must not write the project file `rel` (a path under `root`), or None when it may. A symlinked
+    file or folder on the way would carry the write out of the project (a clone can hold `.claude -> ~/.ssh`)
+    or turn a link into a copy; a file where a folder goes would fail at mkdir."""
+    path = root
+    parts = Path(rel).parts
+    for depth, part in enumerate(parts, start=1):
+        path = path / part
+        if path.is_symlink():
+            return f"{path} is a symlink; ctx will not write through it"
+        if depth < len(parts) and path.exists() and not path.is_dir():
+            return f"{path} is not a folder; ctx cannot write {rel} under it"
+    if not path.resolve().is_relative_to(root.resolve()):
+        return f"{path} resolves outside the project; ctx will not write it"
+    return None
+
+
+def make_parent(path: Path) -> str | None:
+    """Create the folder `path` goes in; why not (a file in the way, no permission), or None."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"cannot create {path.parent} ({exc.strerror or exc})"
+    return None
+
+
 def read_json_object(path: Path) -> tuple[dict[str, Any] | None, str]:
     """(data, problem): the file's JSON object, or why it cannot be merged safely."""
     if not path.exists():
@@ -204,10 +230,37 @@ def json_plan(client: str, path: Path, key: str, entry: dict[str, Any]) -> tuple
     if client == "opencode" and not data:
         data = {"$schema": "https://opencode.ai/config.json"}
     servers = data.setdefault(key, {})
-    if servers.get(SERVER_NAME) == entry:
+    current = servers.get(SERVER_NAME)
+    if current == entry:
         return None, Change(client, str(path), "unchanged", "already registered")
+    if current is not None and not is_ctx_entry(current):
+        # Another tool's server under the same name: replacing it would break that tool without a word.
+        snippet = json.dumps({key: {SERVER_NAME: entry}}, indent=2)
+        return None, Change(client, str(path), "skipped",
+                            f"its {key}.{SERVER_NAME} is another server ({_command_of(current)}); rename or remove "
+                            f"it, or add this by hand:\n{snippet}", paste=snippet)
     servers[SERVER_NAME] = entry
     return data, None
+
+
+def _words(entry: Any) -> list[str]:
+    """A server entry's command and arguments: `command` + `args`, or OpenCode's one `command` array."""
+    if not isinstance(entry, dict):
+        return []
+    command, args = entry.get("command"), entry.get("args")
+    words = [*(command if isinstance(command, list) else [command]), *(args if isinstance(args, list) else [])]
+    return [w for w in words if isinstance(w, str)]
+
+
+def _command_of(entry: Any) -> str:
+    return " ".join(_words(entry))[:120] or json.dumps(entry)[:80]
+
+
+def is_ctx_entry(entry: Any) -> bool:
+    """Whether a `ctx` server entry starts some ctxlake `ctx serve` (an earlier `ctx init`'s, maybe with another
+    path or shape, which init refreshes), not another tool that took the same name."""
+    words = _words(entry)
+    return "serve" in words and (Path(words[0]).name == "ctx" or any("ctxlake" in w for w in words))
 
 
 def register_project_client(client: str, root: Path, command: list[str], env: dict[str, str] | None = None) -> Change:
@@ -220,8 +273,11 @@ def register_project_client(client: str, root: Path, command: list[str], env: di
     if done is not None or data is None:
         assert done is not None
         return done
+    problem = unsafe_target(root, file) or make_parent(path)
+    if problem:
+        snippet = json.dumps({key: {SERVER_NAME: data[key][SERVER_NAME]}}, indent=2)
+        return Change(client, str(path), "skipped", f"{problem}; add this by hand:\n{snippet}", paste=snippet)
     action: Action = "updated" if path.exists() else "created"
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
     others = sorted(k for k in data[key] if k != SERVER_NAME)
     detail = f"server {SERVER_NAME!r}" + (f"; kept {', '.join(others)}" if others else "")
@@ -234,7 +290,10 @@ def register_codex_project(root: Path, command: list[str], env: dict[str, str] |
     old, new, _ = codex_plan(path, command, "codex", env)
     if old == new:
         return Change("codex", str(path), "unchanged", "already registered")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    problem = unsafe_target(root, CODEX_PROJECT_FILE) or make_parent(path)
+    if problem:
+        snippet = codex_snippet(command, "codex", env)
+        return Change("codex", str(path), "skipped", f"{problem}; add this by hand:\n{snippet}", paste=snippet)
     write_atomic(path, new)
     return Change("codex", str(path), "updated" if old else "created",
                   f"[mcp_servers.{SERVER_NAME}]; Codex reads it once you trust the project")
@@ -257,6 +316,17 @@ def user_config_path(client: str, env: dict[str, str] | None = None) -> Path:
     if client == "antigravity":
         return home / ".gemini" / "antigravity" / "mcp_config.json"
     raise InputError(f"unknown user-wide client {client!r}")
+
+
+def codex_snippet(command: list[str], client: str = "codex", env: dict[str, str] | None = None) -> str:
+    """The `[mcp_servers.ctx]` table as TOML, to paste by hand."""
+    import tomlkit
+
+    doc = tomlkit.document()
+    servers = tomlkit.table(is_super_table=True)
+    servers[SERVER_NAME] = server_entry(client, None, command, env)
+    doc["mcp_servers"] = servers
+    return tomlkit.dumps(doc).strip()
 
 
 def codex_plan(path: Path, command: list[str], client: str = "codex-user",
@@ -284,6 +354,10 @@ def codex_plan(path: Path, command: list[str], client: str = "codex-user",
     for k, v in server_entry(client, None, command, env).items():
         table[k] = v
     current = servers.get(SERVER_NAME)
+    if current is not None and not isinstance(current, dict):
+        raise InputError(f"{path}: mcp_servers.{SERVER_NAME} is not a table ({current!r}); not changed",
+                         hint=f"remove that line, then run ctx init again, or add this by hand:\n"
+                              f"{codex_snippet(command, client, env)}")
     if current is not None and dict(current) == dict(table):
         return old, old, ""
     servers[SERVER_NAME] = table
@@ -301,10 +375,11 @@ def user_plan(client: str, root: Path, command: list[str], env: dict[str, str] |
         return path, old, new, diff, (Change(client, str(path), "unchanged", "already registered") if old == new else None)
     key = USER_CLIENTS[client][1]
     data, done = json_plan(client, path, key, server_entry(client, root, command, env))
-    old = path.read_text(encoding="utf-8") if path.exists() else ""
     if done is not None or data is None:
         assert done is not None
-        return path, old, old, "", done
+        return path, "", "", "", done
+    # json_plan read it once already (a FIFO, folder or non-UTF-8 file there is a skipped change, with the paste).
+    old = read_config(path) if path.exists() else ""
     new = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
     diff = "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
                                         fromfile=str(path), tofile=str(path)))
@@ -325,12 +400,17 @@ def ensure_gitignored(root: Path) -> Change:
     """`.ctx/lake/` in the project's .gitignore (the lake is rebuilt by `ctx run index`)."""
     path = root / ".gitignore"
     try:
-        text = path.read_text(encoding="utf-8") if path.exists() else ""
+        # read_config, not read_text: a FIFO there (a clone can hold one) would block the read forever.
+        text = read_config(path) if path.exists() or path.is_symlink() else ""
     except (OSError, UnicodeDecodeError) as exc:
-        return Change("git", str(path), "skipped", f"cannot read it ({exc}); add {GITIGNORE_LINE} by hand")
+        return Change("git", str(path), "skipped", f"cannot read it ({exc}); add {GITIGNORE_LINE} by hand",
+                      paste=GITIGNORE_LINE)
     covered = {".ctx", ".ctx/", "/.ctx", "/.ctx/", ".ctx/lake", ".ctx/lake/", "/.ctx/lake", "/.ctx/lake/"}
     if any(line.strip() in covered for line in text.splitlines()):
         return Change("git", str(path), "unchanged", "the lake is already ignored")
+    problem = unsafe_target(root, ".gitignore")
+    if problem:
+        return Change("git", str(path), "skipped", f"{problem}; add {GITIGNORE_LINE} by hand", paste=GITIGNORE_LINE)
     sep = "" if not text or text.endswith("\n") else "\n"
     write_atomic(path, f"{text}{sep}# ctxlake's index, rebuilt by `ctx run index`\n{GITIGNORE_LINE}\n")
     return Change("git", str(path), "updated" if text else "created", f"added {GITIGNORE_LINE}")

@@ -131,7 +131,7 @@ def init(
     if unmerged:
         # The other files are written; a file we could not merge safely must not pass for success.
         raise ConfigError(f"{len(unmerged)} file(s) not changed: " + ", ".join(c.path for c in unmerged),
-                          hint="paste the entry shown above into each, or remove the comments and run again")
+                          hint="paste the entry shown above into each, or fix what its line names and run again")
 
 
 def _user_file(client: str, root: Path, command: list[str], yes: bool) -> Change:
