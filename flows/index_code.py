@@ -293,8 +293,8 @@ def _index_code(settings: Settings, source: str, root: Path | None, force: bool,
     if state is not None and (not state.clean or source in journal):
         diff = freshness.with_journal(diff, tree, journal.get(source, []))
     report.files_seen, report.skipped = stats.seen, dict(stats.skipped)
-    report.warnings.extend(f"skipped {path}: its name is not valid UTF-8 (rename the file to index it)"
-                           for path in stats.bad_names)
+    report.warnings.extend(f"skipped {path}: its name is not valid UTF-8 or holds a control character "
+                           "(rename the file to index it)" for path in stats.bad_names)
     if stats.unreadable:
         report.warnings.append(unreadable_warning(stats.unreadable))
     report.added, report.modified, report.removed = len(diff.added), len(diff.modified), len(diff.removed)

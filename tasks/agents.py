@@ -222,7 +222,8 @@ def agent_command(templates: dict[str, str], agent: str, sandbox: Path) -> list[
     """The argv of `agent`'s template with {prompt_file} and {mcp_config} filled in; its binary must be on PATH."""
     if agent not in templates:
         raise InputError(f"unknown agent {agent!r}", hint=f"known: {', '.join(sorted(templates))}; "
-                         "add one under [agents.commands] in .ctx/config.toml")
+                         "add one under [agents.commands] in .ctx/config.toml (a project's commands run only "
+                         "once `ctx trust` accepted the file)")
     try:
         argv = shlex.split(templates[agent])
     except ValueError as exc:

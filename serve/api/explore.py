@@ -143,6 +143,13 @@ def _owner(source: str) -> str:
     return "project" if source == PROJECT_SOURCE else f"source {source!r}"
 
 
+def _refresh(source: str) -> str:
+    """What brings the index of `source` up to date: a source's files come back with its update."""
+    if source == PROJECT_SOURCE:
+        return "run `ctx run index` to update the index"
+    return f"run `ctx update {source}` to fetch and index the source again"
+
+
 def file_context(
     lake: Lake, filepath: str, start_line: int | None = None, end_line: int | None = None,
     include_related: bool = False, max_chars: int = 40_000, source: str = PROJECT_SOURCE,
@@ -166,11 +173,10 @@ def file_context(
     try:
         data = safe_io.open_inside(root, clean, limit, allow_hidden=True, what="filepath")
     except (FileNotFoundError, NotADirectoryError):
-        raise InputError(f"{clean!r} was deleted since the last index run",
-                         hint="run `ctx run index` to update the index") from None
+        raise InputError(f"{clean!r} was deleted since the last index run", hint=_refresh(source)) from None
     except safe_io.TooLarge as exc:
         raise InputError(f"{clean!r} is now {exc.size:,} bytes, over the index limit of {limit:,}",
-                         hint="run `ctx run index` to update the index") from None
+                         hint=_refresh(source)) from None
     warnings: list[str] = []
     stale = xxhash.xxh3_128(data).hexdigest() != row["hash"]
     if stale:

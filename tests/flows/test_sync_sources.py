@@ -449,3 +449,14 @@ def test_an_ssh_user_name_alone_is_no_secret(cli: Callable[..., Any], project: P
 def test_a_web_source_that_is_not_http_is_refused_as_bad_input(cli: Callable[..., Any], project: Path, origin: str) -> None:
     added = cli("add", "w", origin, "--type", "web", cwd=project)
     assert added.exit_code == 2 and "needs an http:// or https:// URL" in added.stderr, added.stderr
+
+
+def test_a_source_file_gone_from_disk_points_at_ctx_update(
+        project: Path, lib_remote: tuple[Path, str], cli: Callable[..., Any]) -> None:
+    _, url = lib_remote
+    ok_json(cli("add", "lib", url, "--json", cwd=project))
+    root = Path(ok_json(cli("list", "--json", cwd=project))["sources"][0]["root"])
+    (root / "libs/core/tools.py").unlink()
+    shown = cli("show", "--source", "lib", "libs/core/tools.py", cwd=project)
+    assert shown.exit_code == 2 and "was deleted since the last index run" in shown.stderr
+    assert "ctx update lib" in shown.stderr and "ctx run index" not in shown.stderr, shown.stderr
