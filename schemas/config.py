@@ -169,7 +169,7 @@ class SourcesSettings(_Section):
     web_max_page_bytes: int = Field(5_000_000, ge=1, description="a larger page is skipped and reported")
     web_max_total_bytes: int = Field(200_000_000, ge=1, description="a web source stops growing past this")
     web_concurrency: int = Field(8, ge=1, le=64, description="pages fetched at once")
-    web_timeout_s: float = Field(30.0, gt=0, description="per request")
+    web_timeout_s: float = Field(30.0, gt=0, description="longest one page (or robots.txt) may take to arrive")
     web_include_optional: bool = Field(True, description="also fetch the links of an llms.txt 'Optional' section")
     web_user_agent: str = Field("ctxlake/0.1 (docs indexer; respects robots.txt)", description="sent with every request")
 

@@ -17,6 +17,7 @@ from urllib.robotparser import RobotFileParser
 from ctxlake.errors import SourceError
 from ctxlake.schemas.config import SourcesSettings
 from ctxlake.schemas.sources import SourceSpec
+from ctxlake.tasks.netguard import DEFAULT_PORTS, Guard, Refused, origin, pinned_transport
 from ctxlake.tasks.sources import PAGES_DIR, Fetched, claim_storage, storage_lock
 from ctxlake.tasks.stage import stage
 
@@ -89,10 +90,12 @@ def parse_llms_txt(text: str, base_url: str) -> LlmsTxt:
 # --- pages ---------------------------------------------------------------------------------------
 
 
-def page_file(url: str, start_host: str) -> str:
+def page_file(url: str, source_url: str) -> str:
     """A safe relative file name for a page URL: sanitised path parts, never '..', always .md.
 
-    Pages of the start URL's host go at the top; other hosts under a folder of their name.
+    Pages of the source URL's origin go at the top; other origins under '@host' ('@host_port' for a
+    port that is not the scheme's own): '@' never survives sanitising, so no page of the source's
+    own can land there, and the same host on another port is another site.
     """
     parts = urlsplit(url)
     segments = [s for s in parts.path.split("/") if s]
@@ -107,9 +110,12 @@ def page_file(url: str, start_host: str) -> str:
     if parts.query:
         stem += "_" + hashlib.sha1(parts.query.encode()).hexdigest()[:8]
     safe[-1] = stem + ".md"
-    host = (parts.hostname or "host").lower()
-    if host != start_host:
-        safe.insert(0, re.sub(r"[^a-z0-9.-]+", "_", host).lstrip(".") or "host")
+    scheme, host, port = origin(url)
+    if (scheme, host, port) != origin(source_url):
+        folder = re.sub(r"[^a-z0-9.-]+", "_", host).lstrip(".") or "host"
+        if port != DEFAULT_PORTS.get(scheme):
+            folder += f"_{port}"
+        safe.insert(0, "@" + folder)
     return "/".join(safe)
 
 
@@ -140,8 +146,8 @@ class _Robots:
     means no rules; a 5xx or no answer at all means "assume complete disallow", which is reported
     as what happened (robots.txt unreachable: ...), never as a rule the site does not have."""
 
-    def __init__(self, client: httpx.Client, agent: str) -> None:
-        self.client, self.agent = client, agent
+    def __init__(self, client: httpx.Client, limits: SourcesSettings) -> None:
+        self.client, self.agent, self.limits = client, limits.web_user_agent, limits
         self.rules: dict[str, RobotFileParser | str | None] = {}  # str: why the host is off limits
         self.lock = threading.Lock()
 
@@ -162,18 +168,29 @@ class _Robots:
     def _load(self, base: str) -> RobotFileParser | str | None:
         import httpx
 
+        # Read like a page, under the same deadline and size limit: a robots.txt that drips or never
+        # ends would otherwise hold the whole crawl.
+        deadline = time.monotonic() + self.limits.web_timeout_s
         try:
-            resp = self.client.get(f"{base}/robots.txt")
+            with self.client.stream("GET", f"{base}/robots.txt") as resp:
+                status = resp.status_code
+                body = _read_body(resp, self.limits.web_max_page_bytes, deadline,
+                                  self.limits.web_timeout_s) if 200 <= status < 300 else b""
+                text = body.decode(resp.encoding or "utf-8", errors="replace")
         except httpx.TooManyRedirects:
             return None
+        except Refused as exc:  # robots.txt redirected off the allowed hosts
+            return f"robots.txt {exc}"
+        except _Dropped as exc:
+            return f"robots.txt unreachable: {exc}"
         except httpx.HTTPError as exc:
             return f"robots.txt unreachable: {_http_error(exc)}"
-        if 400 <= resp.status_code < 500:
+        if 400 <= status < 500:
             return None
-        if resp.status_code >= 500:
-            return f"robots.txt unreachable: HTTP {resp.status_code}"
+        if status >= 500:
+            return f"robots.txt unreachable: HTTP {status}"
         parser = RobotFileParser()
-        parser.parse(resp.text.splitlines())
+        parser.parse(text.splitlines())
         return parser
 
 
@@ -186,7 +203,7 @@ def _http_error(exc: Exception) -> str:
 @dataclass
 class _Page:
     url: str
-    status: str  # saved | unchanged | failed | gone
+    status: str  # saved | unchanged | failed | gone | refused
     file: str | None = None
     etag: str | None = None
     last_modified: str | None = None
@@ -205,12 +222,14 @@ class _Crawl:
         self.meta_path = folder / META_FILE
         self.meta: dict[str, Any] = _read_json(self.meta_path)
         self.old: dict[str, dict[str, Any]] = dict(self.meta.get("pages", {}))
+        self.guard = Guard(spec.origin)
+        # The hook checks every request, each redirect hop included, before it is sent (netguard.py).
         self.client = httpx.Client(
             headers={"User-Agent": limits.web_user_agent}, timeout=limits.web_timeout_s,
-            follow_redirects=True, max_redirects=5,
+            follow_redirects=True, max_redirects=5, event_hooks={"request": [self.guard.hook]},
+            transport=pinned_transport(self.guard),
         )
-        self.robots = _Robots(self.client, limits.web_user_agent)
-        self.start_host = (urlsplit(spec.origin).hostname or "").lower()
+        self.robots = _Robots(self.client, limits)
         self.total_bytes = 0
         self.lock = threading.Lock()
         self.files: dict[str, str] = {}  # url -> file, unique within this sync
@@ -220,7 +239,7 @@ class _Crawl:
         with self.lock:
             if url in self.files:
                 return self.files[url]
-            name = preferred or self.old.get(url, {}).get("file") or page_file(url, self.start_host)
+            name = preferred or self.old.get(url, {}).get("file") or page_file(url, self.spec.origin)
             if name in self.files.values():
                 name = f"{name.removesuffix('.md')}_{hashlib.sha1(url.encode()).hexdigest()[:8]}.md"
             self.files[url] = name
@@ -231,6 +250,9 @@ class _Crawl:
         import httpx
 
         file = self.file_for(url, file)
+        # Before robots.txt: a host we may not reach is not asked for its robots.txt either.
+        if refusal := self.guard.refusal(url):
+            return _Page(url, "refused", file, error=refusal)
         if refusal := self.robots.refusal(url):
             return _Page(url, "failed", file, error=refusal)
         old = self.old.get(url, {})
@@ -240,6 +262,11 @@ class _Crawl:
                 headers["If-None-Match"] = old["etag"]
             if old.get("last_modified"):
                 headers["If-Modified-Since"] = old["last_modified"]
+        # httpx's timeout is per read: a page sending a byte a second would never time out. The
+        # deadline starts before the request, so waiting for the headers counts, and is checked as
+        # the body arrives. Headers sent a byte at a time are bounded only by httpx's per-read
+        # timeout and h11's cap on header size: httpcore gives us no handle to cut them off.
+        deadline = time.monotonic() + self.limits.web_timeout_s
         try:
             with self.client.stream("GET", url, headers=headers) as resp:
                 if resp.status_code == 304:
@@ -249,12 +276,14 @@ class _Crawl:
                     return _Page(url, "gone", file, error=f"HTTP {resp.status_code}")
                 if resp.status_code != 200:
                     return _Page(url, "failed", file, error=f"HTTP {resp.status_code}")
-                body = self._body(resp)
+                body = self._body(resp, deadline)
                 ctype = resp.headers.get("content-type", "").split(";")[0].strip().lower()
                 text = body.decode(resp.encoding or "utf-8", errors="replace")
                 etag, modified = resp.headers.get("etag"), resp.headers.get("last-modified")
-        except _TooBig as exc:
+        except _Dropped as exc:
             return _Page(url, "failed", file, error=str(exc))
+        except Refused as exc:  # a redirect off the allowed hosts
+            return _Page(url, "refused", file, error=str(exc))
         except httpx.HTTPError as exc:
             return _Page(url, "failed", file, error=_http_error(exc))
         if ctype in HTML_TYPES or (not ctype and text.lstrip().lower().startswith(("<!doctype html", "<html"))):
@@ -266,23 +295,14 @@ class _Crawl:
         self._write(file, f"<!-- {url} -->\n{markdown}")
         return _Page(url, "saved", file, etag, modified, markdown=markdown)
 
-    def _body(self, resp: httpx.Response) -> bytes:
-        limit = self.limits.web_max_page_bytes
-        declared = resp.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > limit:
-            raise _TooBig(f"larger than {limit:,} bytes ({int(declared):,})")
-        chunks: list[bytes] = []
-        size = 0
-        for chunk in resp.iter_bytes():
-            size += len(chunk)
-            if size > limit:
-                raise _TooBig(f"larger than {limit:,} bytes")
-            chunks.append(chunk)
+    def _body(self, resp: httpx.Response, deadline: float) -> bytes:
+        body = _read_body(resp, self.limits.web_max_page_bytes, deadline, self.limits.web_timeout_s)
+        size = len(body)
         with self.lock:
             if self.total_bytes + size > self.limits.web_max_total_bytes:
                 raise _TooBig(f"over the source's size limit of {self.limits.web_max_total_bytes:,} bytes")
             self.total_bytes += size
-        return b"".join(chunks)
+        return body
 
     def _target(self, file: str) -> Path:
         target = (self.pages_dir / file).resolve()
@@ -308,8 +328,35 @@ class _Crawl:
             return list(pool.map(self.get, urls))
 
 
-class _TooBig(Exception):
+class _Dropped(Exception):
+    """A page given up on while reading it (too big, too slow); its text is the reason shown."""
+
+
+class _TooBig(_Dropped):
     pass
+
+
+def _read_body(resp: httpx.Response, limit: int, deadline: float, timeout_s: float) -> bytes:
+    """A response's body, or _Dropped past `limit` bytes or past `deadline` (time.monotonic(),
+    taken before the request was sent: timeout_s from then)."""
+    declared = resp.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise _TooBig(f"larger than {limit:,} bytes ({int(declared):,})")
+    chunks: list[bytes] = []
+    size = 0
+    timed_out = _Dropped(f"timed out after {timeout_s:g} s")
+    if time.monotonic() > deadline:
+        raise timed_out
+    for chunk in resp.iter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise _TooBig(f"larger than {limit:,} bytes")
+        # Checked between reads: one read that stalls still waits out httpx's read timeout, so a
+        # page takes at most about twice web_timeout_s, never without end.
+        if time.monotonic() > deadline:
+            raise timed_out
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -341,7 +388,7 @@ def _sync(crawl: _Crawl, spec: SourceSpec, folder: Path, limits: SourcesSettings
     path = urlsplit(origin).path.lower().rstrip("/")
     is_llms = path.endswith("/llms.txt") or path.endswith("/llms-full.txt")
     first = crawl.get(origin, FULL_FILE if path.endswith("/llms-full.txt") else INDEX_FILE if is_llms else None)
-    if first.status in ("failed", "gone"):
+    if first.status in ("failed", "gone", "refused"):
         raise SourceError(f"cannot fetch {origin}: {first.error}",
                           hint="check the URL; pages fetched before stay indexed" if crawl.old else None)
     pages: list[_Page] = [first]
@@ -390,7 +437,9 @@ def _finish(crawl: _Crawl, spec: SourceSpec, folder: Path, pages: list[_Page],
             if target.is_file():
                 target.unlink()
                 changed = True
-    failures = [(p.url, p.error or p.status) for p in pages if p.status in ("failed", "gone")] + skipped
+    # A refused page keeps no earlier copy (it is dropped above): what an older version fetched
+    # from a host now refused must leave the index.
+    failures = [(p.url, p.error or p.status) for p in pages if p.status in ("failed", "gone", "refused")] + skipped
     digest = hashlib.sha1(json.dumps(sorted((u, v["file"], v.get("etag")) for u, v in kept.items())).encode())
     crawl.meta = {
         "origin": spec.origin, "pages": kept, "synced_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
