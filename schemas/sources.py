@@ -162,7 +162,9 @@ def _origin_on_disk(spec: SourceSpec) -> str | None:
         return None
     if spec.type == "git":
         if spec.origin[:7].lower() == "file://":
-            return unquote(spec.origin[7:])
+            # file://localhost/abs is /abs (RFC 8089), not a folder "localhost" in the project.
+            parts = urlsplit(spec.origin)
+            return unquote(parts.path if parts.netloc.lower() == "localhost" else spec.origin[7:])
         if _REMOTE_RE.match(spec.origin):
             return None
     return spec.origin

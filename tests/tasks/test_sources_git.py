@@ -217,6 +217,18 @@ def test_a_local_source_never_reads_a_system_folder_whoever_declared_it(tmp_path
             check_access(local, project, home)
 
 
+@pytest.mark.parametrize("origin", ["file://localhost{}", "file://{}"])
+def test_a_file_url_names_the_folder_it_reads_with_or_without_localhost(tmp_path: Path, origin: str) -> None:
+    """file://localhost/abs is /abs: it was taken for <project>/localhost/abs, so the trust prompt
+    and the system-folder check looked at a path that git would not read."""
+    from ctxlake.schemas.sources import reads_outside
+
+    project, repo = tmp_path / "p", tmp_path / "elsewhere" / "repo"
+    (project / ".ctx").mkdir(parents=True)
+    spec = SourceSpec(name="r", type="git", origin=origin.format(repo))
+    assert reads_outside(spec, project) == repo.resolve()
+
+
 def test_a_declared_folder_outside_the_project_is_read_once_trusted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                    remote: tuple[Path, str]) -> None:
     project, home = tmp_path / "p", tmp_path / "home"
