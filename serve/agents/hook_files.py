@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ctxlake.errors import ConfigError, InputError
-from ctxlake.serve.agents.clients import read_config, read_json_object
+from ctxlake.serve.agents.clients import make_parent, read_config, read_json_object, unsafe_target
 from ctxlake.tasks.lake import remove_empty_folders, write_atomic
 
 Style = Literal["nested", "cursor", "copilot", "plugin"]
@@ -69,9 +69,11 @@ SECTION_BODY = (
     "and read the brief: the goal, files changed, decisions, errors, open tasks and the suggested next step of\n"
     "the latest session in any agent tool. Use `search_context` for anything older.\n"
 )
+UNDO_HOOKS = "remove the entries that run `ctx hooks session-start|session-end` by hand"
+UNDO_SECTION = f"remove the lines from {SECTION_START.split(' (')[0]} to {SECTION_END} by hand"
 PLUGIN_MARK = "// ctxlake session hooks (written by `ctx hooks install`; `ctx hooks uninstall` removes this file)"
 
-Action = Literal["created", "updated", "unchanged", "removed", "absent", "installed", "partial", "missing"]
+Action = Literal["created", "updated", "unchanged", "removed", "absent", "installed", "partial", "missing", "skipped"]
 
 
 @dataclass
@@ -88,7 +90,28 @@ class HookChange:
 
 
 class UnmergeableFile(ConfigError):
-    """A settings file that cannot be rewritten without losing something (comments, odd shape): exit 3."""
+    """A settings file that cannot be rewritten without losing something (comments, odd shape): exit 3.
+    `path` and `paste` (what to add by hand, if anything) let a command list it as a skipped change."""
+
+    def __init__(self, message: str, hint: str | None = None, path: Path | None = None, paste: str = "") -> None:
+        super().__init__(message, hint)
+        self.path = str(path) if path is not None else ""
+        self.paste = paste
+
+
+def _refuse(path: Path, problem: str, paste: str = "", undo: str = "") -> UnmergeableFile:
+    """The error for a file ctx will not change: with the text to paste (install) or what to remove (uninstall)."""
+    return UnmergeableFile(f"{problem}; not changed", path=path, paste=paste,
+                           hint=("add this by hand:\n" + paste) if paste else undo or None)
+
+
+def _check_target(root: Path, rel: str, paste: str = "", undo: str = "") -> Path:
+    """root / rel when ctx may write it (no symlink on the way, no file where a folder goes), its folder made."""
+    path = root / rel
+    problem = unsafe_target(root, rel) or make_parent(path)
+    if problem:
+        raise _refuse(path, problem, paste, undo)
+    return path
 
 
 def parse_hook_clients(value: str | None, root: Path) -> list[str]:
@@ -123,13 +146,34 @@ def hook_command(client: str, which: str, env: dict[str, str] | None = None) -> 
     return f"{prefix}{exe} hooks {which} --client {client}"
 
 
-def _is_ours(entry: Any) -> bool:
+def _runs_ctx(entry: Any) -> bool:
+    """One hook entry whose command runs `ctx hooks session-start|session-end`."""
     if not isinstance(entry, dict):
         return False
-    for key in ("command", "bash"):
-        if isinstance(entry.get(key), str) and OURS.search(entry[key]):
-            return True
-    return any(_is_ours(h) for h in entry.get("hooks") or [] if isinstance(entry.get("hooks"), list))
+    return any(isinstance(entry.get(key), str) and OURS.search(entry[key]) for key in ("command", "bash"))
+
+
+def _is_ours(entry: Any) -> bool:
+    """An entry that is, or a group that holds, one of ctx's hooks (files are the user's: any shape may be there)."""
+    inner = entry.get("hooks") if isinstance(entry, dict) else None
+    return _runs_ctx(entry) or (isinstance(inner, list) and any(_runs_ctx(h) for h in inner))
+
+
+def _without_ours(entries: list[Any]) -> list[Any]:
+    """An event's entries less ctx's hooks. In a group (the nested shape) only ctx's inner hooks go: a user may
+    have added a hook of their own beside ours; the group goes only when nothing is left in its hooks."""
+    kept: list[Any] = []
+    for entry in entries:
+        if _runs_ctx(entry):
+            continue
+        inner = entry.get("hooks") if isinstance(entry, dict) else None
+        if isinstance(inner, list) and any(_runs_ctx(h) for h in inner):
+            rest = [h for h in inner if not _runs_ctx(h)]
+            if not rest:
+                continue
+            entry = {**entry, "hooks": rest}
+        kept.append(entry)
+    return kept
 
 
 def _entries(spec: HookClient, env: dict[str, str] | None) -> dict[str, dict[str, Any]]:
@@ -176,23 +220,20 @@ def install_json(spec: HookClient, root: Path, env: dict[str, str] | None = None
     data, problem = read_json_object(path)
     hooks = _hooks_of(data, spec) if data is not None else None
     if data is None or hooks is None:
-        raise UnmergeableFile(f"{path}: {problem or 'its hooks is not an object'}; not changed",
-                              hint="add this by hand:\n" + _paste(spec, entries))
+        raise _refuse(path, f"{path}: {problem or 'its hooks is not an object'}", _paste(spec, entries))
     before = json.dumps(data, sort_keys=True)
     if spec.style in ("cursor", "copilot"):
         data.setdefault("version", 1)
     for event, entry in entries.items():
         current = hooks.get(event, [])
         if not isinstance(current, list):
-            raise UnmergeableFile(f"{path}: hooks.{event} is not a list; not changed",
-                                  hint="add this by hand:\n" + _paste(spec, entries))
-        kept = [e for e in current if not _is_ours(e)]
-        hooks[event] = [*kept, entry]
+            raise _refuse(path, f"{path}: hooks.{event} is not a list", _paste(spec, entries))
+        hooks[event] = [*_without_ours(current), entry]
     data["hooks"] = hooks
     if json.dumps(data, sort_keys=True) == before:
         return HookChange(spec.name, str(path), "unchanged", "already installed", events=list(entries))
+    _check_target(root, spec.file, _paste(spec, entries))
     action: Action = "updated" if path.exists() else "created"
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
     return HookChange(spec.name, str(path), action, "hooks " + ", ".join(entries), events=list(entries))
 
@@ -205,15 +246,14 @@ def uninstall_json(spec: HookClient, root: Path) -> HookChange:
         return HookChange(spec.name, str(path), "absent", "no hook file")
     hooks = _hooks_of(data, spec) if data is not None else None
     if data is None or hooks is None:
-        raise UnmergeableFile(f"{path}: {problem or 'its hooks is not an object'}; not changed",
-                              hint="remove the entries that run `ctx hooks session-start|session-end` by hand")
+        raise _refuse(path, f"{path}: {problem or 'its hooks is not an object'}", undo=UNDO_HOOKS)
     removed: list[str] = []
     for event in list(hooks):
         current = hooks[event]
         if not isinstance(current, list):
             continue
-        kept = [e for e in current if not _is_ours(e)]
-        if len(kept) != len(current):
+        kept = _without_ours(current)
+        if kept != current:
             removed.append(event)
             if kept:
                 hooks[event] = kept
@@ -223,6 +263,7 @@ def uninstall_json(spec: HookClient, root: Path) -> HookChange:
         return HookChange(spec.name, str(path), "absent", "no ctx hooks in it")
     if not hooks:
         del data["hooks"]
+    _check_target(root, spec.file, undo=UNDO_HOOKS)
     # Nothing left but what install put there ({} or Cursor's and Copilot's {"version": 1}): the file (and a
     # folder it leaves empty) goes, rather than staying behind as a stub; anything else in it is kept.
     if set(data) <= ({"version"} if spec.style in ("cursor", "copilot") else set()):
@@ -272,8 +313,8 @@ def install_plugin(spec: HookClient, root: Path, env: dict[str, str] | None = No
                                   hint="remove or rename it, or add this plugin by hand:\n" + text)
         if old == text:
             return HookChange(spec.name, str(path), "unchanged", "already installed", events=[spec.end_event])
+    _check_target(root, spec.file, text)
     action: Action = "updated" if path.exists() else "created"
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, text)
     return HookChange(spec.name, str(path), action, f"plugin on {spec.end_event}", events=[spec.end_event])
 
@@ -284,6 +325,7 @@ def uninstall_plugin(spec: HookClient, root: Path) -> HookChange:
         return HookChange(spec.name, str(path), "absent", "no plugin")
     if not _read_to_merge(path, errors="replace").startswith(PLUGIN_MARK):
         return HookChange(spec.name, str(path), "absent", "not ctx's plugin; left alone")
+    _check_target(root, spec.file, undo=f"delete {path} by hand")
     path.unlink()
     remove_empty_folders(path.parent, root)
     return HookChange(spec.name, str(path), "removed", "plugin deleted", events=[spec.end_event])
@@ -308,9 +350,11 @@ def install_section(client: str, file: str, root: Path) -> HookChange:
     path = root / file
     old = _read_to_merge(path) if path.exists() else ""
     new = _replace_section(old, _section())
+    if new is None:
+        raise _refuse(path, f"{path}: {MARKER_PROBLEM}", _section())
     if new == old:
         return HookChange(client, str(path), "unchanged", "hand-off section present")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _check_target(root, file, _section())
     write_atomic(path, new)
     return HookChange(client, str(path), "updated" if old else "created", "hand-off section")
 
@@ -321,8 +365,11 @@ def uninstall_section(client: str, file: str, root: Path) -> HookChange:
         return HookChange(client, str(path), "absent", "no file")
     old = _read_to_merge(path)
     new = _replace_section(old, "")
+    if new is None:
+        raise _refuse(path, f"{path}: {MARKER_PROBLEM}", undo=UNDO_SECTION)
     if new == old:
         return HookChange(client, str(path), "absent", "no hand-off section")
+    _check_target(root, file, undo=UNDO_SECTION)
     if new.strip():
         write_atomic(path, new)
     else:
@@ -353,15 +400,22 @@ def _text_or_empty(path: Path) -> str:
         return ""
 
 
-def _replace_section(text: str, section: str) -> str:
+MARKER_PROBLEM = "its ctx:handoff start and end markers do not make one section (one missing, repeated or swapped)"
+
+
+def _replace_section(text: str, section: str) -> str | None:
+    """`text` with our section replaced by `section` ("" removes it); None when the markers are not exactly one
+    start followed by one end: guessing where the section stops could take the user's own lines with it."""
+    starts, ends = text.count(SECTION_START), text.count(SECTION_END)
     start = text.find(SECTION_START)
-    if start < 0:
+    if starts == 0 and ends == 0:
         if not section:
             return text
         sep = "" if not text or text.endswith("\n\n") else ("\n" if text.endswith("\n") else "\n\n")
         return f"{text}{sep}{section}"
-    end = text.find(SECTION_END, start)
-    end = len(text) if end < 0 else end + len(SECTION_END)
+    if starts != 1 or ends != 1 or text.find(SECTION_END) < start:
+        return None
+    end = text.find(SECTION_END, start) + len(SECTION_END)
     if end < len(text) and text[end] == "\n":
         end += 1
     head, tail = text[:start], text[end:]

@@ -18,12 +18,14 @@ from typing import Annotated, Any
 
 import typer
 
-from ctxlake.errors import CtxError
-from ctxlake.schemas.config import CTX_DIR, find_root, git_toplevel, resolve_root
+from ctxlake.errors import CtxError, InputError
+from ctxlake.schemas.config import CTX_DIR, _refuse_broad, find_root, git_toplevel, resolve_root
 
 hooks_app = typer.Typer(help="Session hooks: hand the last session's brief to the next agent, ingest at session end.",
                         no_args_is_help=True)
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")]
+AllowHomeOpt = Annotated[bool, typer.Option(
+    "--allow-home", help="write hooks even when the project is your home folder or a filesystem root")]
 ClientOpt = Annotated[str | None, typer.Option("--client", help=(
     "claude, codex, gemini, cursor, copilot, opencode or all (comma-separated); default: claude plus the tools "
     "whose folder the project already has"))]
@@ -40,6 +42,21 @@ def _root(path: Path | None) -> Path:
         return resolve_root(path, for_write=False)
     cwd = Path.cwd()
     return find_root(cwd) or git_toplevel(cwd) or cwd.resolve()
+
+
+def _write_root(path: Path | None, allow_home: bool) -> Path:
+    """The project whose hook files install/uninstall change: the same refusal as `ctx init` and `ctx run index`
+    of the home folder (whose `.claude/settings.json` is the user-wide one), a filesystem root, a system folder
+    or ctxlake's own data folder."""
+    root = _root(path)
+    try:
+        return _refuse_broad(root, allow_home)
+    except InputError as exc:
+        why = exc.message.removeprefix(f"refusing to index {root}: ")
+        can_allow = "--allow-home" in (exc.hint or "")
+        raise InputError(f"refusing to change hook files in {root}: {why}",
+                         hint="run it in a project folder" + (", or add --allow-home if you really mean it"
+                                                              if can_allow else "")) from exc
 
 
 def _render(changes: list[Any], as_json: bool, root: Path) -> None:
@@ -67,6 +84,8 @@ def _apply_each(names: list[str], change: Callable[[str], list[Any]], as_json: b
             changes.extend(change(name))
         except hook_files.UnmergeableFile as exc:
             problems.append(exc)
+            # Listed too, so that --json readers see the file left alone and what to paste into it.
+            changes.append(hook_files.HookChange(name, exc.path, "skipped", exc.message, paste=exc.paste))
     _render(changes, as_json, root)
     if problems:
         for extra in problems[1:]:
@@ -79,11 +98,12 @@ def install(
     client: ClientOpt = None,
     path: Annotated[Path | None, typer.Option("--root", help="project folder (default: found from here)")] = None,
     as_json: JsonOpt = False,
+    allow_home: AllowHomeOpt = False,
 ) -> None:
     """Add ctx's session-start (hand-off brief) and session-end (ingest) hooks to each tool's project files."""
     from ctxlake.serve.agents import hook_files
 
-    root = _root(path)
+    root = _write_root(path, allow_home)
     names = hook_files.parse_hook_clients(client, root)
     _apply_each(names, lambda name: hook_files.install(name, root), as_json, root)
     if not as_json:
@@ -95,11 +115,12 @@ def uninstall(
     client: ClientOpt = None,
     path: Annotated[Path | None, typer.Option("--root", help="project folder (default: found from here)")] = None,
     as_json: JsonOpt = False,
+    allow_home: AllowHomeOpt = False,
 ) -> None:
     """Remove only ctx's hook entries (and its instruction-file section); everything else stays."""
     from ctxlake.serve.agents import hook_files
 
-    root = _root(path)
+    root = _write_root(path, allow_home)
     names = hook_files.parse_hook_clients(client or "all", root)
     staying = [n for n in hook_files.HOOK_CLIENTS if n not in names and hook_files.status(n, root).action != "missing"]
 

@@ -14,12 +14,36 @@ from typing import Any
 import pytest
 from helpers import write_files
 
+from ctxlake.serve.agents import hook_files
+
 Cli = Callable[..., Any]
 
 
 @pytest.fixture
 def repo(make_repo: Callable[..., Path]) -> Path:
     return make_repo({"README.md": "# app\n"}, name="proj")
+
+
+def test_a_symlinked_tool_folder_leads_nowhere_outside_the_project(repo: Path, tmp_path: Path, cli: Cli) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "settings.json").write_text('{"theme":"dark"}\n')
+    (repo / ".claude").symlink_to(outside)
+    result = cli("hooks", "install", "--client", "claude", cwd=repo)
+    assert result.exit_code == 3 and "Traceback" not in result.stderr
+    assert f"{repo / '.claude'} is a symlink; ctx will not write through it" in result.stderr
+    assert "session-start --client claude" in result.stderr  # the entry to add by hand
+    assert (outside / "settings.json").read_text() == '{"theme":"dark"}\n'
+    assert cli("hooks", "uninstall", "--client", "claude", cwd=repo).exit_code == 0  # nothing of ours there
+
+
+def test_a_symlinked_instruction_file_stays_a_link_to_the_file_it_names(repo: Path, cli: Cli) -> None:
+    (repo / "CLAUDE.md").write_text("# Claude\n")
+    (repo / "AGENTS.md").symlink_to("CLAUDE.md")
+    result = cli("hooks", "install", "--client", "cursor", cwd=repo)
+    assert result.exit_code == 3 and "AGENTS.md is a symlink" in result.stderr
+    assert hook_files.SECTION_END in result.stderr  # the section to paste
+    assert (repo / "AGENTS.md").is_symlink() and (repo / "CLAUDE.md").read_text() == "# Claude\n"
 
 
 def test_init_keeps_symlinked_client_files_and_gitignore_as_links(repo: Path, tmp_path: Path, cli: Cli) -> None:
@@ -37,6 +61,37 @@ def test_init_keeps_symlinked_client_files_and_gitignore_as_links(repo: Path, tm
     assert changes["git"]["action"] == "skipped" and changes["git"]["paste"] == ".ctx/lake/"
     assert (repo / ".gemini" / "settings.json").is_symlink() and (repo / ".gitignore").is_symlink()
     assert (outside / "g.json").read_text() == '{"a": 1}\n' and (outside / "gi").read_text() == "node_modules/\n"
+
+
+def test_uninstall_keeps_a_hook_the_user_added_to_ctxs_own_group(repo: Path, cli: Cli) -> None:
+    assert cli("hooks", "install", "--client", "claude", cwd=repo).exit_code == 0
+    settings = repo / ".claude" / "settings.json"
+    data = json.loads(settings.read_text())
+    mine = {"type": "command", "command": "./scripts/setup-env.sh"}
+    data["hooks"]["SessionStart"][0]["hooks"].append(mine)
+    settings.write_text(json.dumps(data))
+    # A second install replaces only ctx's inner hook; the user's stays where they put it.
+    assert cli("hooks", "install", "--client", "claude", cwd=repo).exit_code == 0
+    starts = json.loads(settings.read_text())["hooks"]["SessionStart"]
+    assert [h for group in starts for h in group["hooks"]].count(mine) == 1
+    assert cli("hooks", "uninstall", "--client", "claude", cwd=repo).exit_code == 0
+    assert json.loads(settings.read_text()) == {
+        "hooks": {"SessionStart": [{"matcher": "startup|resume|clear|compact", "hooks": [mine]}]}}
+
+
+def test_a_start_marker_without_its_end_is_refused_and_the_lines_after_it_survive(repo: Path, cli: Cli) -> None:
+    text = f"# Agents\nIntro.\n{hook_files.SECTION_START}\n## My rules\nNever push to main.\n"
+    (repo / "AGENTS.md").write_text(text)
+    installed = cli("hooks", "install", "--client", "cursor", cwd=repo)
+    assert installed.exit_code == 3 and "markers do not make one section" in installed.stderr
+    removed = cli("hooks", "uninstall", "--client", "cursor", cwd=repo)
+    assert removed.exit_code == 3 and "by hand" in removed.stderr
+    assert (repo / "AGENTS.md").read_text() == text
+    # Two sections (a bad merge) are not guessed at either.
+    twice = f"{hook_files.SECTION_START}\na\n{hook_files.SECTION_END}\nmine\n{hook_files.SECTION_START}\nb\n{hook_files.SECTION_END}\n"
+    (repo / "AGENTS.md").write_text(twice)
+    assert cli("hooks", "uninstall", "--client", "cursor", cwd=repo).exit_code == 3
+    assert (repo / "AGENTS.md").read_text() == twice
 
 
 @pytest.mark.timeout(120)
@@ -59,12 +114,39 @@ def test_a_fifo_gitignore_and_odd_user_wide_copilot_files_are_skipped_not_a_hang
         config.rmdir() if config.is_dir() else config.unlink()
 
 
+def test_hooks_refuse_the_home_folder_unless_allowed(tmp_path: Path, cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    for verb in ("install", "uninstall"):
+        result = cli("hooks", verb, "--client", "claude,cursor", cwd=home)
+        assert result.exit_code == 2 and "it is your home folder" in result.stderr and "--allow-home" in result.stderr
+    assert sorted(p.name for p in home.iterdir()) == []
+    assert cli("hooks", "install", "--client", "claude", "--allow-home", cwd=home).exit_code == 0
+    assert (home / ".claude" / "settings.json").is_file()
+
+
+def test_a_hook_group_whose_hooks_is_no_list_is_left_as_it_is(repo: Path, cli: Cli) -> None:
+    write_files(repo, {".claude/settings.json": '{"hooks": {"SessionStart": [{"hooks": 5}]}}'})
+    for verb in ("install", "status", "uninstall"):
+        result = cli("hooks", verb, "--client", "claude", cwd=repo)
+        assert result.exit_code == 0 and "Traceback" not in result.stderr, (verb, result.stderr)
+    assert json.loads((repo / ".claude" / "settings.json").read_text()) == {"hooks": {"SessionStart": [{"hooks": 5}]}}
+
+
 def test_a_codex_ctx_entry_that_is_no_table_is_a_one_line_error(repo: Path, cli: Cli) -> None:
     for value in ("5", '"abc"'):
         write_files(repo, {".codex/config.toml": f"[mcp_servers]\nctx = {value}\n"})
         result = cli("init", "--client", "codex", cwd=repo)
         assert result.exit_code == 2 and "mcp_servers.ctx is not a table" in result.stderr, result.stderr
         assert "[mcp_servers.ctx]" in result.stderr  # the table to paste
+
+
+def test_a_file_where_a_tool_folder_goes_is_skipped_by_hooks_install_with_the_paste(repo: Path, cli: Cli) -> None:
+    (repo / ".claude").write_text("notes\n")
+    hooks = cli("hooks", "install", "--client", "claude", cwd=repo)
+    assert hooks.exit_code == 3 and ".claude is not a folder" in hooks.stderr and "Traceback" not in hooks.stderr
+    assert '"SessionStart"' in hooks.stderr and (repo / ".claude").read_text() == "notes\n"
 
 
 def test_a_file_where_a_client_folder_goes_is_skipped_by_init_with_the_paste(repo: Path, cli: Cli) -> None:
@@ -75,6 +157,17 @@ def test_a_file_where_a_client_folder_goes_is_skipped_by_init_with_the_paste(rep
     assert ".cursor is not a folder" in init.stderr and ".codex is not a folder" in init.stderr
     assert '"mcpServers"' in init.stderr and "[mcp_servers.ctx]" in init.stderr
     assert (repo / ".cursor").read_text() == (repo / ".codex").read_text() == "notes\n"
+
+
+def test_json_output_lists_the_file_that_could_not_be_merged_with_its_paste(repo: Path, cli: Cli) -> None:
+    write_files(repo, {".claude/settings.json": "[1]\n"})
+    result = cli("hooks", "install", "--client", "claude,codex", "--json", cwd=repo)
+    assert result.exit_code == 3
+    changes = {c["client"]: c for c in json.loads(result.stdout)["changes"]}
+    assert changes["codex"]["action"] == "created"
+    assert changes["claude"]["action"] == "skipped" and changes["claude"]["path"].endswith(".claude/settings.json")
+    assert "session-start --client claude" in json.loads(changes["claude"]["paste"])["hooks"]["SessionStart"][0][
+        "hooks"][0]["command"]
 
 
 def test_init_leaves_another_tools_ctx_server_alone_but_refreshes_its_own(repo: Path, cli: Cli) -> None:
