@@ -427,6 +427,12 @@ def sync(root: Path, clients: list[str] | None = None, *, check: bool = False, f
             detail = ("edited since the last sync" if recorded else "exists and was not written by ctx sync")
             if force:
                 detail += "; overwritten (--force)"
+        elif is_section and exists and action in ("create", "delete"):
+            # The file stays: "create AGENTS.md" read as if the user's AGENTS.md were new or replaced.
+            rest = _put_section(text, None).strip() if action == "delete" else text.strip()
+            if rest:
+                detail = ("adds its section; the rest of the file stays" if action == "create"
+                          else "removes its section; the rest of the file stays")
         result.changes.append(Change(rel, action, detail))
         if action != "conflict" or force:
             plans.append((path, text if exists else None, want))

@@ -182,3 +182,14 @@ def test_a_name_with_a_trailing_line_break_is_refused() -> None:
 
     with pytest.raises(InputError, match="invalid registry name"):
         check_name("ab\n")
+
+
+def test_a_section_added_to_a_users_file_says_the_rest_of_it_stays(project: Path) -> None:
+    (project / "CLAUDE.md").write_text("# My notes\n", encoding="utf-8")
+    save_item(project, RULE)
+    added = {c.path: c for c in sync(project, ["claude"]).changes}["CLAUDE.md"]
+    assert (added.action, added.detail) == ("create", "adds its section; the rest of the file stays")
+    (project / ".ctx/registry/rules/style.md").unlink()
+    removed = {c.path: c for c in sync(project, ["claude"]).changes}["CLAUDE.md"]
+    assert (removed.action, removed.detail) == ("delete", "removes its section; the rest of the file stays")
+    assert (project / "CLAUDE.md").read_text(encoding="utf-8") == "# My notes\n"
