@@ -396,6 +396,11 @@ def sync(root: Path, clients: list[str] | None = None, *, check: bool = False, f
         if path.exists() and not path.is_file():
             result.changes.append(Change(rel, "conflict", "is not a regular file; ctx sync leaves it alone"))
             continue
+        blocked = next((f for f in path.parents if f.exists() and not f.is_dir() and f.is_relative_to(root)), None)
+        if blocked is not None:  # a file named `.cursor/rules`: the folder cannot be made
+            result.changes.append(Change(rel, "conflict", f"{blocked.relative_to(root).as_posix()} is a file, "
+                                         "where ctx sync needs a folder"))
+            continue
         exists = path.is_file()
         text = path.read_text(encoding="utf-8", errors="replace") if exists else ""
         if is_section and _damaged_section(text):

@@ -193,3 +193,13 @@ def test_a_section_added_to_a_users_file_says_the_rest_of_it_stays(project: Path
     removed = {c.path: c for c in sync(project, ["claude"]).changes}["CLAUDE.md"]
     assert (removed.action, removed.detail) == ("delete", "removes its section; the rest of the file stays")
     assert (project / "CLAUDE.md").read_text(encoding="utf-8") == "# My notes\n"
+
+
+def test_a_file_where_a_client_folder_goes_is_a_conflict_not_a_traceback(project: Path) -> None:
+    save_item(project, RULE)
+    (project / ".cursor").mkdir()
+    (project / ".cursor/rules").write_text("not a folder\n", encoding="utf-8")
+    result = sync(project, ["cursor"])
+    assert [(c.path, c.action, c.detail) for c in result.conflicts] == [
+        (".cursor/rules/style.mdc", "conflict", ".cursor/rules is a file, where ctx sync needs a folder")]
+    assert (project / ".cursor/rules").read_text(encoding="utf-8") == "not a folder\n"
