@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -102,6 +103,10 @@ INLINE_EMBED_TEXTS = 64
 # them again by id (through the id index) instead of scanning the whole vector column for nulls.
 NULL_IDS_MAX = 4096
 OPTIMIZE_AFTER_ROWS = 2_000  # rows written since the last optimize that make the next run optimize
+# Set by the resident service around a run it makes in its own process: such a run leaves a due
+# optimize to the project's watcher, which runs it in a child (serve/service/watchers.py: an optimize
+# maps pylance's copy of lance, ~75 MB, into the process for good).
+OPTIMIZE_ELSEWHERE_ENV = "CTX_OPTIMIZE_ELSEWHERE"
 
 
 class Writer:
@@ -338,7 +343,8 @@ def _index_code(settings: Settings, source: str, root: Path | None, force: bool,
     # Optimizing folds new rows into the indexes and compacts (3 s on django): worth it after a
     # big run, not after each one-file edit, whose rows stay searchable by a flat scan meanwhile.
     backlog = writer.state.unoptimized_rows + report.chunks_inserted + report.chunks_deleted + report.embedded
-    if force or previous is None or backlog >= OPTIMIZE_AFTER_ROWS:
+    deferred = os.environ.get(OPTIMIZE_ELSEWHERE_ENV) == "1"
+    if force or previous is None or (backlog >= OPTIMIZE_AFTER_ROWS and not deferred):
         progress.start("optimize", None, "optimizing")
         optimize(writer.tables, whole=previous is None)
         optimize_graph(writer.graph, whole=previous is None)

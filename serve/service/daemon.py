@@ -513,6 +513,11 @@ class Service:
         from ctxlake.serve.cli.app import run
 
         self._settle(argv)
+        index_run = argv[:2] == ["run", "index"]
+        if index_run:  # a due optimize goes to the watcher's child (request_env restores the variable)
+            from ctxlake.flows.index_code import OPTIMIZE_ELSEWHERE_ENV
+
+            os.environ[OPTIMIZE_ELSEWHERE_ENV] = "1"
         with capture.captured(stdout_tty, False) as (out, err):
             try:
                 code = run(argv, reuse=True)
@@ -525,6 +530,9 @@ class Service:
                 code = 1
         if watched := self._watch_after(argv, code):
             log(f"watching {watched}")
+        root = self._index_root(argv) if index_run and code == 0 else None
+        if root is not None and self.watchers.optimize_soon(root):
+            log(f"an optimize of {root} is due: its watcher runs it in a child once the project is quiet")
         return {"op": "result", "code": code, "stdout": out.getvalue(), "stderr": err.getvalue()}
 
     @contextmanager

@@ -321,6 +321,25 @@ class Watchers:
         with self._lock:
             return sorted(self._by_root)
 
+    def optimize_soon(self, root: Path) -> bool:
+        """After a run the service made in its own process, which left a due optimize to the watcher
+        (flows/index_code.py OPTIMIZE_ELSEWHERE_ENV): the watcher of `root` runs it in a child once
+        the project is quiet. True when one was due."""
+        from ctxlake.flows.index_code import OPTIMIZE_AFTER_ROWS
+        from ctxlake.schemas.config import CTX_DIR
+        from ctxlake.tasks.lake import IndexState
+
+        with self._lock:
+            watcher = self._by_root.get(str(root))
+        try:
+            state = IndexState.read(root / CTX_DIR / "lake")
+        except Exception:  # an unreadable state: the next run reports it
+            return False
+        if watcher is None or state is None or state.unoptimized_rows < OPTIMIZE_AFTER_ROWS:
+            return False
+        watcher.optimize_due = True
+        return True
+
     def drop_missing(self) -> list[str]:
         """Stop watching folders that no longer exist; returns them."""
         with self._lock:

@@ -543,6 +543,29 @@ def test_small_edits_defer_optimizing_yet_stay_searchable(project: Path, cli: Ca
     assert backlog == [2, 4, 0]
 
 
+def test_a_run_in_the_service_leaves_a_due_optimize_to_the_watcher(project: Path, cli: Callable[..., Any],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The service sets OPTIMIZE_ELSEWHERE_ENV around a run in its own process: an optimize there
+    would map pylance into the service for good; its watcher runs it in a child instead."""
+    from ctxlake.flows import index_code
+    from ctxlake.tasks import store
+
+    assert cli("run", "index", cwd=project).exit_code == 0  # a first build optimizes, wherever it runs
+    monkeypatch.setattr(index_code, "OPTIMIZE_AFTER_ROWS", 1)
+    monkeypatch.setenv(index_code.OPTIMIZE_ELSEWHERE_ENV, "1")
+
+    def in_this_process(*_: Any, **__: Any) -> None:
+        raise AssertionError("the run optimized in its own process")
+
+    monkeypatch.setattr(store, "optimize", in_this_process)
+    monkeypatch.setattr(index_code, "optimize", in_this_process)
+    (project / "app" / "later.py").write_text("def optimized_elsewhere():\n    return 1\n")
+    result = cli("run", "index", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    state = IndexState.read(project / ".ctx" / "lake")
+    assert state is not None and state.unoptimized_rows >= 1  # left for the watcher
+
+
 def test_a_cold_runs_batches_merge_once_and_later_optimizes_leave_that_fragment_alone(
         make_repo: Callable[..., Path], cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """A cold run's batches are merged into one fragment per table; each later run's optimize folds

@@ -195,3 +195,29 @@ def test_a_watchers_optimize_runs_in_a_child_process(
     assert _unindexed(lake) == 0
     state = IndexState.read(lake)
     assert state is not None and state.unoptimized_rows == 0
+
+
+def test_an_optimize_a_service_run_left_due_runs_in_the_watchers_child(
+        watching: tuple[Path, ProjectWatcher], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `ctx run index` the service ran in its own process leaves its due optimize (see
+    flows/index_code.py OPTIMIZE_ELSEWHERE_ENV); the service hands it to the project's watcher."""
+    repo, watcher = watching
+    monkeypatch.setattr(watchers, "OPTIMIZE_QUIET_S", 0.5)
+
+    def in_this_process(*_: Any, **__: Any) -> None:
+        raise AssertionError("the service's own process optimized the lake")
+
+    monkeypatch.setattr(store, "optimize", in_this_process)
+    lake = load_settings(repo).lake_dir
+    group = watchers.Watchers(EngineCache(), on_drop=lambda _: None)
+    group._by_root[str(repo)] = watcher
+    state = IndexState.read(lake)
+    assert state is not None and state.unoptimized_rows == 0
+    assert not group.optimize_soon(repo)  # nothing due
+    state.unoptimized_rows = 5_000  # what a run left when it deferred its optimize
+    state.write(lake)
+    assert group.optimize_soon(repo) and watcher.optimize_due
+    wait_for(lambda: not watcher.optimize_due, 120, "the optimize")
+    state = IndexState.read(lake)
+    assert state is not None and state.unoptimized_rows == 0
+
