@@ -243,3 +243,32 @@ def decode_text(data: bytes) -> tuple[str | None, str | None]:
         if replaced > max(8, len(text) * MAX_REPLACED_SHARE):
             return None, f"not UTF-8 ({exc.reason} at byte {exc.start})"
         return text, f"{replaced} invalid UTF-8 byte sequence(s) replaced"
+
+
+# --- writing a project file -------------------------------------------------------------------
+
+
+def unsafe_target(root: Path, rel: str) -> str | None:
+    """Why ctx must not write the project file `rel` (a path under `root`), or None when it may. A symlinked
+    file or folder on the way would carry the write out of the project (a clone can hold `.claude -> ~/.ssh`)
+    or turn a link into a copy; a file where a folder goes would fail at mkdir."""
+    path = root
+    parts = Path(rel).parts
+    for depth, part in enumerate(parts, start=1):
+        path = path / part
+        if path.is_symlink():
+            return f"{path} is a symlink; ctx will not write through it"
+        if depth < len(parts) and path.exists() and not path.is_dir():
+            return f"{path} is not a folder; ctx cannot write {rel} under it"
+    if not path.resolve().is_relative_to(root.resolve()):
+        return f"{path} resolves outside the project; ctx will not write it"
+    return None
+
+
+def make_parent(path: Path) -> str | None:
+    """Create the folder `path` goes in; why not (a file in the way, no permission), or None."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"cannot create {path.parent} ({exc.strerror or exc})"
+    return None

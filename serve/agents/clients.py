@@ -157,32 +157,6 @@ def read_config(path: Path, errors: str = "strict") -> str:
     return data.decode("utf-8", errors)
 
 
-def unsafe_target(root: Path, rel: str) -> str | None:
-    """Why ctx must not write the project file `rel` (a path under `root`), or None when it may. A symlinked
-    file or folder on the way would carry the write out of the project (a clone can hold `.claude -> ~/.ssh`)
-    or turn a link into a copy; a file where a folder goes would fail at mkdir."""
-    path = root
-    parts = Path(rel).parts
-    for depth, part in enumerate(parts, start=1):
-        path = path / part
-        if path.is_symlink():
-            return f"{path} is a symlink; ctx will not write through it"
-        if depth < len(parts) and path.exists() and not path.is_dir():
-            return f"{path} is not a folder; ctx cannot write {rel} under it"
-    if not path.resolve().is_relative_to(root.resolve()):
-        return f"{path} resolves outside the project; ctx will not write it"
-    return None
-
-
-def make_parent(path: Path) -> str | None:
-    """Create the folder `path` goes in; why not (a file in the way, no permission), or None."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        return f"cannot create {path.parent} ({exc.strerror or exc})"
-    return None
-
-
 def read_json_object(path: Path) -> tuple[dict[str, Any] | None, str]:
     """(data, problem): the file's JSON object, or why it cannot be merged safely."""
     if not path.exists():
@@ -273,7 +247,7 @@ def register_project_client(client: str, root: Path, command: list[str], env: di
     if done is not None or data is None:
         assert done is not None
         return done
-    problem = unsafe_target(root, file) or make_parent(path)
+    problem = safe_io.unsafe_target(root, file) or safe_io.make_parent(path)
     if problem:
         snippet = json.dumps({key: {SERVER_NAME: data[key][SERVER_NAME]}}, indent=2)
         return Change(client, str(path), "skipped", f"{problem}; add this by hand:\n{snippet}", paste=snippet)
@@ -290,7 +264,7 @@ def register_codex_project(root: Path, command: list[str], env: dict[str, str] |
     old, new, _ = codex_plan(path, command, "codex", env)
     if old == new:
         return Change("codex", str(path), "unchanged", "already registered")
-    problem = unsafe_target(root, CODEX_PROJECT_FILE) or make_parent(path)
+    problem = safe_io.unsafe_target(root, CODEX_PROJECT_FILE) or safe_io.make_parent(path)
     if problem:
         snippet = codex_snippet(command, "codex", env)
         return Change("codex", str(path), "skipped", f"{problem}; add this by hand:\n{snippet}", paste=snippet)
@@ -408,7 +382,7 @@ def ensure_gitignored(root: Path) -> Change:
     covered = {".ctx", ".ctx/", "/.ctx", "/.ctx/", ".ctx/lake", ".ctx/lake/", "/.ctx/lake", "/.ctx/lake/"}
     if any(line.strip() in covered for line in text.splitlines()):
         return Change("git", str(path), "unchanged", "the lake is already ignored")
-    problem = unsafe_target(root, ".gitignore")
+    problem = safe_io.unsafe_target(root, ".gitignore")
     if problem:
         return Change("git", str(path), "skipped", f"{problem}; add {GITIGNORE_LINE} by hand", paste=GITIGNORE_LINE)
     sep = "" if not text or text.endswith("\n") else "\n"

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ctxlake.errors import ConfigError, InputError
-from ctxlake.serve.agents.clients import make_parent, read_config, read_json_object, unsafe_target
+from ctxlake.serve.agents.clients import read_config, read_json_object
 from ctxlake.tasks.lake import remove_empty_folders, write_atomic
+from ctxlake.tasks.safe_io import make_parent, unsafe_target
 
 Style = Literal["nested", "cursor", "copilot", "plugin"]
 
