@@ -114,9 +114,14 @@ def indexed_file(lake: Lake, filepath: str, source: str = PROJECT_SOURCE,
     root by default) and its FILES row; InputError otherwise."""
     root = root or lake.settings.root
     raw = filepath.strip()
+    if "\0" in raw:  # checked before resolve(), which raises a bare ValueError for it
+        raise InputError("filepath contains a NUL byte")
     if raw.startswith("/"):
         # An absolute path inside the project is unambiguous (agents copy them from editors).
-        real = Path(raw).resolve()
+        try:
+            real = Path(raw).resolve()
+        except RuntimeError:  # Python 3.11 raises this for a symlink loop
+            raise InputError(f"filepath {filepath!r} is a symlink loop") from None
         if real != root and root not in real.parents:
             raise InputError(f"absolute path outside the {_owner(source)}: {filepath!r}",
                              hint=f"give a path relative to {root}")

@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 import pytest
-from mcp import Client
+from mcp import Client, MCPError
 from mcp_helpers import PROJECT, call_error, call_ok
 
 from ctxlake.schemas.config import load_settings
@@ -58,6 +58,26 @@ def test_readers_refuse_swapped_links_and_fifos(indexed: Path, tmp_path: Path) -
             assert time.monotonic() - started < 10
             ok = await call_ok(client, "get_file_context", {"filepath": "web/app.js"})
             assert "renderInvoice" in ok["content"]
+
+    anyio.run(main)
+
+
+def test_an_absolute_filepath_with_a_nul_byte_or_a_link_loop_is_one_clear_error(indexed: Path, tmp_path: Path) -> None:
+    """resolve() raised a bare ValueError (NUL) or RuntimeError (loop) for an absolute path: the
+    tool said only "Error executing tool get_file_context", the prompt "Internal server error"."""
+    (tmp_path / "loop-a").symlink_to(tmp_path / "loop-b")
+    (tmp_path / "loop-b").symlink_to(tmp_path / "loop-a")
+    server = build_server(load_settings(indexed))
+
+    async def main() -> None:
+        async with Client(server) as client:
+            text = await call_error(client, "get_file_context", {"filepath": f"{indexed}/web/app.js\0"})
+            assert text.endswith("filepath contains a NUL byte"), text
+            text = await call_error(client, "get_file_context", {"filepath": f"{tmp_path}/loop-a/x.py"})
+            assert "symlink loop" in text, text
+            with pytest.raises(MCPError) as info:
+                await client.get_prompt("code_review", {"filepath": "/web/app.js\0"})
+            assert "NUL byte" in info.value.error.message
 
     anyio.run(main)
 

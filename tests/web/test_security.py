@@ -75,6 +75,9 @@ def test_nothing_outside_the_indexed_files_is_read(site: Site, tmp_path: Any) ->
         assert "not for the browser" not in text and "root:" not in text
     status, _, _ = call(site.url + "api/search?" + urllib.parse.urlencode({"q": "refund", "project": str(tmp_path)}))
     assert status == 400  # only registered projects are served
+    # An absolute path with a NUL byte was a 500 (a bare ValueError from resolving it).
+    status, _, text = call(site.url + "api/file?" + urllib.parse.urlencode({"path": f"{site.repo}/README.md\0"}))
+    assert status == 400 and "NUL byte" in json.loads(text)["error"], text
     assert call(site.url + "api/file?path=billing/refunds.py")[0] == 200
 
 
