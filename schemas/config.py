@@ -485,6 +485,59 @@ def resolve_root(path: Path | None, *, for_write: bool, allow_home: bool = False
     )
 
 
+# The parts of .ctx/ that ctx writes (the lake, knowledge, the registry) or reads as settings.
+CTX_PARTS = ("lake", "knowledge", "registry", CONFIG_FILE)
+MAX_CONFIG_BYTES = 1 << 20  # a config.toml is a few KiB; a link to /dev/zero or a huge file is not one
+
+
+def check_ctx_links(root: Path) -> None:
+    """ConfigError when .ctx/, or one of its parts (CTX_PARTS), is a symlink that leads out of the
+    project and is committed to the project's git repository. A clone brings such a link with it:
+    `.ctx -> ~/.ssh` would put the lake's files there, `.ctx/knowledge -> ~/notes` would serve those
+    notes to every agent. A link the user made (git does not track it) is theirs: a lake on another
+    disk is a fair use."""
+    base = root / CTX_DIR
+    candidates = [base] if base.is_symlink() else [base / part for part in CTX_PARTS]
+    real_root = root.resolve()
+    outside = [p for p in candidates if p.is_symlink() and not p.resolve().is_relative_to(real_root)]
+    if not outside:
+        return
+    rels = [p.relative_to(root).as_posix() for p in outside]
+    try:
+        listed = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--", *rels],
+                                capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    tracked = [rel for rel in listed.stdout.decode("utf-8", "replace").split("\0") if rel in rels]
+    if listed.returncode == 0 and tracked:
+        target = (root / tracked[0]).resolve()
+        raise ConfigError(
+            f"{root / tracked[0]} is a symlink committed to the repository, to {target}, outside the project; "
+            "ctx does not read or write its index through it",
+            hint=f"remove the link (`git rm {tracked[0]}`); ctx makes {CTX_DIR}/ itself on the next `ctx run index`",
+        )
+
+
+def read_config_bytes(path: Path) -> bytes:
+    """A config.toml's bytes: a regular file (a link to one is followed), at most MAX_CONFIG_BYTES,
+    opened without blocking (a FIFO there stopped every command)."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path} ({exc.strerror or exc})") from exc
+    with os.fdopen(fd, "rb", buffering=0) as fh:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(f"{path} is not a regular file", hint="make it a TOML file, or delete it for the defaults")
+        data = fh.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path} is larger than {MAX_CONFIG_BYTES // 1024} KiB; not read as settings",
+                          hint="a config.toml holds a few settings: trim it, or delete it for the defaults")
+    return data
+
+
 def _parse_toml(path: Path, content: bytes) -> dict[str, Any]:
     try:
         return tomllib.loads(content.decode("utf-8"))
@@ -503,9 +556,9 @@ def _read_project_config(root: Path, home: Path) -> tuple[dict[str, Any], bool]:
     from ctxlake.schemas import trust
 
     path = root / CTX_DIR / CONFIG_FILE
-    if not path.is_file():
+    if not os.path.lexists(path):
         return {}, False
-    content = path.read_bytes()
+    content = read_config_bytes(path)
     data = trust.filter_untrusted(_parse_toml(path, content), path, content, home)
     return data, trust.is_trusted(path, content, home)
 
@@ -544,6 +597,7 @@ def load_settings(
     """Settings for the project at `root`: flags > CTX_* environment > .ctx/config.toml > defaults."""
     env = dict(os.environ) if env is None else env
     config_path = root / CTX_DIR / CONFIG_FILE
+    check_ctx_links(root)
     from_file, trusted = _read_project_config(root, default_home(env))
     unknown = sorted(set(from_file) - set(SECTIONS))
     loose = [key for key in unknown if not isinstance(from_file[key], dict)]

@@ -15,13 +15,14 @@ import xxhash
 import yaml
 
 from ctxlake.errors import InputError
+from ctxlake.schemas.config import CTX_DIR
 from ctxlake.schemas.registry import dump_yaml, load_yaml
 from ctxlake.schemas.tables import KNOWLEDGE, KNOWLEDGE_TYPES, with_vector_width
 from ctxlake.tasks.lake import write_atomic
 from ctxlake.tasks.memory_state import FOLDERS, knowledge_files
 from ctxlake.tasks.memory_store import content_hash
 from ctxlake.tasks.redact import redact_strings, redact_text
-from ctxlake.tasks.safe_io import project_path
+from ctxlake.tasks.safe_io import TooLarge, open_inside, project_path
 from ctxlake.tasks.scrape.base import parse_ts
 from ctxlake.tasks.stage import stage
 
@@ -42,6 +43,7 @@ TITLE_MAX_CHARS = 200
 BODY_MAX_CHARS = 20_000
 LIST_MAX_ITEMS = 50  # files, tags
 ITEM_MAX_CHARS = 500  # one file path or tag; the source tool and session too
+MAX_RECORD_BYTES = 1 << 20  # a record file read; a bigger one is skipped, named in the ingest's problems
 
 
 @dataclass
@@ -123,12 +125,28 @@ def record_id(kind: str, when: datetime, text: str) -> str:
     return f"{kind}-{when:%Y%m%d}-{xxhash.xxh3_64_hexdigest(text.encode())[:8]}"
 
 
-def parse_record(path: Path, root: Path, kind_hint: str | None = None) -> Record:
-    """A knowledge markdown file -> Record; InputError says what is wrong with it."""
+def _read_record(path: Path, root: Path) -> str:
+    """A record's text, read without leaving the project's knowledge folder (or, for a file
+    elsewhere, its own folder): a clone's `decisions/x.md -> ~/.ssh/id_rsa` would otherwise be
+    ingested and served to every agent, and a FIFO there hung the ingest."""
+    base = root / CTX_DIR / "knowledge"
+    if not path.is_relative_to(base):
+        base = path.parent
     try:
-        raw = path.read_text(encoding="utf-8")
+        data = open_inside(base, path.relative_to(base).as_posix(), MAX_RECORD_BYTES, what="knowledge file")
+    except TooLarge as exc:
+        raise InputError(f"{path}: larger than {MAX_RECORD_BYTES // 1024} KiB; not read as a record") from exc
+    except InputError as exc:  # a link out of the folder, a FIFO or device
+        raise InputError(f"{path}: {exc.message}") from exc
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputError(f"{path}: not UTF-8 text") from exc
+
+
+def parse_record(path: Path, root: Path, kind_hint: str | None = None) -> Record:
+    """A knowledge markdown file -> Record; InputError says what is wrong with it."""
+    raw = _read_record(path, root)
     match = FRONT.match(raw)
     front: dict[str, Any] = {}
     body = raw

@@ -417,7 +417,12 @@ def trust(
     """Trust this project's .ctx/config.toml as it is now, so its commands may run (like direnv allow),
     and the sources in .ctx/sources.toml that read folders outside the project."""
     from ctxlake.schemas import trust as trust_store
-    from ctxlake.schemas.config import default_home, read_project_config
+    from ctxlake.schemas.config import (
+        check_ctx_links,
+        default_home,
+        read_config_bytes,
+        read_project_config,
+    )
     from ctxlake.schemas.sources import (
         load_registry,
         registry_path,
@@ -428,6 +433,7 @@ def trust(
     if show and revoke:
         raise InputError("--show and --revoke cannot be used together")
     root = resolve_root(None, for_write=False)
+    check_ctx_links(root)  # trusting a file a clone linked in from elsewhere would trust that file
     home = default_home()
     path = root / CTX_DIR / "config.toml"
     registry = registry_path(root)
@@ -435,7 +441,7 @@ def trust(
         raise ConfigError(f"no config file at {path}", hint="`ctx run index` writes one")
     import tomllib
 
-    content = path.read_bytes() if path.is_file() else b""  # one read: the bytes shown and hashed are the same
+    content = read_config_bytes(path) if path.is_file() else b""  # one read: the bytes shown and hashed are the same
     try:
         parsed = tomllib.loads(content.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError):

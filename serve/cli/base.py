@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ctxlake.errors import CtxError, InputError, UnknownFileError
-from ctxlake.schemas.config import CTX_DIR, default_config_toml
+from ctxlake.schemas.config import CTX_DIR, check_ctx_links, default_config_toml
 from ctxlake.schemas.names import PROJECT_SOURCE
 
 T = TypeVar("T")
@@ -17,6 +17,7 @@ T = TypeVar("T")
 
 def ensure_project(root: Path) -> bool:
     """Create .ctx/ with a commented config and a .gitignore for the lake; True when created now."""
+    check_ctx_links(root)  # before anything is made through a link a clone brought
     ctx_dir = root / CTX_DIR
     created = not ctx_dir.exists()
     (ctx_dir / "knowledge").mkdir(parents=True, exist_ok=True)
