@@ -150,18 +150,22 @@ def parse_when(value: str | None, name: str) -> datetime | None:
         return None
     text = value.strip()
     match = RELATIVE.match(text)
-    if match:
-        n, unit = int(match.group(1)), match.group(2)
-        return datetime.now(UTC) - {"d": timedelta(days=n), "h": timedelta(hours=n), "m": timedelta(minutes=n)}[unit]
     try:
+        if match:
+            n, unit = int(match.group(1)), match.group(2)
+            return datetime.now(UTC) - {"d": timedelta(days=n), "h": timedelta(hours=n), "m": timedelta(minutes=n)}[unit]
         when = datetime.fromisoformat(text)
+        return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+    except OverflowError:  # an age before year 1 (9999999999d), or a date at its edge moved to UTC
+        raise InputError(f"{name}: {value!r} is outside the dates a record can have",
+                         hint="e.g. 2025-12-01, 2025-12-01T14:00, 7d, 12h") from None
     except ValueError:
         raise InputError(f"{name}: not a date, time or age: {value!r}", hint="e.g. 2025-12-01, 2025-12-01T14:00, 7d, 12h") from None
-    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
 
 
 def _ts(when: datetime) -> str:
-    return f"CAST('{when.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%S.%f')}' AS TIMESTAMP)"
+    # isoformat pads the year to 4 digits (strftime's %Y gives '110-05-18', which Lance cannot parse).
+    return f"CAST('{when.astimezone(UTC).replace(tzinfo=None).isoformat(timespec='microseconds')}' AS TIMESTAMP)"
 
 
 def _since(column: str, when: datetime | None) -> str | None:
