@@ -4,6 +4,7 @@ into serve/api/ (no query logic here), for the projects the service knows."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import threading
 import time
@@ -39,6 +40,9 @@ CONTEXT_TYPES = {"conversations": ["message", "session"], "knowledge": ["knowled
 KNOWLEDGE_TITLE_CHARS = 200
 KNOWLEDGE_BODY_CHARS = 20_000
 KNOWLEDGE_PAGE_CHARS = 1_000_000
+# A POST body: the largest the UI sends is a knowledge record (200 + 20,000 characters, under 130 KB
+# even with every character escaped as \uXXXX).
+MAX_BODY_BYTES = 1 << 20
 
 
 class Schedules:
@@ -223,9 +227,12 @@ def _json_api(handler: Callable[..., Any]) -> Callable[[Request], Any]:
 
         payload: Any = None
         if request.method == "POST":
+            body = await _body(request)
+            if body is None:
+                return JSONResponse({"error": f"the request body is over {MAX_BODY_BYTES:,} bytes"}, status_code=413)
             try:
-                payload = await request.json()
-            except ValueError:
+                payload = json.loads(body)
+            except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
                 payload = None
             if not isinstance(payload, dict):
                 return JSONResponse({"error": "the request body must be a JSON object"}, status_code=400)
@@ -236,6 +243,20 @@ def _json_api(handler: Callable[..., Any]) -> Callable[[Request], Any]:
             return _error(exc)
         return JSONResponse(result)
     return endpoint
+
+
+async def _body(request: Request) -> bytes | None:
+    """The request body, or None once it is over MAX_BODY_BYTES (read no further: a client cannot
+    make the UI hold a body of any size in memory)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        return None
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > MAX_BODY_BYTES:
+            return None
+    return bytes(data)
 
 
 def _page(name: str, builder: Callable[..., dict[str, Any]] | None = None) -> Callable[[Request], Any]:

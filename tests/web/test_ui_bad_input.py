@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import socket
 import urllib.parse
 
 import anyio
 import pytest
 from mcp import Client
-from test_security import call
+from test_security import call, session
 from uisite import Site
 
 from ctxlake.schemas.config import load_settings
@@ -44,3 +46,36 @@ def test_the_mcp_memory_tools_say_the_same_of_such_a_window(site: Site) -> None:
             assert not result.is_error and result.structured_content["hits"], result.content[0].text
 
     anyio.run(main)
+
+
+def raw_post(site: Site, path: str, body: bytes, cookie: str, token: str) -> tuple[int, str]:
+    """A POST over a plain socket, so that the body is sent as is (and the answer read even when the
+    server stops reading it)."""
+    port = int(site.url.rsplit(":", 1)[1].strip("/"))
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nCookie: {cookie}\r\nX-CSRF-Token: {token}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(head)
+        # A server that refuses the body by its Content-Length answers now (sending the body
+        # anyway would have the connection reset, and the answer lost, as it closes).
+        if not select.select([sock], [], [], 1.0)[0]:
+            sock.sendall(body)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head_text, _, text = answer.decode("utf-8", "replace").partition("\r\n\r\n")
+    return int(head_text.split()[1]), text
+
+
+def test_an_oversized_or_too_deep_body_is_refused_before_it_is_parsed(site: Site) -> None:
+    """The body was read whole, whatever its size (a 50 MB title was parsed, then refused as too
+    long); a deeply nested one made json raise RecursionError: a 500."""
+    cookie, token = session(site)
+    big = b'{"type": "decision", "title": "' + b"a" * (2 << 20) + b'"}'
+    status, text = raw_post(site, "/api/knowledge", big, cookie, token)
+    assert status == 413 and "over 1,048,576 bytes" in json.loads(text)["error"], text
+    status, text = raw_post(site, "/api/knowledge", b"[" * 100_000 + b"]" * 100_000, cookie, token)
+    assert status == 400 and json.loads(text)["error"] == "the request body must be a JSON object", text
+    ok = json.dumps({"type": "insight", "title": "Refund vouchers expire after a year", "body": "é" * 20_000}).encode()
+    status, text = raw_post(site, "/api/knowledge", ok, cookie, token)
+    assert status == 200 and json.loads(text)["status"] == "created", text
