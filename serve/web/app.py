@@ -488,6 +488,7 @@ def _overview_lakes(ctx: UiContext) -> dict[str, Any]:
 def api_search(request: Request) -> dict[str, Any]:
     from ctxlake.serve.api.context import parse_when, search_context
     from ctxlake.serve.api.queries import search
+    from ctxlake.serve.api.source_queries import check_names
 
     q = request.query_params
     query = (q.get("q") or "").strip()
@@ -503,9 +504,11 @@ def api_search(request: Request) -> dict[str, Any]:
     settings = ctx.settings(_root(request))
     if kind in ("all", "code"):
         if settings.lake_dir.is_dir():
+            sources = _split(q.get("source")) or None
+            check_names(settings, sources)  # a typo is an error, as in the CLI and MCP, not an empty answer
             result = search(ctx.lake(settings), query, mode=mode, limit=limit,  # type: ignore[arg-type]
                             path_glob=q.get("path") or None, lang=q.get("lang") or None,
-                            sources=_split(q.get("source")) or None, check_stale=False)
+                            sources=sources, check_stale=False)
             out["code"] = result.model_dump()
         else:
             out["warnings"].append("this project is not indexed yet (`ctx run index`)")

@@ -79,3 +79,12 @@ def test_an_oversized_or_too_deep_body_is_refused_before_it_is_parsed(site: Site
     ok = json.dumps({"type": "insight", "title": "Refund vouchers expire after a year", "body": "é" * 20_000}).encode()
     status, text = raw_post(site, "/api/knowledge", ok, cookie, token)
     assert status == 200 and json.loads(text)["status"] == "created", text
+
+
+def test_an_unknown_source_name_in_a_search_is_a_400_that_names_it(site: Site) -> None:
+    """It was silently an empty answer, where the CLI and search_code say the name is unknown."""
+    status, _, text = call(site.url + "api/search?" + urllib.parse.urlencode({"q": "refund", "source": "project,nope"}))
+    assert status == 400, text
+    assert json.loads(text)["error"] == "unknown source(s): nope"
+    status, _, text = call(site.url + "api/search?" + urllib.parse.urlencode({"q": "refund", "source": "project"}))
+    assert status == 200 and json.loads(text)["code"]["hits"], text
