@@ -543,18 +543,20 @@ class Service:
             raise Busy()
         try:
             saved = {k: v for k, v in os.environ.items() if k.startswith("CTX_") or k == "COLUMNS"}
-            for key in saved:
-                os.environ.pop(key, None)
-            os.environ.update(env)
-            os.environ["COLUMNS"] = str(int(message.get("columns", 80)))
-            # The socket's home is the request's home. Set only when the client set it or the default
-            # would differ: what a command reads as the user's CTX_HOME goes into files meant to be
-            # committed (`ctx init`'s .mcp.json, the hooks), which must not name this machine's folders.
-            if "CTX_HOME" not in env:
-                os.environ.pop("CTX_HOME", None)
-                if ctx_home() != self.paths.home:
-                    os.environ["CTX_HOME"] = str(self.paths.home)
+            # Everything from here is undone in `finally`, whatever fails: the service's own CTX_*
+            # variables are what its watchers index with between requests.
             try:
+                for key in saved:
+                    os.environ.pop(key, None)
+                os.environ.update(env)
+                os.environ["COLUMNS"] = str(int(message.get("columns", 80)))
+                # The socket's home is the request's home. Set only when the client set it or the default
+                # would differ: what a command reads as the user's CTX_HOME goes into files meant to be
+                # committed (`ctx init`'s .mcp.json, the hooks), which must not name this machine's folders.
+                if "CTX_HOME" not in env:
+                    os.environ.pop("CTX_HOME", None)
+                    if ctx_home() != self.paths.home:
+                        os.environ["CTX_HOME"] = str(self.paths.home)
                 os.chdir(str(message.get("cwd", "")))
                 yield
             finally:

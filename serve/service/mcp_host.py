@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -38,6 +39,10 @@ def _parse(argv: list[str]) -> argparse.Namespace | None:
 
 
 def serve_connection(service: Service, conn: socket.socket, message: dict[str, Any]) -> None:
+    cwd = str(message.get("cwd", ""))
+    if not os.path.isdir(cwd):  # as a `cli` request says it, rather than a connection closed by chdir's error
+        protocol.send(conn, {"op": "error", "message": f"working folder does not exist: {cwd}", "code": 2})
+        return
     args = _parse([str(a) for a in message.get("argv", [])])
     if args is None:
         protocol.send(conn, {"op": "local"})

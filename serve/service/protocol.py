@@ -39,9 +39,10 @@ class ProtocolError(Exception):
 # op -> field -> the type its value must have when present (required: REQUIRED_FIELDS).
 FIELD_TYPES: dict[str, dict[str, type | tuple[type, ...]]] = {
     "cli": {"argv": list, "cwd": str, "env": dict, "columns": int, "stdout_tty": bool, "stderr_tty": bool},
+    "mcp": {"argv": list, "cwd": str, "env": dict, "columns": int},
     "watch": {"paths": list},
 }
-REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {"cli": ("argv", "cwd"), "watch": ("paths",)}
+REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {"cli": ("argv", "cwd"), "mcp": ("argv", "cwd"), "watch": ("paths",)}
 
 
 def check_fields(message: dict[str, Any]) -> None:
@@ -61,6 +62,9 @@ def check_fields(message: dict[str, Any]) -> None:
             raise ProtocolError(f"{op}: field {name!r} must be a list of strings")
         if isinstance(value, dict) and not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
             raise ProtocolError(f"{op}: field {name!r} must map strings to strings")
+        if isinstance(value, dict) and any(not k or "=" in k or "\0" in k + v for k, v in value.items()):
+            # os.environ refuses these: found here, not half-way through setting the request's variables
+            raise ProtocolError(f"{op}: field {name!r} holds a name or value no environment variable can have")
 
 
 class PeerClosed(ProtocolError):

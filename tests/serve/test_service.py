@@ -29,6 +29,8 @@ from mcp import Client, StdioServerParameters
 from mcp_helpers import PROJECT, call_ok
 from memlogs import claude, write_jsonl
 
+from ctxlake.serve.service import protocol
+
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
 CTX = str(Path(sys.executable).parent / "ctx")
@@ -931,3 +933,45 @@ def test_a_reader_that_closes_the_pipe_early_ends_the_command_quietly(indexed: P
         os.close(reader_w)
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+
+
+def _frame(sock_path: str, message: dict[str, Any]) -> dict[str, Any]:
+    """One request on a connection of its own; the first frame after `accepted` and `working`."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(sock_path)
+        data = json.dumps(message).encode()
+        sock.sendall(struct.pack(">I", len(data)) + data)
+        while True:
+            reply = protocol.recv(sock)
+            if reply.get("op") not in ("accepted", "working"):
+                return reply
+
+
+def test_a_malformed_mcp_or_env_request_is_answered_and_leaves_the_services_environment(
+        indexed: Path, ctx_home: Path) -> None:
+    """An `mcp` request's fields were not checked: argv 5, env [1] or columns "x" closed the
+    connection unanswered, and columns "x" (or an env value with a NUL byte, in any request) failed
+    after the service had taken its own CTX_* variables out of os.environ and before it put them
+    back: from then on its watcher indexed without them (here: without the fake embedder)."""
+    assert ctx("up", "--watch", str(indexed), cwd=indexed).returncode == 0
+    try:
+        sock_path = str(service_dir(ctx_home) / "ctx.sock")
+        cwd = str(indexed)
+        for message in ({"op": "mcp", "argv": 5, "cwd": cwd}, {"op": "mcp", "argv": []},
+                        {"op": "mcp", "argv": [], "cwd": cwd, "env": [1]},
+                        {"op": "mcp", "argv": [], "cwd": cwd, "columns": "x"},
+                        {"op": "mcp", "argv": [], "cwd": str(indexed / "missing")},
+                        {"op": "cli", "argv": ["status"], "cwd": cwd, "env": {"CTX_EMBED_MODEL": "hash\x00"}},
+                        {"op": "mcp", "argv": [], "cwd": cwd, "env": {"CTX_HOME=": "x"}}):
+            reply = _frame(sock_path, {**message, "v": 1})
+            assert reply["op"] == "error" and reply["code"] == 2, (message, reply)
+        (indexed / "src" / "billing" / "refund.py").write_text("def issue_refund_voucher(order):\n    return order\n")
+        deadline, found = time.monotonic() + 60, False
+        while time.monotonic() < deadline and not found:
+            out = ctx("search", "issue_refund_voucher", "--mode", "keyword", "--json", cwd=indexed)
+            found = any(h["path"] == "src/billing/refund.py" for h in json.loads(out.stdout)["hits"])
+            time.sleep(0.2)
+        assert found, "the edit never became searchable: " + (service_dir(ctx_home) / "service.log").read_text()[-2000:]
+    finally:
+        ctx("down", cwd=indexed)
