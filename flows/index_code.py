@@ -54,6 +54,7 @@ from ctxlake.tasks.store import (
     sql_str,
     upsert,
 )
+from ctxlake.tasks.upkeep import OPTIMIZE_ELSEWHERE_ENV
 
 # Files per upsert transaction: bounds memory and what a crash can leave half-done.
 BATCH_FILES = 400
@@ -103,10 +104,6 @@ INLINE_EMBED_TEXTS = 64
 # them again by id (through the id index) instead of scanning the whole vector column for nulls.
 NULL_IDS_MAX = 4096
 OPTIMIZE_AFTER_ROWS = 2_000  # rows written since the last optimize that make the next run optimize
-# Set by the resident service around a run it makes in its own process: such a run leaves a due
-# optimize to the project's watcher, which runs it in a child (serve/service/watchers.py: an optimize
-# maps pylance's copy of lance, ~75 MB, into the process for good).
-OPTIMIZE_ELSEWHERE_ENV = "CTX_OPTIMIZE_ELSEWHERE"
 
 
 class Writer:

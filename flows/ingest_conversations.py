@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -67,6 +68,7 @@ from ctxlake.tasks.sessionize import (
     under,
 )
 from ctxlake.tasks.store import slices
+from ctxlake.tasks.upkeep import OPTIMIZE_ELSEWHERE_ENV
 
 SESSIONS_PER_BATCH = 200  # bounds the message rows held in memory while summarizing
 
@@ -246,7 +248,13 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
             KNOWLEDGE_TABLE: embed_table(knowledge, KNOWLEDGE_TABLE, cache, embedder),
         }
     progress.start("optimize", None, "indexing")
-    report.optimized = index_and_optimize([tables.messages, tables.sessions, knowledge], force=optimize)
+    compact_here = os.environ.get(OPTIMIZE_ELSEWHERE_ENV) != "1"
+    report.optimized = index_and_optimize([tables.messages, tables.sessions, knowledge], force=optimize,
+                                          compact_here=compact_here)
+    # Rows left for a run of its own to consider compacting (memory_state.check sends that run on
+    # past its no-op path); a run that looked, whatever it found due, clears them.
+    written = report.messages_inserted + report.messages_updated + report.sessions_written
+    state.unoptimized_rows = 0 if compact_here else state.unoptimized_rows + written
     cache.maintain()  # a scheduled run appends a few vectors: the cache folds them in bulk
     progress.finish("optimize")
 

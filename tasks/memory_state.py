@@ -15,6 +15,7 @@ from ctxlake.schemas.config import Settings
 from ctxlake.tasks.lake import IndexState, write_atomic
 from ctxlake.tasks.scrape import STATE_FILE, Plan, ScrapeState, plan
 from ctxlake.tasks.scrape.base import stat_fingerprint
+from ctxlake.tasks.upkeep import OPTIMIZE_ELSEWHERE_ENV
 
 FOLDERS = {"decision": "decisions", "error": "errors", "insight": "insights"}
 MANIFEST_FILE = "knowledge_state.json"  # in the project lake: what the last ingest stored
@@ -142,6 +143,8 @@ def check(settings: Settings, roots: dict[str, list[Path]], model_id: str) -> In
         reason = "knowledge files changed"
     elif state.pending_vectors:
         reason = f"{state.pending_vectors} row(s) still to embed"
+    elif state.unoptimized_rows and os.environ.get(OPTIMIZE_ELSEWHERE_ENV) != "1":
+        reason = f"{state.unoptimized_rows} row(s) written in the service, whose compaction is left to a run like this"
     else:
         return IngestCheck(True, "up to date", found, scrape_state, False, time.perf_counter() - started, key)
     return IngestCheck(False, reason, found, scrape_state, knowledge, time.perf_counter() - started, key)

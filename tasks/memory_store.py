@@ -405,12 +405,14 @@ def ensure_vector_index(table: Table, min_rows: int | None = None) -> bool:
 
 
 @stage("fts-memory")
-def index_and_optimize(tables: Sequence[Table], force: bool = False) -> list[str]:
+def index_and_optimize(tables: Sequence[Table], force: bool = False, compact_here: bool = True) -> list[str]:
     """Memory tables -> BM25 and scalar indexes (built once, then folded in by optimize), compacted
     fragments, and a vector index once a table is large (`ensure_vector_index`).
 
     A table is optimized when `optimize_due` says so, or always with `force`; returns the names of
-    the tables it optimized.
+    the tables it optimized. Without `compact_here` (a run inside the resident service) a table
+    whose indexes exist is not looked at for compaction: the check and the compaction load pylance
+    into the process for good, and the service's own ingest runs, each a process, compact what is due.
     """
     from lancedb.index import FTS
 
@@ -426,7 +428,7 @@ def index_and_optimize(tables: Sequence[Table], force: bool = False) -> list[str
                 # Conversations mix prose and code: keep stop words and exact forms, like chunks.
                 table.create_index(column, config=FTS(stem=False, remove_stop_words=False, with_position=False), replace=True)
         ensure_scalar_indexes(table)
-        if force or created or optimize_due(table):
+        if force or created or (compact_here and optimize_due(table)):
             # A table whose indexes were just built (a cold ingest) is merged whole, once: at
             # 20,000 sessions it was left at 65 fragments (messages) and 104 (sessions), which
             # no later small ingest would merge (the last, partial batch stops the size tiers),

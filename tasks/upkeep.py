@@ -23,6 +23,11 @@ if TYPE_CHECKING:
     from lance.dataset import IndexInformation
     from lancedb.table import Table
 
+# Set by the resident service around a run it makes in its own process (`ctx run index`, `ctx run
+# ingest`): such a run leaves a due compaction to a child process (the project's watcher, the
+# service's own ingest runs). `compact` imports pylance, a second copy of lance, and even its check of
+# what is due (`to_lance`) mapped ~45 MB of it into the process for good; a compaction ~75 MB.
+OPTIMIZE_ELSEWHERE_ENV = "CTX_OPTIMIZE_ELSEWHERE"
 # Old table versions are kept this long so a reader that opened one can finish with it.
 KEEP_VERSIONS = timedelta(minutes=30)
 # The memory tables' vector index gets a delta per compaction, and its deltas are folded into one

@@ -323,7 +323,7 @@ class Watchers:
 
     def optimize_soon(self, root: Path) -> bool:
         """After a run the service made in its own process, which left a due optimize to the watcher
-        (flows/index_code.py OPTIMIZE_ELSEWHERE_ENV): the watcher of `root` runs it in a child once
+        (tasks/upkeep.py OPTIMIZE_ELSEWHERE_ENV): the watcher of `root` runs it in a child once
         the project is quiet. True when one was due."""
         from ctxlake.flows.index_code import OPTIMIZE_AFTER_ROWS
         from ctxlake.schemas.config import CTX_DIR

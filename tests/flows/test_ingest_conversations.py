@@ -233,6 +233,36 @@ def test_small_ingests_do_not_rewrite_the_tables_until_fragments_pile_up(
     assert set(forced["optimized"]) >= {"messages", "sessions"}
 
 
+def test_an_ingest_in_the_service_leaves_compaction_to_a_process_of_its_own(
+        cli: Callable[..., Any], env: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The service sets OPTIMIZE_ELSEWHERE_ENV around a `ctx run ingest` in its own process. Checking
+    whether a compaction is due opens the table through pylance (`to_lance`), which stayed mapped in
+    the service for good (~45 MB); there the run must not reach it, and a run elsewhere compacts."""
+    from lancedb.table import LanceTable
+
+    from ctxlake.tasks import memory_store, upkeep
+
+    ingest(cli, env)  # the first ingest builds the indexes (and goes to a child in the service)
+    monkeypatch.setitem(memory_store.OPTIMIZE_FRAGMENTS, "messages", 1)  # every new fragment is due
+    log = next(env["stores"]["claude"].rglob("sess-a.jsonl"))
+    write_jsonl(log, [claude("user", "late0", 40, "zebra rollout note", cwd=str(env["repo"]))], mode="a")
+
+    def no_pylance(self: LanceTable, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("to_lance reached in the service's process")
+
+    with monkeypatch.context() as inside:
+        inside.setenv(upkeep.OPTIMIZE_ELSEWHERE_ENV, "1")
+        inside.setattr(LanceTable, "to_lance", no_pylance)
+        served = ingest(cli, env)
+        assert ingest(cli, env)["up_to_date"] is True  # in the service, the rows left do not undo the no-op
+    assert served["messages_inserted"] == 1 and served["optimized"] == []
+    found = cli_json(cli, env["repo"], "context", "search", "zebra", "--mode", "keyword", "--type", "message")
+    assert [h["text"] for h in found["hits"]] == ["zebra rollout note"]  # searchable before any compaction
+    later = ingest(cli, env)  # the service's next ingest run, a process of its own: no new logs, yet it
+    assert "messages" in later["optimized"]  # goes past the no-op path to compact what was left
+    assert ingest(cli, env)["up_to_date"] is True
+
+
 def test_vectors_reach_every_row_by_the_inline_path_and_after_a_backlog(
         cli: Callable[..., Any], env: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     import lancedb

@@ -200,7 +200,7 @@ def test_a_watchers_optimize_runs_in_a_child_process(
 def test_an_optimize_a_service_run_left_due_runs_in_the_watchers_child(
         watching: tuple[Path, ProjectWatcher], monkeypatch: pytest.MonkeyPatch) -> None:
     """A `ctx run index` the service ran in its own process leaves its due optimize (see
-    flows/index_code.py OPTIMIZE_ELSEWHERE_ENV); the service hands it to the project's watcher."""
+    tasks/upkeep.py OPTIMIZE_ELSEWHERE_ENV); the service hands it to the project's watcher."""
     repo, watcher = watching
     monkeypatch.setattr(watchers, "OPTIMIZE_QUIET_S", 0.5)
 
