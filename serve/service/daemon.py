@@ -514,8 +514,11 @@ class Service:
 
         self._settle(argv)
         index_run = argv[:2] == ["run", "index"]
-        if index_run:  # a due optimize goes to the watcher's child (request_env restores the variable)
-            from ctxlake.flows.index_code import OPTIMIZE_ELSEWHERE_ENV
+        if index_run or argv[:2] == ["run", "ingest"]:
+            # A due compaction goes to a child (request_env restores the variable): the project's
+            # watcher's for an index, this service's next ingest run (a flow-run process) for the
+            # conversation lake.
+            from ctxlake.tasks.upkeep import OPTIMIZE_ELSEWHERE_ENV
 
             os.environ[OPTIMIZE_ELSEWHERE_ENV] = "1"
         with capture.captured(stdout_tty, False) as (out, err):

@@ -275,6 +275,10 @@ def test_a_first_or_forced_ingest_runs_in_a_child_and_later_ones_in_the_service(
     later, seen = _children_running(pid, ["run", "ingest", *_new_session(logs, 2)], indexed)
     assert later.returncode == 0, later.stderr[-3000:]
     assert not seen, "a later ingest went to a child"
+    # It left compaction to a process of its own: pylance (lance's second copy, which the compaction
+    # and even its check load) would stay mapped in the service for good.
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    assert "lance/lance.abi3.so" not in maps and "lancedb/_lancedb.abi3.so" in maps
     forced, seen = _children_running(pid, ["run", "ingest", "--force", *_new_session(logs, 3)], indexed)
     assert forced.returncode == 0 and seen, forced.stderr[-3000:]
     found = ctx("context", "search", "rounding in case 3", "--all-projects", "--json", cwd=indexed)
