@@ -161,6 +161,11 @@ class Orchestrator:
             "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{prefect_home / 'prefect.db'}",
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "PREFECT_SERVER_API_HOST": "127.0.0.1",
+            # Its API would take state changes from any web page the user opens (CORS "*", no CSRF
+            # token): with the token required, a page on another site cannot send one (reading it
+            # needs CORS, which _spawn_server limits to the server's own origin). Prefect's clients
+            # (the runner, flow runs, schedules.py) fetch and send it themselves.
+            "PREFECT_SERVER_API_CSRF_PROTECTION_ENABLED": "true",
             # Its own log file keeps its warnings (the service's quiet default is for command output).
             "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
         })
@@ -188,7 +193,8 @@ class Orchestrator:
         self._server = on_lifetime_thread(lambda: subprocess.Popen(
             dying_with_this_process([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
                                      "--port", str(port)]),
-            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
+            env={**env, "PREFECT_SERVER_CORS_ALLOWED_ORIGINS": f"http://127.0.0.1:{port}"},  # its own UI only
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
         log.close()
         with contextlib.suppress(OSError, ProcessLookupError):
             record_prefect_server(self.paths, self._server.pid)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -94,6 +97,40 @@ def test_server_starts_and_serves_default_deployments(service: tuple[Orchestrato
     assert names["ingest_conversations"]["spec"] == "3600s"
     assert names["sync_sources"] == names["sync_sources"] | {"kind": "cron", "spec": "0 3 * * *", "paused": False}
     wait_for(lambda: schedule(orch, "sync_sources")["next_run"], 30, "the scheduler to plan the next sync run")
+
+
+def _cross_site(url: str, method: str, headers: dict[str, str]) -> tuple[int, dict[str, str]]:
+    """What a page on another site makes a browser send (no body, a simple request, or a preflight)."""
+    req = urllib.request.Request(url, data=b"" if method == "POST" else None, method=method,
+                                 headers={"Origin": "http://attacker.example", **headers})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as res:
+            return res.status, {k.lower(): v for k, v in res.headers.items()}
+    except urllib.error.HTTPError as exc:
+        return exc.code, {k.lower(): v for k, v in exc.headers.items()}
+
+
+async def _deployment_id(api_url: str, name: str) -> Any:
+    from prefect.client.orchestration import PrefectClient
+
+    async with PrefectClient(api_url) as client:
+        return next(d.id for d in await client.read_deployments() if d.name == name)
+
+
+def test_a_page_on_another_site_cannot_drive_the_prefect_api(service: tuple[Orchestrator, Path]) -> None:
+    """The server allowed every origin (CORS "*") and took state changes without a CSRF token: any
+    web page could find its port and pause the service's deployments, or read and start their runs."""
+    orch, _ = service
+    assert orch.api_url
+    status, headers = _cross_site(f"{orch.api_url}/deployments/filter", "OPTIONS",
+                                  {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"})
+    assert "access-control-allow-origin" not in headers, (status, headers)
+    deployment = asyncio.run(_deployment_id(orch.api_url, "sync_sources"))
+    status, _ = _cross_site(f"{orch.api_url}/deployments/{deployment}/pause_deployment", "POST",
+                            {"Content-Type": "text/plain"})
+    assert status == 403
+    assert schedule(orch, "sync_sources")["paused"] is False
+    assert healthy(orch.api_url)  # what the service itself asks still answers
 
 
 def test_start_ingests_once_what_was_written_while_down(service: tuple[Orchestrator, Path]) -> None:
