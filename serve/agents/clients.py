@@ -261,7 +261,10 @@ def register_project_client(client: str, root: Path, command: list[str], env: di
 def register_codex_project(root: Path, command: list[str], env: dict[str, str] | None = None) -> Change:
     """`[mcp_servers.ctx]` in the project's .codex/config.toml (Codex reads it once the project is trusted)."""
     path = root / CODEX_PROJECT_FILE
-    old, new, _ = codex_plan(path, command, "codex", env)
+    try:
+        old, new, _ = codex_plan(path, command, "codex", env)
+    except ForeignServer as exc:
+        return Change("codex", str(path), "skipped", f"{exc.message}:\n{exc.paste}", paste=exc.paste)
     if old == new:
         return Change("codex", str(path), "unchanged", "already registered")
     problem = safe_io.unsafe_target(root, CODEX_PROJECT_FILE) or safe_io.make_parent(path)
@@ -303,6 +306,14 @@ def codex_snippet(command: list[str], client: str = "codex", env: dict[str, str]
     return tomlkit.dumps(doc).strip()
 
 
+class ForeignServer(InputError):
+    """The `ctx` name in a client's config belongs to another tool's server; `paste` is ours, by hand."""
+
+    def __init__(self, message: str, paste: str) -> None:
+        super().__init__(message, hint=f"add this by hand:\n{paste}")
+        self.paste = paste
+
+
 def codex_plan(path: Path, command: list[str], client: str = "codex-user",
                env: dict[str, str] | None = None) -> tuple[str, str, str]:
     """(old text, new text, unified diff) of registering ctx in a Codex config.toml; formatting,
@@ -334,6 +345,11 @@ def codex_plan(path: Path, command: list[str], client: str = "codex-user",
                               f"{codex_snippet(command, client, env)}")
     if current is not None and dict(current) == dict(table):
         return old, old, ""
+    if current is not None and not is_ctx_entry(dict(current)):
+        # Another tool's server under the same name, as json_plan refuses it: replacing it would
+        # break that tool without a word.
+        raise ForeignServer(f"{path}: its mcp_servers.{SERVER_NAME} is another server ({_command_of(dict(current))}); "
+                            "rename or remove it, or add this by hand", paste=codex_snippet(command, client, env))
     servers[SERVER_NAME] = table
     new = tomlkit.dumps(doc)
     diff = "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
@@ -345,7 +361,10 @@ def user_plan(client: str, root: Path, command: list[str], env: dict[str, str] |
     """(path, old text, new text, diff, a Change when there is nothing to write) for a user-wide client."""
     path = user_config_path(client, env)
     if client == "codex-user":
-        old, new, diff = codex_plan(path, command, client, env)
+        try:
+            old, new, diff = codex_plan(path, command, client, env)
+        except ForeignServer as exc:
+            return path, "", "", "", Change(client, str(path), "skipped", f"{exc.message}:\n{exc.paste}", paste=exc.paste)
         return path, old, new, diff, (Change(client, str(path), "unchanged", "already registered") if old == new else None)
     key = USER_CLIENTS[client][1]
     data, done = json_plan(client, path, key, server_entry(client, root, command, env))

@@ -134,6 +134,26 @@ def test_a_commented_codex_project_config_is_merged_keeping_its_comments(repo: P
     assert text.startswith(original) and tomllib.loads(text)["mcp_servers"]["ctx"]["args"] == ["serve"]
 
 
+def test_another_tools_ctx_server_in_a_codex_config_is_left_alone(
+        repo: Path, cli: Callable[..., Any], codex_home: Path) -> None:
+    """As in the JSON clients' files: a `ctx` server that is not ctxlake's (another tool took the
+    name) is not replaced; the entry to paste is printed and init exits 3."""
+    theirs = '[mcp_servers.ctx]\ncommand = "context-helper"\nargs = ["--stdio"]\n'
+    write_files(repo, {".codex/config.toml": theirs})
+    codex_home.mkdir()
+    (codex_home / "config.toml").write_text(theirs)
+    for client, path in (("codex", repo / ".codex" / "config.toml"), ("codex-user", codex_home / "config.toml")):
+        result = cli("init", "--client", client, "--yes", cwd=repo)
+        assert result.exit_code == 3, (client, result.stdout, result.stderr)
+        said = result.stdout + result.stderr
+        assert "another server (context-helper --stdio)" in said and "args = [\"serve\"]" in said, said
+        assert path.read_text() == theirs
+    # An earlier ctx init's entry, with another path to ctx, is ctxlake's own: it is refreshed.
+    write_files(repo, {".codex/config.toml": '[mcp_servers.ctx]\ncommand = "/old/bin/ctx"\nargs = ["serve"]\n'})
+    assert cli("init", "--client", "codex", cwd=repo).exit_code == 0
+    assert tomllib.loads((repo / ".codex" / "config.toml").read_text())["mcp_servers"]["ctx"]["command"] != "/old/bin/ctx"
+
+
 def test_unknown_client_is_a_usage_error(repo: Path, cli: Callable[..., Any]) -> None:
     result = cli("init", "--client", "emacs", cwd=repo)
     assert result.exit_code == 2 and "unknown client 'emacs'" in result.stderr
