@@ -20,6 +20,7 @@ from ctxlake.serve.api.queries import (
     Lake,
     _sql,
     all_rows,
+    embedding_counts,
     keyword_rows,
     snippet,
 )
@@ -279,8 +280,7 @@ def stale_status(settings: Settings, lake: Lake | None, fresh: freshness.Freshne
     changes.sort(key=lambda f: f.path)
     embedding = None
     if lake is not None:
-        total = lake.chunks.count_rows()
-        pending = lake.chunks.count_rows("vector IS NULL")
+        total, pending = embedding_counts(lake, fresh=True)
         embedding = EmbeddingProgress(chunks=total, embedded=total - pending, pending=pending,
                                       fraction=round((total - pending) / total, 4) if total else 1.0,
                                       model_id=state.model_id)

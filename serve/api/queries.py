@@ -99,7 +99,7 @@ class Lake:
         if embedder is not None:
             self._check_model(embedder)
             self._embedder = embedder
-        self._fraction: tuple[int, float] | None = None  # (table version, embedded share)
+        self._counts: tuple[int, int, int] | None = None  # (table version, chunks, chunks without a vector)
         self._catalogs: dict[str | None, tuple[int, LakeCatalog]] = {}
         self._imports: tuple[int, dict[tuple[str, str], set[tuple[str, str]]]] | None = None
         self._cochange: tuple[int, dict[tuple[str, str], dict[tuple[str, str], float]]] | None = None
@@ -530,20 +530,26 @@ def snippet(text: str) -> str:
     return out
 
 
-def embedded_fraction(lake: Lake, fresh: bool = False) -> float:
-    """Share of chunks with a vector; counted once per table version (the null count scans the
-    whole vector column, tens of milliseconds on a big lake). `fresh`: read the version now, not
-    the one memoised for VERSION_MEMO_S."""
+def embedding_counts(lake: Lake, fresh: bool = False) -> tuple[int, int]:
+    """(chunks, chunks still without a vector), counted once per table version: the null count
+    scans the whole vector column (on django's 47k chunks ~0.1 s of CPU, which get_stale_status
+    paid on every call). `fresh`: read the version now, not the one memoised for VERSION_MEMO_S."""
     version = lake.chunks_version(fresh)
-    if lake._fraction is not None and lake._fraction[0] == version:
-        return lake._fraction[1]
-    if lake.flat is not None and lake.flat.complete():  # its refresh costs less than the count
-        fraction = 1.0
+    if lake._counts is not None and lake._counts[0] == version:
+        return lake._counts[1], lake._counts[2]
+    total = lake.chunks.count_rows()  # from the table's metadata
+    if total == 0 or (lake.flat is not None and lake.flat.complete()):  # its refresh costs less than the count
+        pending = 0
     else:
-        total = lake.chunks.count_rows()
-        fraction = 0.0 if total == 0 else 1.0 - lake.chunks.count_rows("vector IS NULL") / total
-    lake._fraction = (version, fraction)
-    return fraction
+        pending = lake.chunks.count_rows("vector IS NULL")
+    lake._counts = (version, total, pending)
+    return total, pending
+
+
+def embedded_fraction(lake: Lake, fresh: bool = False) -> float:
+    """Share of chunks with a vector (embedding_counts)."""
+    total, pending = embedding_counts(lake, fresh)
+    return 0.0 if total == 0 else 1.0 - pending / total
 
 
 # Hybrid search runs its semantic half on a worker while the lexical half runs on the caller's
