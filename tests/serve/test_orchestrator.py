@@ -118,8 +118,9 @@ async def _deployment_id(api_url: str, name: str) -> Any:
 
 
 def test_a_page_on_another_site_cannot_drive_the_prefect_api(service: tuple[Orchestrator, Path]) -> None:
-    """The server allowed every origin (CORS "*") and took state changes without a CSRF token: any
-    web page could find its port and pause the service's deployments, or read and start their runs."""
+    """The server allowed every origin (CORS "*"), took state changes without a CSRF token and
+    checked no Host: any web page could find its port and pause the service's deployments, or read
+    and start their runs; one whose DNS name is rebound to 127.0.0.1 could even read the token."""
     orch, _ = service
     assert orch.api_url
     status, headers = _cross_site(f"{orch.api_url}/deployments/filter", "OPTIONS",
@@ -131,6 +132,12 @@ def test_a_page_on_another_site_cannot_drive_the_prefect_api(service: tuple[Orch
     assert status == 403
     assert schedule(orch, "sync_sources")["paused"] is False
     assert healthy(orch.api_url)  # what the service itself asks still answers
+    # A page whose DNS name was rebound to 127.0.0.1 is same-origin with the server: its Host is refused.
+    port = orch.api_url.split(":")[2].split("/")[0]
+    status, _ = _cross_site(f"{orch.api_url}/csrf-token?client=page", "GET",
+                            {"Host": f"attacker.example:{port}", "Origin": f"http://attacker.example:{port}"})
+    assert status == 421
+    assert _cross_site(f"{orch.api_url}/health", "GET", {"Host": f"localhost:{port}"})[0] == 200
 
 
 def test_start_ingests_once_what_was_written_while_down(service: tuple[Orchestrator, Path]) -> None:
