@@ -10,12 +10,13 @@ from typing import Annotated, Any
 from mcp.server import MCPServer
 from mcp.server.mcpserver.resources import ResourceSecurity
 from mcp.shared.exceptions import MCPError
-from mcp.types import INVALID_PARAMS
+from mcp.types import INTERNAL_ERROR, INVALID_PARAMS
 from pydantic import Field
 
 from ctxlake.errors import CtxError
 from ctxlake.serve.api.models import SearchMode
 from ctxlake.serve.mcp.base import ServerState
+from ctxlake.tasks.lake import lake_failure
 
 JSON = "application/json"
 # The prompts quote code; this keeps a prompt well inside a model's context.
@@ -27,8 +28,9 @@ def _json(data: Any) -> str:
 
 
 def _domain_errors(fn: Any) -> Any:
-    """Domain errors as protocol errors with their message and hint: the SDK replaces any other
-    exception of a resource or prompt with a generic "Error rendering ..." text."""
+    """Domain errors, a full or forbidden disk and a damaged lake as protocol errors with their
+    message and hint (as tool_errors does for tools): the SDK replaces any other exception of a
+    resource or prompt with a generic "Error rendering ..." text."""
     import functools
 
     @functools.wraps(fn)
@@ -37,6 +39,11 @@ def _domain_errors(fn: Any) -> Any:
             return fn(*args, **kwargs)
         except CtxError as exc:
             raise MCPError(code=INVALID_PARAMS, message=str(exc)) from exc
+        except (OSError, RuntimeError, ValueError) as exc:
+            known = lake_failure(exc)
+            if known is None:
+                raise
+            raise MCPError(code=INTERNAL_ERROR, message=str(known)) from exc
 
     return wrapper
 

@@ -78,6 +78,29 @@ def test_a_full_or_forbidden_disk_is_the_clis_line_as_a_tool_error(
     assert text.startswith(f"Error executing tool save_decision: storage error, {words}: {project}/.ctx/knowledge/decisions/"), text
     assert text.endswith(f"(hint: {STORAGE_HINT})") and "Errno" not in text, text
 
+def test_a_full_or_forbidden_disk_is_the_clis_line_in_a_resource_too(
+        project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Resources mapped only ctxlake's own errors: the SDK turned an OSError into a bare "Error
+    rendering resource", where a tool says the disk is full and what to do."""
+    import ctxlake.serve.api.queries as queries
+
+    def refused(settings: object) -> None:  # fault injection: the lake's folder cannot be read
+        raise OSError(errno.EACCES, os.strerror(errno.EACCES), str(project / ".ctx" / "lake"))
+
+    monkeypatch.setattr(queries, "status", refused)
+    server = build_server(load_settings(project))
+
+    async def main() -> None:
+        async with Client(server) as client:
+            with pytest.raises(MCPError) as info:
+                await client.read_resource("ctx://status")
+            message = info.value.error.message
+            assert message.startswith(f"storage error, permission denied: {project}/.ctx/lake"), message
+            assert message.endswith(f"({STORAGE_HINT})") and "Errno" not in message, message
+
+    anyio.run(main)
+
+
 def _initialize() -> bytes:
     request = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {},
