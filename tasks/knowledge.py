@@ -43,7 +43,9 @@ TITLE_MAX_CHARS = 200
 BODY_MAX_CHARS = 20_000
 LIST_MAX_ITEMS = 50  # files, tags
 ITEM_MAX_CHARS = 500  # one file path or tag; the source tool and session too
-MAX_RECORD_BYTES = 1 << 20  # a record file read; a bigger one is skipped, named in the ingest's problems
+# A record file read (a hand-written one may be long: the UI shows it shortened); a bigger one, or an
+# endless one, is skipped and named in the ingest's problems.
+MAX_RECORD_BYTES = 16 << 20
 
 
 @dataclass

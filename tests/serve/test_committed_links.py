@@ -14,7 +14,7 @@ from helpers import git
 
 from ctxlake.errors import ConfigError
 from ctxlake.schemas.config import load_settings
-from ctxlake.tasks.knowledge import load_records
+from ctxlake.tasks.knowledge import MAX_RECORD_BYTES, load_records
 
 
 def _clone(tmp_path: Path, make_repo: Callable[..., Path], links: dict[str, str], name: str = "repo") -> Path:
@@ -79,7 +79,7 @@ def test_knowledge_records_are_read_inside_the_knowledge_folder_only(
     (clone / ".ctx/knowledge/insights/real.md").write_text("---\ntitle: real fact\n---\nthe build uses make\n")
     fifo = clone / ".ctx/knowledge/insights/pipe.md"
     os.mkfifo(fifo)
-    (clone / ".ctx/knowledge/insights/huge.md").write_bytes(b"x" * ((1 << 20) + 1))
+    (clone / ".ctx/knowledge/insights/huge.md").write_bytes(b"x" * (MAX_RECORD_BYTES + 1))
 
     done: dict[str, Any] = {}
     reader = threading.Thread(target=lambda: done.update(result=load_records(clone / ".ctx/knowledge", clone)),
