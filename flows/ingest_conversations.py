@@ -253,8 +253,8 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
                                           compact_here=compact_here)
     # Rows left for a run of its own to consider compacting (memory_state.check sends that run on
     # past its no-op path); a run that looked, whatever it found due, clears them.
-    written = report.messages_inserted + report.messages_updated + report.sessions_written
-    state.unoptimized_rows = 0 if compact_here else state.unoptimized_rows + written
+    rows_written = report.messages_inserted + report.messages_updated + report.sessions_written
+    state.unoptimized_rows = 0 if compact_here else state.unoptimized_rows + rows_written
     cache.maintain()  # a scheduled run appends a few vectors: the cache folds them in bulk
     progress.finish("optimize")
 
