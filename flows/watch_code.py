@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import cast
@@ -27,6 +26,7 @@ from ctxlake.tasks.merkle import (
 )
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.store import optimize
+from ctxlake.tasks.watch_stop import STOP, request_stop
 
 from .index_code import IndexReport, Writer, index_code
 
@@ -38,11 +38,8 @@ RULE_FILES = (".gitignore", ".git/info/exclude")
 NOISE = (".git/", ".ctx/")
 
 # One watcher per process; `request_stop` ends it from another thread (tests, embedding hosts).
-_stop = threading.Event()
-
-
-def request_stop() -> None:
-    _stop.set()
+_stop = STOP
+__all__ = ["request_stop", "watch_code"]
 
 
 @flow(name="watch-code", validate_parameters=False, log_prints=False)

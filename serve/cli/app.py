@@ -128,9 +128,11 @@ def run_index(
         if watch:
             import signal
 
+            from ctxlake.tasks.watch_stop import stop_on_interrupt
+
             # A shell starts background jobs with SIGINT ignored and Python keeps that; a watcher
             # must still stop on Ctrl-C or `kill -INT`, whoever started it.
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGINT, stop_on_interrupt)
             report = _run_flow(settings, force=force, embed=not no_embed, verbose=verbose, watch=True)
         elif not force:
             # Decided before Prefect starts (its temporary server costs ~10 s): a no-op run

@@ -171,6 +171,46 @@ def test_watch_subprocess_holds_the_lock_and_stops_on_ctrl_c(make_repo: Callable
                                      text=True).stdout)["writer"] is None
 
 
+SWALLOWED_INTERRUPT = """
+import os, signal, sys, time
+import ctxlake.flows.watch_code as watch
+from ctxlake.serve.cli.app import run
+
+first_index = watch.index_code
+
+def index_then_ctrl_c(*args, **kwargs):
+    report = first_index(*args, **kwargs)
+    try:  # a Ctrl-C as Prefect ends the subflow: its engine swallowed it there
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    return report
+
+watch.index_code = index_then_ctrl_c
+sys.exit(run(["run", "index", "--watch"]))
+"""
+
+
+def test_a_ctrl_c_that_prefect_swallows_still_stops_the_watcher(make_repo: Callable[..., Path]) -> None:
+    """A Ctrl-C landing while Prefect ended the first index run's subflow was lost there (its engine
+    was joining its heartbeat thread), and the watcher went on watching: 1 in 3 SIGINTs sent as
+    the watch began. The handler also asks the watch loop to stop, which nothing swallows."""
+    repo = make_repo({"a.py": "def a():\n    return 1\n"})
+    env = {**os.environ, "CTX_EMBED_PROVIDER": "fake", "CTX_EMBED_MODEL": "hash"}
+    env.pop("PREFECT_API_URL", None)
+    proc = subprocess.Popen([sys.executable, "-c", SWALLOWED_INTERRUPT], cwd=repo, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        out, err = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"the watcher went on after the Ctrl-C: {err[-2000:]}") from None
+    assert proc.returncode == 0, err
+    assert out.startswith("Watched "), out
+
+
 def test_ctrl_c_in_a_terminal_after_a_batch_ends_the_watcher_cleanly(make_repo: Callable[..., Path]) -> None:
     """A terminal's Ctrl-C signals the whole process group, Prefect's temporary server included.
     After a batch was applied, the watcher used to hang (its last state updates retried against
