@@ -137,8 +137,9 @@ def _own_server_answers(server: Any) -> bool:
 
 
 class _SpawnDying:
-    """`subprocess` as Prefect's server module uses it, its Popen's command run through
-    `dying_with_this_process`."""
+    """`subprocess` as Prefect's server module uses it: its Popen starts the guarded server of
+    prefect_guard.py (CSRF, CORS for its own origin, Host and Origin checks) instead of Prefect's
+    open one, through `dying_with_this_process`."""
 
     def __init__(self, real: Any) -> None:
         self._real = real
@@ -148,7 +149,9 @@ class _SpawnDying:
 
     def Popen(self, args: Any, *rest: Any, **kwargs: Any) -> Any:
         from ctxlake.serve.service.children import dying_with_this_process
+        from ctxlake.serve.service.prefect_guard import guard_temporary_command
 
+        args, kwargs["env"] = guard_temporary_command(list(args), kwargs.get("env"))
         return self._real.Popen(dying_with_this_process(args), *rest, **kwargs)
 
 

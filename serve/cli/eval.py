@@ -43,7 +43,7 @@ def eval_command(
 ) -> None:
     """Score file localisation on a task file: Acc@1/3/5/10, Recall@20 and MRR with 95% CIs."""
     from ctxlake.serve.api.evaluate import CORPORA, MODES, EvalPlan, run_eval
-    from ctxlake.serve.cli.base import _prefect_quietly
+    from ctxlake.serve.cli.base import _prefect_quietly, start_prefect_shielded
 
     if not tasks.is_file():
         raise InputError(f"no task file at {tasks}")
@@ -68,6 +68,7 @@ def eval_command(
     # An eval runs for many minutes; on a loaded machine Prefect's temporary server can take
     # longer than its default 20 s to answer, which would fail the whole run at its first index.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    start_prefect_shielded()  # the guarded temporary server, as `ctx run` starts it
     from ctxlake.serve.api.ranking import RankOptions
 
     plan = EvalPlan(

@@ -28,6 +28,7 @@ from ctxlake.schemas.config import Settings
 from ctxlake.serve.service.children import dying_with_this_process, on_lifetime_thread
 from ctxlake.serve.service.lifecycle import reap_prefect_server, record_prefect_server
 from ctxlake.serve.service.paths import ServicePaths
+from ctxlake.serve.service.prefect_guard import PREFECT_SERVER_MAIN, guard_settings
 
 if TYPE_CHECKING:
     from prefect.deployments.runner import RunnerDeployment
@@ -161,11 +162,6 @@ class Orchestrator:
             "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{prefect_home / 'prefect.db'}",
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "PREFECT_SERVER_API_HOST": "127.0.0.1",
-            # Its API would take state changes from any web page the user opens (CORS "*", no CSRF
-            # token): with the token required, a page on another site cannot send one (reading it
-            # needs CORS, which _spawn_server limits to the server's own origin). Prefect's clients
-            # (the runner, flow runs, schedules.py) fetch and send it themselves.
-            "PREFECT_SERVER_API_CSRF_PROTECTION_ENABLED": "true",
             # Its own log file keeps its warnings (the service's quiet default is for command output).
             "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
         })
@@ -191,10 +187,10 @@ class Orchestrator:
         # Signalled by the kernel when the service dies (a `kill -9` too: Linux); the record below
         # is for the rest, which the next `ctx up` or `ctx down` reaps.
         self._server = on_lifetime_thread(lambda: subprocess.Popen(
-            # `prefect server start` with a Host check in front (run_prefect_server).
+            # `prefect server start` behind the guard of prefect_guard.py (CSRF, CORS, Host, Origin).
             dying_with_this_process([sys.executable, "-c", PREFECT_SERVER_MAIN, "server", "start",
                                      "--host", "127.0.0.1", "--port", str(port)]),
-            env={**env, "PREFECT_SERVER_CORS_ALLOWED_ORIGINS": f"http://127.0.0.1:{port}"},  # its own UI only
+            env={**env, **guard_settings(port)},
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
         log.close()
         with contextlib.suppress(OSError, ProcessLookupError):
@@ -483,56 +479,3 @@ def lower_priority(pid: int, increment: int) -> None:
     with contextlib.suppress(OSError):
         current = os.getpriority(os.PRIO_PROCESS, pid)
         os.setpriority(os.PRIO_PROCESS, pid, min(19, current + increment))
-
-
-# -- the server process ----------------------------------------------------------------------------
-
-PREFECT_SERVER_MAIN = "import sys; from ctxlake.serve.service.orchestrator import run_prefect_server; run_prefect_server(sys.argv[1:])"
-
-
-class HostGuard:
-    """Refuses (421) an HTTP request, and closes a websocket, whose Host header is not one of `hosts`.
-
-    Prefect's server checks no Host: a page whose DNS name is rebound to 127.0.0.1 would be
-    same-origin with it, could read its CSRF token and drive its API (start runs of the service's
-    deployments with parameters of its choosing)."""
-
-    def __init__(self, app: Any, hosts: set[str]) -> None:
-        self.app = app
-        self.hosts = {h.lower() for h in hosts}
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] in ("http", "websocket"):
-            host = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k.lower() == b"host"), "")
-            if host.lower() not in self.hosts:
-                if scope["type"] == "websocket":
-                    await send({"type": "websocket.close", "code": 1008})
-                    return
-                body = b"Misdirected request: this server answers only to 127.0.0.1 and localhost."
-                await send({"type": "http.response.start", "status": 421,
-                            "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]})
-                await send({"type": "http.response.body", "body": body})
-                return
-        await self.app(scope, receive, send)
-
-
-def run_prefect_server(argv: list[str]) -> None:
-    """`prefect server start ARGV` (in the server's own process) with its app behind a HostGuard for
-    127.0.0.1 and localhost on its --port."""
-    import runpy
-
-    import prefect.server.api.server as prefect_app
-
-    port = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--port"), None)
-    if port is None:
-        raise SystemExit("run_prefect_server: --port is required (the Host check needs it)")
-    build = prefect_app.create_app
-
-    def guarded(*args: Any, **kwargs: Any) -> Any:
-        return HostGuard(build(*args, **kwargs), {f"127.0.0.1:{port}", f"localhost:{port}"})
-
-    # `prefect server start` imports create_app from that module when it runs: it gets this one.
-    setattr(prefect_app, "create_app", guarded)  # noqa: B010 - a module attribute replaced on purpose
-    sys.argv = ["prefect", *argv]
-    runpy.run_module("prefect", run_name="__main__", alter_sys=True)
-

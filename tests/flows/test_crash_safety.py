@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 from helpers import lake_fingerprint, write_files
 
+from ctxlake.serve.service.prefect_guard import TEMPORARY_FACTORY
+
 pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.slow]
 
 # Fault injection, on the test side only: a sitecustomize module that small-batches the pipeline
@@ -179,7 +181,7 @@ def test_a_killed_run_takes_its_temporary_prefect_server_with_it(tmp_path: Path,
     try:
         for _ in range(1200):  # the server is spawned a few seconds in, after the imports
             server = next((c for c in psutil.Process(run.pid).children(recursive=True)
-                           if "prefect.server.api.server" in _cmdline(c)), None)
+                           if TEMPORARY_FACTORY in _cmdline(c)), None)
             if server is not None or run.poll() is not None:
                 break
             time.sleep(0.05)

@@ -137,7 +137,21 @@ def test_a_page_on_another_site_cannot_drive_the_prefect_api(service: tuple[Orch
     status, _ = _cross_site(f"{orch.api_url}/csrf-token?client=page", "GET",
                             {"Host": f"attacker.example:{port}", "Origin": f"http://attacker.example:{port}"})
     assert status == 421
-    assert _cross_site(f"{orch.api_url}/health", "GET", {"Host": f"localhost:{port}"})[0] == 200
+    assert _cross_site(f"{orch.api_url}/health", "GET",
+                       {"Host": f"localhost:{port}", "Origin": f"http://localhost:{port}"})[0] == 200
+    # A browser opens a websocket to any origin without asking CORS: a page's Origin is refused.
+    assert asyncio.run(_websocket(f"ws://127.0.0.1:{port}/api/events/out", "http://attacker.example")) == 403
+    assert asyncio.run(_websocket(f"ws://127.0.0.1:{port}/api/events/out", f"http://127.0.0.1:{port}")) == "open"
+
+
+async def _websocket(url: str, origin: str) -> int | str:
+    import websockets
+
+    try:
+        async with websockets.connect(url, additional_headers={"Origin": origin}, open_timeout=30):
+            return "open"
+    except websockets.exceptions.InvalidStatus as exc:
+        return int(exc.response.status_code)
 
 
 def test_start_ingests_once_what_was_written_while_down(service: tuple[Orchestrator, Path]) -> None:
