@@ -1,7 +1,8 @@
 """`ctx hooks install|uninstall` and `ctx init` on hostile or odd project files: symlinks that lead out of the
 project, a user's hook beside ours, a section marker without its end, FIFOs and folders where files go, the home
 folder, values of the wrong type, and another tool's server named `ctx`. Each ends in a clear line, never a
-write outside the project, a lost user line or a traceback."""
+write outside the project, a lost user line or a traceback. A settings file in the user's own layout (4 spaces,
+tabs, one line, CRLF) keeps it: a committed file shows only ctx's lines in its diff."""
 
 from __future__ import annotations
 
@@ -181,3 +182,46 @@ def test_init_leaves_another_tools_ctx_server_alone_but_refreshes_its_own(repo: 
     write_files(repo, {".mcp.json": json.dumps(old)})
     assert cli("init", "--client", "claude", cwd=repo).exit_code == 0
     assert json.loads((repo / ".mcp.json").read_text())["mcpServers"]["ctx"] != old["mcpServers"]["ctx"]
+
+
+USER_SETTINGS: dict[str, Any] = {
+    "permissions": {"allow": ["Bash(git status)"], "deny": []},
+    "hooks": {"PreToolUse": [{"matcher": "Bash", "hooks": [{"type": "command", "command": "./lint.sh"}]}]},
+    "env": {"GREETING": "café"},
+}
+LAYOUTS: dict[str, tuple[dict[str, Any], str, str]] = {  # json.dumps arguments, line ending, end of file
+    "4 spaces": ({"indent": 4, "ensure_ascii": False}, "\n", "\n"),
+    "tabs": ({"indent": "\t", "ensure_ascii": False}, "\n", "\n"),
+    "one compact line, no final newline": ({"separators": (",", ":"), "ensure_ascii": False}, "\n", ""),
+    "one line with spaces": ({"ensure_ascii": False}, "\n", "\n"),
+    "CRLF and \\u escapes": ({"indent": 2, "ensure_ascii": True}, "\r\n", "\r\n"),
+}
+
+
+def _laid_out(data: dict[str, Any], layout: str) -> bytes:
+    kwargs, newline, end = LAYOUTS[layout]
+    return (json.dumps(data, **kwargs).replace("\n", newline) + end).encode()
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_install_keeps_the_settings_files_layout_and_uninstall_gives_back_its_bytes(
+        repo: Path, cli: Cli, layout: str) -> None:
+    settings = repo / ".claude" / "settings.json"
+    original = _laid_out(USER_SETTINGS, layout)
+    write_files(repo, {".claude/settings.json": original})
+    assert cli("hooks", "install", "--client", "claude", cwd=repo).exit_code == 0
+    installed = settings.read_bytes()
+    data = json.loads(installed)
+    assert list(data) == ["permissions", "hooks", "env"]  # key order as it was
+    assert list(data["hooks"]) == ["PreToolUse", "SessionStart", "SessionEnd"]
+    assert installed == _laid_out(data, layout)
+    assert cli("hooks", "uninstall", "--client", "claude", cwd=repo).exit_code == 0
+    assert settings.read_bytes() == original
+
+
+def test_a_new_or_empty_hook_file_gets_two_spaces_and_a_final_newline(repo: Path, cli: Cli) -> None:
+    write_files(repo, {".claude/settings.json": "{}"})
+    assert cli("hooks", "install", "--client", "claude,codex", cwd=repo).exit_code == 0
+    for file in (".claude/settings.json", ".codex/hooks.json"):
+        text = (repo / file).read_text()
+        assert text == json.dumps(json.loads(text), indent=2) + "\n"
