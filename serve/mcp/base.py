@@ -26,6 +26,7 @@ from ctxlake.serve.api.docs import DocsReader
 from ctxlake.tasks.lake import lake_failure
 
 if TYPE_CHECKING:
+    from ctxlake.serve.api.context import MemoryLake
     from ctxlake.serve.api.queries import Lake
     from ctxlake.tasks.freshness import Freshness
 
@@ -183,6 +184,28 @@ def _service_watch(root: Path) -> tuple[int, frozenset[str]] | None:
     return watch_state(root)
 
 
+class HeldMemory:
+    """The conversation-memory reader a server's tools share (search_context, handoff_brief,
+    tool_preferences, ...), opened on the first call and kept: opening one per call cost
+    handoff_brief 37.7 ms. Opened again while the memory lake or the knowledge table does not exist
+    yet, so a server started before the first `ctx run ingest` sees its result."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._held: MemoryLake | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> MemoryLake:
+        # Imported here: the memory reader pulls in pyarrow, which start-up must not wait for.
+        from ctxlake.serve.api.context import MemoryLake
+
+        with self._lock:
+            held = self._held
+            if held is None or held.messages is None or held.knowledge is None:
+                held = self._held = MemoryLake(self.settings)
+            return held
+
+
 class ServerState:
     """What every tool shares for one server: settings, the lake (opened once, in the
     background), the docs reader and the freshness cache."""
@@ -197,6 +220,7 @@ class ServerState:
         self._lake_lock = threading.Lock()
         self._started = False
         self.started_at = time.monotonic()
+        self.memory = HeldMemory(settings)  # the conversation-memory reader every tool shares
 
     def start(self) -> None:
         """Begin opening the lake on a daemon thread (once); `lake()` waits for it."""

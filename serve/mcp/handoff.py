@@ -20,11 +20,9 @@ def register_handoff(server: MCPServer[ServerState], state: ServerState) -> None
     from ctxlake.serve.mcp.resources import _domain_errors
 
     def brief_of(tool: str | None, ref: str | None = None, budget: int = DEFAULT_BUDGET) -> Brief:
-        # Imported here: the memory tables' reader pulls in pyarrow, which start-up must not wait for.
-        from ctxlake.serve.api.context import MemoryLake
         from ctxlake.serve.api.handoff import build_brief
 
-        return build_brief(MemoryLake(state.settings), tool=tool, ref=ref, budget=budget)
+        return build_brief(state.memory(), tool=tool, ref=ref, budget=budget)
 
     @server.tool(annotations=READ_ONLY, structured_output=True)
     @tool_errors

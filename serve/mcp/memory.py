@@ -20,7 +20,7 @@ from ctxlake.serve.api.memory_models import (
     SessionDetail,
     SessionSummary,
 )
-from ctxlake.serve.mcp.base import READ_ONLY, response_size, tool_errors
+from ctxlake.serve.mcp.base import READ_ONLY, HeldMemory, response_size, tool_errors
 
 if TYPE_CHECKING:
     from mcp.server import MCPServer
@@ -93,18 +93,14 @@ def _fitted(budget: int, answer: Any, texts: Texts, items: list[Any], what: str,
     return notes
 
 
-def register_memory_tools(server: MCPServer, settings: Settings, *, allow_writes: bool = False) -> None:
-    """Add the conversation-memory tools to `server`; the save_* tools only when writes are allowed
-    (they write .ctx/knowledge/ files, never tables: `ctx run ingest` picks them up)."""
-    opened: list[MemoryLake] = []
+def register_memory_tools(server: MCPServer, settings: Settings, memory: Callable[[], MemoryLake] | None = None, *,
+                          allow_writes: bool = False) -> None:
+    """Add the conversation-memory tools to `server`, reading through `memory` (the server's shared
+    reader, ServerState.memory; a HeldMemory of their own when not given); the save_* tools only
+    when writes are allowed (they write .ctx/knowledge/ files, never tables: `ctx run ingest`
+    picks them up)."""
     budget = settings.mcp.max_response_chars
-
-    def lake() -> MemoryLake:
-        # Opened once; reopened while the memory lake or the knowledge table does not exist yet,
-        # so a server started before the first `ctx run ingest` sees its result.
-        if not opened or opened[0].messages is None or opened[0].knowledge is None:
-            opened[:] = [_queries().MemoryLake(settings)]
-        return opened[0]
+    lake = memory or HeldMemory(settings)
 
     @server.tool(annotations=READ_ONLY, structured_output=True)
     @tool_errors

@@ -74,7 +74,7 @@ def tool_groups() -> list[ToolGroup]:
         register_source_tools(server, state.settings, allow_agents=state.options.allow_agents)
 
     def register_memory(server: MCPServer[ServerState], state: ServerState) -> None:
-        register_memory_tools(server, state.settings, allow_writes=state.options.allow_writes)
+        register_memory_tools(server, state.settings, state.memory, allow_writes=state.options.allow_writes)
 
     return [register_code_tools, register_docs_tools, register_index_tool, register_sources,
             register_memory, register_resources, register_prompts, register_handoff, register_graph_tools,

@@ -177,3 +177,36 @@ def test_a_session_resumed_after_a_long_pause_keeps_its_goal_and_open_tasks(
     assert brief["goal"].startswith("Port the settings loader")
     assert brief["open_tasks"] == ["write the migration"]
     assert brief["next_step"].startswith("Continue with the first open task")
+
+
+def test_the_servers_memory_tools_share_one_reader(here: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """handoff_brief and tool_preferences opened a new memory reader per call (37.7 ms each for the
+    brief); every tool of a server now reads through the one search_context keeps."""
+    import asyncio
+
+    from mcp import Client
+
+    from ctxlake.schemas.config import load_settings
+    from ctxlake.serve.api import context
+    from ctxlake.serve.mcp.server import build_server
+
+    opened: list[Any] = []
+    real_init = context.MemoryLake.__init__
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> None:
+        opened.append(self)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(context.MemoryLake, "__init__", counting)
+    server = build_server(load_settings(here["repo"]))
+
+    async def go() -> list[Any]:
+        async with Client(server) as client:
+            return [await client.call_tool(name, args) for name, args in [
+                ("handoff_brief", {}), ("handoff_brief", {"from_tool": "claude"}),
+                ("search_context", {"query": "lru cache"}), ("tool_preferences", {}), ("handoff_brief", {})]]
+
+    results = asyncio.run(go())
+    assert [r.is_error for r in results] == [False] * 5, [r.content[0].text for r in results if r.is_error]
+    assert results[2].structured_content["hits"], "search_context found nothing to show it read the lake"
+    assert len(opened) == 1, f"{len(opened)} memory readers opened for five calls"
