@@ -115,6 +115,25 @@ def _check_target(root: Path, rel: str, paste: str = "", undo: str = "") -> Path
     return path
 
 
+def _link_out(root: Path, rel: str) -> str | None:
+    """Why a status check must not read the project file `rel`: it leads out of the project through a symlink (a
+    clone can commit `.claude/settings.json -> /etc/passwd`, or a link to someone's FIFO or device), which install
+    will not write through either; None when it may. A link that stays inside the project is read, as the tool
+    itself reads it (`AGENTS.md -> CLAUDE.md` holding a section pasted by hand shows as there)."""
+    path = root / rel
+    try:
+        if path.resolve().is_relative_to(root.resolve()):
+            return None
+    except (OSError, RuntimeError):
+        return f"{path} is a symlink loop; ctx does not read it"
+    link = root
+    for part in Path(rel).parts:  # name the link itself: `.claude` when the whole folder is one
+        link = link / part
+        if link.is_symlink():
+            break
+    return f"{link} is a symlink out of the project; ctx does not read it"
+
+
 def parse_hook_clients(value: str | None, root: Path) -> list[str]:
     """`--client` as a list; `all` or nothing given: every tool whose folder the project has, plus Claude Code."""
     if value is None:
@@ -320,6 +339,9 @@ def uninstall_json(spec: HookClient, root: Path) -> HookChange:
 
 def status_json(spec: HookClient, root: Path) -> HookChange:
     path = root / spec.file
+    link = _link_out(root, spec.file)
+    if link:
+        return HookChange(spec.name, str(path), "skipped", link)
     data, problem = read_json_object(path)
     if data is None:
         return HookChange(spec.name, str(path), "missing", problem)
@@ -377,6 +399,9 @@ def uninstall_plugin(spec: HookClient, root: Path) -> HookChange:
 
 def status_plugin(spec: HookClient, root: Path) -> HookChange:
     path = root / spec.file
+    link = _link_out(root, spec.file)
+    if link:
+        return HookChange(spec.name, str(path), "skipped", link)
     ok = _text_or_empty(path).startswith(PLUGIN_MARK)
     return HookChange(spec.name, str(path), "installed" if ok else "missing",
                       f"plugin on {spec.end_event}" if ok else "not installed", events=[spec.end_event] if ok else [])
@@ -423,7 +448,8 @@ def uninstall_section(client: str, file: str, root: Path) -> HookChange:
 
 
 def has_section(root: Path, file: str) -> bool:
-    return SECTION_START in _text_or_empty(root / file)
+    """Whether the instruction file holds our section; False, unread, when it leads out of the project."""
+    return _link_out(root, file) is None and SECTION_START in _text_or_empty(root / file)
 
 
 def _read_to_merge(path: Path, errors: str = "strict") -> str:
@@ -490,8 +516,12 @@ def uninstall(client: str, root: Path, shared_instructions: bool = False) -> lis
 
 
 def status(client: str, root: Path) -> HookChange:
+    """Where a client's hooks stand: installed, partial or missing; skipped (unread) when its file leads out of
+    the project through a symlink."""
     spec = HOOK_CLIENTS[client]
     change = status_plugin(spec, root) if spec.style == "plugin" else status_json(spec, root)
     if spec.instructions:
-        change.detail += f"; {spec.instructions} section: " + ("yes" if has_section(root, spec.instructions) else "no")
+        link = _link_out(root, spec.instructions)
+        section = f"not read ({link})" if link else "yes" if has_section(root, spec.instructions) else "no"
+        change.detail += f"; {spec.instructions} section: {section}"
     return change

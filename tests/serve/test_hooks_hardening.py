@@ -225,3 +225,50 @@ def test_a_new_or_empty_hook_file_gets_two_spaces_and_a_final_newline(repo: Path
     for file in (".claude/settings.json", ".codex/hooks.json"):
         text = (repo / file).read_text()
         assert text == json.dumps(json.loads(text), indent=2) + "\n"
+
+
+def _status(cli: Cli, repo: Path, clients: str) -> dict[str, dict[str, Any]]:
+    result = cli("hooks", "status", "--client", clients, "--json", cwd=repo)
+    assert result.exit_code == 0 and "Traceback" not in result.stderr, result.stderr
+    return {c["client"]: c for c in json.loads(result.stdout)["changes"]}
+
+
+def test_status_does_not_read_hook_files_that_link_out_of_the_project(
+        repo: Path, tmp_path: Path, make_repo: Callable[..., Path], cli: Cli) -> None:
+    # Files outside that hold ctx's hooks: read through the links, status would call them installed.
+    other = make_repo({"README.md": "# other\n"}, name="other")
+    assert cli("hooks", "install", "--client", "claude,cursor,opencode", cwd=other).exit_code == 0
+    (repo / ".claude").mkdir()
+    (repo / ".claude" / "settings.json").symlink_to(other / ".claude" / "settings.json")
+    (repo / ".cursor").symlink_to(other / ".cursor")
+    (repo / "AGENTS.md").symlink_to(other / "AGENTS.md")
+    (repo / ".opencode" / "plugins").mkdir(parents=True)
+    (repo / ".opencode" / "plugins" / "ctx-hooks.js").symlink_to(other / ".opencode" / "plugins" / "ctx-hooks.js")
+    status = _status(cli, repo, "claude,cursor,opencode")
+    link = "is a symlink out of the project; ctx does not read it"
+    assert status["claude"]["action"] == "skipped"
+    assert status["claude"]["detail"] == f"{repo / '.claude' / 'settings.json'} {link}"
+    assert status["cursor"]["action"] == "skipped" and status["cursor"]["detail"].startswith(f"{repo / '.cursor'} {link}")
+    assert status["opencode"]["action"] == "skipped"
+    assert status["opencode"]["detail"] == f"{repo / '.opencode' / 'plugins' / 'ctx-hooks.js'} {link}; " \
+        f"AGENTS.md section: not read ({repo / 'AGENTS.md'} {link})"
+    assert status["claude"]["events"] == status["opencode"]["events"] == []
+    # A link inside the project is read, as the tool reads it: a section pasted by hand into CLAUDE.md counts.
+    (repo / "AGENTS.md").unlink()
+    (repo / "CLAUDE.md").write_text(hook_files._section())
+    (repo / "AGENTS.md").symlink_to("CLAUDE.md")
+    assert _status(cli, repo, "opencode")["opencode"]["detail"].endswith("AGENTS.md section: yes")
+
+
+@pytest.mark.timeout(60)
+def test_status_on_a_fifo_in_or_out_of_the_project_answers_without_a_hang(repo: Path, tmp_path: Path, cli: Cli) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (repo / ".claude").mkdir()
+    (repo / ".claude" / "settings.json").symlink_to(fifo)
+    os.mkfifo(repo / "AGENTS.md")
+    status = _status(cli, repo, "claude,cursor")
+    assert status["claude"] == {**status["claude"], "action": "skipped",
+                                "detail": f"{repo / '.claude' / 'settings.json'} is a symlink out of the project; "
+                                          "ctx does not read it"}
+    assert status["cursor"]["action"] == "missing" and status["cursor"]["detail"].endswith("AGENTS.md section: no")
