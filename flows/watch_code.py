@@ -37,8 +37,7 @@ RULE_FILES = (".gitignore", ".git/info/exclude")
 # Folders whose churn never matters (the lake writes into .ctx/lake itself).
 NOISE = (".git/", ".ctx/")
 
-# One watcher per process; `request_stop` ends it from another thread (tests, embedding hosts).
-_stop = STOP
+# One watcher per process (tasks/watch_stop.py STOP); `request_stop` ends it from another thread.
 __all__ = ["request_stop", "watch_code"]
 
 
@@ -49,7 +48,7 @@ def watch_code(settings: Settings, source: str = PROJECT_SOURCE, root: Path | No
     # initial index runs are queued instead of lost (its generator arms only when iterated).
     from watchfiles._rust_notify import RustNotify
 
-    _stop.clear()
+    STOP.clear()
     started = time.perf_counter()
     root = (root or settings.root).resolve()
     progress = reporter()
@@ -64,7 +63,7 @@ def watch_code(settings: Settings, source: str = PROJECT_SOURCE, root: Path | No
         dirty = False
         progress.note(f"watching {root} (Ctrl-C to stop)")
         while True:
-            raw = notify.watch(settings.watch.debounce_ms, 50, int(IDLE_OPTIMIZE_S * 1000), _stop)
+            raw = notify.watch(settings.watch.debounce_ms, 50, int(IDLE_OPTIMIZE_S * 1000), STOP)
             if raw in ("signal", "stop"):
                 break
             if raw == "timeout":

@@ -264,7 +264,7 @@ def register_codex_project(root: Path, command: list[str], env: dict[str, str] |
     try:
         old, new, _ = codex_plan(path, command, "codex", env)
     except ForeignServer as exc:
-        return Change("codex", str(path), "skipped", f"{exc.message}:\n{exc.paste}", paste=exc.paste)
+        return exc.skipped("codex", path)
     if old == new:
         return Change("codex", str(path), "unchanged", "already registered")
     problem = safe_io.unsafe_target(root, CODEX_PROJECT_FILE) or safe_io.make_parent(path)
@@ -312,6 +312,10 @@ class ForeignServer(InputError):
     def __init__(self, message: str, paste: str) -> None:
         super().__init__(message, hint=f"add this by hand:\n{paste}")
         self.paste = paste
+
+    def skipped(self, client: str, path: Path) -> Change:
+        """The Change that reports it: skipped, with the entry to add by hand."""
+        return Change(client, str(path), "skipped", f"{self.message}:\n{self.paste}", paste=self.paste)
 
 
 def codex_plan(path: Path, command: list[str], client: str = "codex-user",
@@ -364,7 +368,7 @@ def user_plan(client: str, root: Path, command: list[str], env: dict[str, str] |
         try:
             old, new, diff = codex_plan(path, command, client, env)
         except ForeignServer as exc:
-            return path, "", "", "", Change(client, str(path), "skipped", f"{exc.message}:\n{exc.paste}", paste=exc.paste)
+            return path, "", "", "", exc.skipped(client, path)
         return path, old, new, diff, (Change(client, str(path), "unchanged", "already registered") if old == new else None)
     key = USER_CLIENTS[client][1]
     data, done = json_plan(client, path, key, server_entry(client, root, command, env))
