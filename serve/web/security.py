@@ -20,6 +20,10 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 SESSION_COOKIE = "ctx_ui_session"
 CSRF_HEADER = "x-csrf-token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# The UI's own links stay far below these; browsers send URLs of up to about 2 MB. A longer request gets a
+# 414 or 431 that says so (server.py lets uvicorn read a request head of up to MAX_HEAD_BYTES to get here).
+MAX_URL_BYTES = 64 << 10
+MAX_HEADER_BYTES = 64 << 10
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "font-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 HEADERS = [
@@ -34,7 +38,8 @@ HEADERS = [
 
 class Guard:
     """Host must name this server (127.0.0.1 / localhost with its port): a rebound DNS name gets 421.
-    A cross-site Origin gets 403. POST/PUT/PATCH/DELETE need the X-CSRF-Token of the session cookie."""
+    A cross-site Origin gets 403. POST/PUT/PATCH/DELETE need the X-CSRF-Token of the session cookie.
+    A path and query string over MAX_URL_BYTES gets 414, headers over MAX_HEADER_BYTES 431."""
 
     def __init__(self, app: ASGIApp, port_of: Callable[[], int], secret: bytes | None = None) -> None:
         self.app = app
@@ -51,6 +56,15 @@ class Guard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        query = scope.get("query_string", b"")
+        if len(scope.get("raw_path") or scope["path"].encode()) + (len(query) + 1 if query else 0) > MAX_URL_BYTES:
+            await _plain(send, 414, f"URI too long: this server takes a path and query string of up to "
+                                    f"{MAX_URL_BYTES:,} bytes.")
+            return
+        if sum(len(k) + len(v) for k, v in scope.get("headers", [])) > MAX_HEADER_BYTES:
+            await _plain(send, 431, f"Request header fields too large: this server takes up to {MAX_HEADER_BYTES:,} "
+                                    "bytes of headers.")
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         host = headers.get("host", "")

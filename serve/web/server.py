@@ -15,6 +15,10 @@ from ctxlake.serve.web.app import Schedules, UiContext, create_app
 
 HOST = "127.0.0.1"  # never another interface: the UI reads private code and conversations
 START_TIMEOUT_S = 20.0
+# uvicorn (h11) buffers at most this much of a request line and headers still arriving; past it, it answers 400
+# and closes with the rest unread, which the client sees as a connection reset. h11's 16 KiB default did that to
+# a 200 KB search URL: at 1 MiB such a request reaches the guard, whose 414 or 431 says what is too long.
+MAX_HEAD_BYTES = 1 << 20
 
 
 def bind_socket(port: int) -> socket.socket:
@@ -45,8 +49,9 @@ class UiServer:
         self.port: int = self.sock.getsockname()[1]
         self.ctx = ctx
         app = create_app(ctx, lambda: self.port)
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=2)
+        # h11 even where httptools is installed ("auto" would pick it): the head limit above is h11's.
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", http="h11",
+                                timeout_graceful_shutdown=2, h11_max_incomplete_event_size=MAX_HEAD_BYTES)
         self.server = uvicorn.Server(config)
         self.thread: threading.Thread | None = None
 
