@@ -11,13 +11,20 @@ The one limit is DNS: a name can resolve to a public address when checked and to
 connected (DNS rebinding). Without a proxy, `pinned_transport` closes that gap by connecting to the
 very addresses it checked. With a proxy configured (HTTP(S)_PROXY / ALL_PROXY) the proxy resolves
 names itself, so the check is made against our resolver's answer and cannot be pinned.
+
+Names are looked up with a deadline (`resolve`): the system resolver takes none of its own, and with
+an unreachable DNS server each lookup waited out the resolver's retries (10-30 s by resolv.conf's
+defaults) before the page's own deadline could start counting.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import socket
+import threading
 from collections.abc import Iterable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -29,8 +36,30 @@ _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
+DNS_TIMEOUT_S = 10.0  # a lookup's deadline when the source's own (web_timeout_s) is not given
+
+
 class Refused(Exception):
     """A request the policy does not allow; its text is the reason shown beside the page."""
+
+
+def resolve(host: str, port: int, timeout_s: float) -> list[tuple[object, ...]]:
+    """`socket.getaddrinfo(host, port)` for TCP, or OSError once `timeout_s` has passed without an
+    answer. The lookup runs on a daemon thread of its own, which a lookup given up on leaves to end
+    when the resolver does."""
+    answer: Future[list[tuple[object, ...]]] = Future()
+
+    def lookup() -> None:
+        try:
+            answer.set_result(list(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)))
+        except BaseException as exc:  # handed to the waiting caller as it is
+            answer.set_exception(exc)
+
+    threading.Thread(target=lookup, name="ctx-dns-lookup", daemon=True).start()
+    try:
+        return answer.result(timeout=timeout_s)
+    except FutureTimeout:
+        raise OSError(f"no DNS answer within {timeout_s:g} s") from None
 
 
 def origin(url: str) -> tuple[str, str, int | None]:
@@ -60,8 +89,15 @@ def _is_public(ip: Address) -> bool:
 class Guard:
     """The reach policy of one source: `refusal(url)` says why a URL may not be requested."""
 
-    def __init__(self, source_url: str) -> None:
+    def __init__(self, source_url: str, dns_timeout_s: float = DNS_TIMEOUT_S) -> None:
         self.origin = origin(source_url)
+        self.dns_timeout_s = dns_timeout_s
+
+    def addresses(self, host: str, port: int) -> list[str]:
+        """host's addresses (no scope ids), looked up within dns_timeout_s; OSError otherwise."""
+        infos = resolve(host, port, self.dns_timeout_s)
+        # A scope id (fe80::1%eth0) is not part of the address.
+        return list(dict.fromkeys(str(info[4][0]).split("%")[0] for info in infos))  # type: ignore[index]
 
     def own(self, host: str, port: int) -> bool:
         """Whether host:port is the source's own, which the user consented to whatever it resolves to."""
@@ -71,11 +107,9 @@ class Guard:
         """host's addresses, when every one of them is public; else Refused naming host:port."""
         shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
-            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            addresses = self.addresses(host, port)
         except (OSError, UnicodeError) as exc:
             raise Refused(f"refused: cannot resolve {host}: {exc}") from None
-        # A scope id (fe80::1%eth0) is not part of the address.
-        addresses = list(dict.fromkeys(str(info[4][0]).split("%")[0] for info in infos))
         # All, not any: a name answering one public and one private address could be connected
         # to the private one.
         if not addresses or not all(_is_public(ipaddress.ip_address(a)) for a in addresses):
@@ -119,9 +153,15 @@ def pinned_transport(guard: Guard) -> httpx.HTTPTransport | None:
         def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
                         socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None) -> httpcore.NetworkStream:
             if guard.own(host, port):
-                return super().connect_tcp(host, port, timeout, local_address, socket_options)
+                # Whatever the source's own name resolves to (the user chose it), looked up with a deadline.
+                try:
+                    addresses = guard.addresses(host, port)
+                except (OSError, UnicodeError) as exc:
+                    raise httpcore.ConnectError(f"cannot resolve {host}: {exc}") from None
+            else:
+                addresses = guard.public_addresses(host, port)
             error: Exception | None = None
-            for address in guard.public_addresses(host, port):
+            for address in addresses:
                 try:
                     return super().connect_tcp(address, port, timeout, local_address, socket_options)
                 except httpcore.ConnectError as exc:  # the next address, as create_connection would

@@ -222,7 +222,7 @@ class _Crawl:
         self.meta_path = folder / META_FILE
         self.meta: dict[str, Any] = _read_json(self.meta_path)
         self.old: dict[str, dict[str, Any]] = dict(self.meta.get("pages", {}))
-        self.guard = Guard(spec.origin)
+        self.guard = Guard(spec.origin, dns_timeout_s=limits.web_timeout_s)
         # The hook checks every request, each redirect hop included, before it is sent (netguard.py).
         self.client = httpx.Client(
             headers={"User-Agent": limits.web_user_agent}, timeout=limits.web_timeout_s,

@@ -181,3 +181,49 @@ def test_a_robots_txt_that_drips_blocks_its_host_at_the_deadline(tmp_path: Path)
             sync(f"{base}/llms.txt", tmp_path / "home", web_timeout_s=1.0)
         took = time.monotonic() - started
     assert took < 4, f"robots.txt took {took:.1f} s for a 1 s deadline"
+
+
+@contextmanager
+def silent_dns(name: str, monkeypatch: pytest.MonkeyPatch, wait_s: float = 30.0) -> Iterator[None]:
+    """`name` gets no DNS answer for wait_s (a resolver that is down); other names resolve as usual."""
+    import socket
+
+    real = socket.getaddrinfo
+    release = threading.Event()
+
+    def lookup(host: object, *args: object, **kwargs: object) -> object:
+        if host == name:
+            release.wait(wait_s)
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        return real(host, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "getaddrinfo", lookup)
+    try:
+        yield
+    finally:
+        release.set()
+
+
+def test_a_source_whose_name_gets_no_dns_answer_fails_at_the_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The system resolver has no deadline: with the DNS server down, a sync waited out its retries
+    (10-30 s by resolv.conf's defaults) per name before the page's own 1 s deadline began."""
+    with silent_dns("docs.unanswered.example", monkeypatch):
+        started = time.monotonic()
+        with pytest.raises(SourceError, match=r"cannot resolve docs.unanswered.example: no DNS answer within 1 s"):
+            sync("http://docs.unanswered.example/llms.txt", tmp_path / "home", web_timeout_s=1.0)
+        took = time.monotonic() - started
+    assert took < 5, f"the sync took {took:.1f} s for a 1 s deadline"
+
+
+def test_a_link_whose_name_gets_no_dns_answer_is_given_up_and_the_crawl_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    routes = {"/llms.txt": "# Docs\n\n## Pages\n\n- [Far](http://far.unanswered.example/a.md)\n- [Fine](/fine.md)\n",
+              "/fine.md": "# Fine\n"}
+    with silent_dns("far.unanswered.example", monkeypatch), hostile(routes) as base:
+        started = time.monotonic()
+        got = sync(f"{base}/llms.txt", tmp_path / "home", web_timeout_s=1.0)
+        took = time.monotonic() - started
+    assert took < 5, f"the crawl took {took:.1f} s for a 1 s deadline"
+    assert "cannot resolve far.unanswered.example: no DNS answer within 1 s" in (got.message or ""), got.message
+    assert (got.root / "fine.md").is_file()
