@@ -16,6 +16,7 @@ import difflib
 import errno
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -237,6 +238,49 @@ def is_ctx_entry(entry: Any) -> bool:
     return "serve" in words and (Path(words[0]).name == "ctx" or any("ctxlake" in w for w in words))
 
 
+@dataclass(frozen=True)
+class JsonLayout:
+    """How a JSON file is laid out, so that a rewrite changes only the lines whose entries changed."""
+
+    indent: str | None = "  "  # one level; None: the whole document on one line
+    separators: tuple[str, str] = (",", ": ")
+    ensure_ascii: bool = False  # the file spells non-ASCII characters as \u escapes
+    newline: str = "\n"
+    final_newline: bool = True
+
+    def dumps(self, data: Any) -> str:
+        text = json.dumps(data, indent=self.indent, separators=self.separators, ensure_ascii=self.ensure_ascii)
+        if self.newline != "\n":
+            text = text.replace("\n", self.newline)  # json.dumps escapes newlines inside strings: only layout changes
+        return text + (self.newline if self.final_newline else "")
+
+
+def json_layout(path: Path) -> JsonLayout:
+    """The layout of the JSON file at `path`, to write it back in: a user's settings file is often committed, and
+    one rewritten in another style shows as a diff of every line. The indent is the leading whitespace of the first
+    indented line (tabs or N spaces); a file on one line stays on one line, with `,`/`:` when it had no spaces
+    after them (it was written compactly, and the diff stays one line); line endings (LF or CRLF), a final newline
+    and \\u escapes are kept as the file had them; a multi-line file without indentation gets 2 spaces. A new,
+    empty or unreadable file and a one-line `{}` (nothing of the user's to keep the look of) get 2 spaces and a
+    final newline."""
+    try:
+        text = read_config(path)
+        data = json.loads(text)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return JsonLayout()
+    if not isinstance(data, dict) or not data:
+        return JsonLayout()
+    body = text.strip()
+    newline = "\r\n" if "\r\n" in text else "\n"
+    final = text.endswith("\n")
+    escapes = text.isascii() and not json.dumps(data, ensure_ascii=False).isascii()
+    if "\n" not in body:
+        compact = json.dumps(data, separators=(",", ":"), ensure_ascii=escapes) == body
+        return JsonLayout(None, (",", ":") if compact else (", ", ": "), escapes, newline, final)
+    first = re.search(r"^([ \t]+)\S", text, re.MULTILINE)
+    return JsonLayout(first.group(1) if first else "  ", (",", ": "), escapes, newline, final)
+
+
 def register_project_client(client: str, root: Path, command: list[str], env: dict[str, str] | None = None) -> Change:
     """Merge the ctx entry into one project client's file; other servers and keys stay as they are."""
     if client == "codex":
@@ -252,7 +296,7 @@ def register_project_client(client: str, root: Path, command: list[str], env: di
         snippet = json.dumps({key: {SERVER_NAME: data[key][SERVER_NAME]}}, indent=2)
         return Change(client, str(path), "skipped", f"{problem}; add this by hand:\n{snippet}", paste=snippet)
     action: Action = "updated" if path.exists() else "created"
-    write_atomic(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    write_atomic(path, json_layout(path).dumps(data))
     others = sorted(k for k in data[key] if k != SERVER_NAME)
     detail = f"server {SERVER_NAME!r}" + (f"; kept {', '.join(others)}" if others else "")
     return Change(client, str(path), action, detail)
@@ -377,7 +421,7 @@ def user_plan(client: str, root: Path, command: list[str], env: dict[str, str] |
         return path, "", "", "", done
     # json_plan read it once already (a FIFO, folder or non-UTF-8 file there is a skipped change, with the paste).
     old = read_config(path) if path.exists() else ""
-    new = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+    new = json_layout(path).dumps(data)
     diff = "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
                                         fromfile=str(path), tofile=str(path)))
     return path, old, new, diff, None

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ctxlake.errors import ConfigError, InputError
-from ctxlake.serve.agents.clients import read_config, read_json_object
+from ctxlake.serve.agents.clients import json_layout, read_config, read_json_object
 from ctxlake.tasks.lake import remove_empty_folders, write_atomic
 from ctxlake.tasks.safe_io import make_parent, unsafe_target
 
@@ -231,49 +231,6 @@ def _paste(spec: HookClient, entries: dict[str, dict[str, Any]]) -> str:
     if spec.style in ("cursor", "copilot"):
         shape = {"version": 1, **shape}
     return json.dumps(shape, indent=2)
-
-
-@dataclass(frozen=True)
-class JsonLayout:
-    """How a JSON file is laid out, so that a rewrite changes only the lines whose entries changed."""
-
-    indent: str | None = "  "  # one level; None: the whole document on one line
-    separators: tuple[str, str] = (",", ": ")
-    ensure_ascii: bool = False  # the file spells non-ASCII characters as \u escapes
-    newline: str = "\n"
-    final_newline: bool = True
-
-    def dumps(self, data: Any) -> str:
-        text = json.dumps(data, indent=self.indent, separators=self.separators, ensure_ascii=self.ensure_ascii)
-        if self.newline != "\n":
-            text = text.replace("\n", self.newline)  # json.dumps escapes newlines inside strings: only layout changes
-        return text + (self.newline if self.final_newline else "")
-
-
-def json_layout(path: Path) -> JsonLayout:
-    """The layout of the JSON file at `path`, to write it back in: a user's settings file is often committed, and
-    one rewritten in another style shows as a diff of every line. The indent is the leading whitespace of the first
-    indented line (tabs or N spaces); a file on one line stays on one line, with `,`/`:` when it had no spaces
-    after them (it was written compactly, and the diff stays one line); line endings (LF or CRLF), a final newline
-    and \\u escapes are kept as the file had them; a multi-line file without indentation gets 2 spaces. A new,
-    empty or unreadable file and a one-line `{}` (nothing of the user's to keep the look of) get 2 spaces and a
-    final newline."""
-    try:
-        text = read_config(path)
-        data = json.loads(text)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return JsonLayout()
-    if not isinstance(data, dict) or not data:
-        return JsonLayout()
-    body = text.strip()
-    newline = "\r\n" if "\r\n" in text else "\n"
-    final = text.endswith("\n")
-    escapes = text.isascii() and not json.dumps(data, ensure_ascii=False).isascii()
-    if "\n" not in body:
-        compact = json.dumps(data, separators=(",", ":"), ensure_ascii=escapes) == body
-        return JsonLayout(None, (",", ":") if compact else (", ", ": "), escapes, newline, final)
-    first = re.search(r"^([ \t]+)\S", text, re.MULTILINE)
-    return JsonLayout(first.group(1) if first else "  ", (",", ": "), escapes, newline, final)
 
 
 def install_json(spec: HookClient, root: Path, env: dict[str, str] | None = None) -> HookChange:

@@ -80,6 +80,29 @@ def test_merges_into_existing_files_without_clobbering(repo: Path, cli: Callable
     assert (repo / ".gitignore").read_text() == "node_modules/\n.ctx/\n"  # already covered by .ctx/
 
 
+def test_merged_files_keep_their_own_layout(
+        repo: Path, cli: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ctx init` wrote every merged file back with 2-space indents: a committed `.vscode/mcp.json`
+    indented with tabs (VS Code's default) came back as a diff of every line, and so did a user's
+    own 4-space config."""
+    home = tmp_path / "user-home"
+    monkeypatch.setenv("HOME", str(home))
+    other = {"command": "npx", "args": ["-y", "some-server"]}
+    tabbed = json.dumps({"servers": {"other": other}, "inputs": []}, indent="\t") + "\n"
+    spaced = json.dumps({"mcpServers": {"other": other}, "theme": "dark"}, indent=4)  # no final newline
+    write_files(repo, {".vscode/mcp.json": tabbed})
+    write_files(home, {".copilot/mcp-config.json": spaced})
+    result = cli("init", "--client", "vscode,copilot", "--yes", "--json", cwd=repo)
+    assert result.exit_code == 0, result.stderr
+    vscode = (repo / ".vscode" / "mcp.json").read_text()
+    assert vscode == json.dumps(json.loads(vscode), indent="\t") + "\n"
+    assert tabbed.splitlines()[:3] == vscode.splitlines()[:3]  # the user's lines are as they were
+    assert "ctx" in json.loads(vscode)["servers"]
+    copilot = (home / ".copilot" / "mcp-config.json").read_text()
+    assert copilot == json.dumps(json.loads(copilot), indent=4)
+    assert list(json.loads(copilot)) == ["mcpServers", "theme"]
+
+
 def test_a_file_with_comments_is_left_alone(repo: Path, cli: Callable[..., Any]) -> None:
     jsonc = '{\n  // my servers\n  "servers": {}\n}\n'
     write_files(repo, {".vscode/mcp.json": jsonc})
