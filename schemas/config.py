@@ -20,6 +20,7 @@ from pydantic import (
 )
 
 from ctxlake.errors import ConfigError, InputError, NotIndexedError
+from ctxlake.schemas.git import git_args
 
 CTX_DIR = ".ctx"
 # Where each HTTP embedding provider's key comes from.
@@ -423,7 +424,7 @@ def find_root(start: Path) -> Path | None:
 def git_toplevel(start: Path) -> Path | None:
     try:
         out = subprocess.run(
-            ["git", "-C", str(start), "rev-parse", "--show-toplevel"],
+            git_args(start, "rev-parse", "--show-toplevel"),
             capture_output=True, text=True, timeout=5, check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
@@ -504,7 +505,8 @@ def check_ctx_links(root: Path) -> None:
         return
     rels = [p.relative_to(root).as_posix() for p in outside]
     try:
-        listed = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--", *rels],
+        # core.fsmonitor runs on ls-files: git_args sets it off (an archive's .git/config may name one).
+        listed = subprocess.run(git_args(root, "ls-files", "-z", "--", *rels),
                                 capture_output=True, timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return

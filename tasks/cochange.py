@@ -22,6 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ctxlake.schemas.git import git_args
 from ctxlake.schemas.tables import COCHANGE, COCHANGE_TABLE
 from ctxlake.tasks.lake import open_table, write_atomic
 
@@ -41,7 +42,7 @@ class Commit:
 
 def _git(root: Path, *args: str) -> str | None:
     try:
-        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=120,
+        done = subprocess.run(git_args(root, *args), capture_output=True, text=True, timeout=120,
                               check=False, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired):
         return None

@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from ctxlake.schemas.config import MemorySettings
+from ctxlake.schemas.git import git_args
 from ctxlake.schemas.tables import SESSIONS, with_vector_width
 from ctxlake.tasks.compact_llm import summarize
 from ctxlake.tasks.memory_store import content_hash
@@ -91,8 +92,8 @@ def git_commits(project: str, windows: Sequence[tuple[datetime, datetime]]) -> l
     until = max(w[1] for w in windows) + COMMIT_SLACK
     try:
         proc = subprocess.run(
-            ["git", "-C", project, "log", "--all", f"--since={since.isoformat()}", f"--until={until.isoformat()}",
-             "--format=%h%x09%ct%x09%s"],
+            git_args(Path(project), "log", "--all", f"--since={since.isoformat()}", f"--until={until.isoformat()}",
+                     "--format=%h%x09%ct%x09%s"),
             capture_output=True, text=True, timeout=GIT_TIMEOUT_S, check=False,
         )
     except (OSError, subprocess.TimeoutExpired):

@@ -17,6 +17,7 @@ import xxhash
 
 from ctxlake.errors import ConfigError, InputError, SourceError
 from ctxlake.schemas.config import IndexSettings, Settings, SourcesSettings, system_tree
+from ctxlake.schemas.git import NO_COMMANDS
 from ctxlake.schemas.sources import SourceSpec, is_trusted, origin_path
 from ctxlake.tasks import freshness
 from ctxlake.tasks.stage import stage
@@ -182,7 +183,7 @@ def run_git(args: Sequence[str], cwd: Path, timeout: float) -> str:
     No terminal prompt is suppressed: in a terminal, git asks for credentials the way the user
     configured it (credential helpers, ssh agent); without one it fails and we say so.
     """
-    cmd = ["git", "-c", "advice.detachedHead=false", *args]
+    cmd = ["git", *NO_COMMANDS, "-c", "advice.detachedHead=false", *args]
     # The transports a source may use, whatever the git config allows (`ext::` runs a command; the
     # origin check refuses it, and this holds for remotes git finds elsewhere, e.g. submodules).
     # A GIT_ALLOW_PROTOCOL the user set stays theirs.

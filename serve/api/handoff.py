@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxlake.errors import InputError
+from ctxlake.schemas.git import NO_DIFF_DRIVERS, git_args
 from ctxlake.serve.api.context import (
     MESSAGE_COLUMNS,
     MemoryLake,
@@ -75,9 +76,9 @@ def git_diff_stat(project: str, start: datetime, end: datetime) -> str:
     if not project or not Path(project).is_dir():
         return ""
 
-    def git(*args: str) -> str | None:
+    def git(*args: str, work_tree: bool = False) -> str | None:
         try:
-            proc = subprocess.run(["git", "-C", project, *args], capture_output=True, text=True,
+            proc = subprocess.run(git_args(Path(project), *args, work_tree=work_tree), capture_output=True, text=True,
                                   timeout=GIT_TIMEOUT_S, check=False)
         except (OSError, subprocess.TimeoutExpired):
             return None
@@ -91,7 +92,8 @@ def git_diff_stat(project: str, start: datetime, end: datetime) -> str:
     # The session is over if later work happened; then compare to the last commit inside the window.
     after = (git("rev-list", "-1", f"--since={(end + timedelta(minutes=10)).isoformat()}", "HEAD") or "").strip()
     target = [(git("rev-list", "-1", f"--before={(end + timedelta(minutes=10)).isoformat()}", "HEAD") or "").strip()] if after else []
-    out = git("diff", "--stat=120", base, *[t for t in target if t]) or ""
+    # Against the work tree when the session is still open: the repository's filters stay off (git_args).
+    out = git("diff", *NO_DIFF_DRIVERS, "--stat=120", base, *[t for t in target if t], work_tree=not target) or ""
     lines = [ln.rstrip() for ln in out.splitlines() if ln.strip()]
     if len(lines) > 12:
         lines = [*lines[:10], f" … {len(lines) - 11} more files", lines[-1]]
