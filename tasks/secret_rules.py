@@ -216,7 +216,7 @@ RULE_DETECTORS = [
 # `db_?pass`, `password`, `secret`...) plus token, credential and passphrase forms.
 _STRONG = re.compile(
     "|".join([*(f"(?:{w})" for w in DS_SECRET_WORDS),
-              r"pass", r"passphrase", r"[a-z]*passw(?:or)?d", r"[a-z]*secrets?", r"[a-z]*tokens?",
+              r"pass", r"pw", r"passphrase", r"[a-z]*passw(?:or)?d", r"[a-z]*secrets?", r"[a-z]*tokens?",
               r"credentials?", r"access_?key", r"secret_?key", r"api_?token", r"signing_?key",
               r"encryption_?key", r"master_?key", r"bearer"]))
 # Words that take a high-entropy value to count: `key`, `salt`, `auth`, `signature`...
@@ -236,7 +236,7 @@ _NOT_SECRET_WORDS = (
     "exact iexact isnull")
 NOT_SECRET = frozenset(_NOT_SECRET_WORDS.split())
 # The words a secret name holds (found with the detectors' triggers, in one scan).
-KEYWORDS = ("pass", "pwd", "secret", "token", "key", "auth", "credential", "salt", "signature", "contrase")
+KEYWORDS = ("pass", "pw", "secret", "token", "key", "auth", "credential", "salt", "signature", "contrase")  # pw: pwd too
 _NAME_TAIL = re.compile(r"[A-Za-z0-9_.\-]*")
 _NAME_HEAD = re.compile(r"[A-Za-z0-9_.\-]+\Z")
 _ASSIGN = re.compile(
@@ -247,6 +247,7 @@ _XML_VALUE = re.compile(r">(?P<bare>[^<\r\n]{4,})</")
 # "the password is X", "the password was: X", "the password for the admin account: X".
 _PROSE_VALUE = re.compile(r"""[ \t]+(?:is|was|(?:for|of|on)[ \t]+[\w@.'-]+(?:[ \t]+[\w@.'-]+){0,3}[ \t]*(?=:|[ \t]+is\b)(?:[ \t]+is)?)"""
                           r"""[ \t]*:?[ \t]+["'`]?(?P<bare>[^\s"'`,;]+?)["'`]?(?=[\s,;.]*(?:\s|$))""")
+_PW_WORD = re.compile(r"(?<![a-z])pwd?(?![a-z])")  # `pw`, `db_pwd`, `PW`: a password's name, not `upwork`
 _IDENTIFIER = re.compile(r"[A-Za-z_$][\w$]*(?:\.[A-Za-z_$][\w$]*)*")
 _CAMEL = re.compile(r"([a-z0-9])([A-Z])")
 _SPLIT = re.compile(r"[._\-$@]+")
@@ -370,7 +371,7 @@ def named_values(text: str, hits: Iterable[tuple[int, int]], code: bool) -> Iter
         if plausible_value(value, key, strength, quoted, code, text[v_end:v_end + 1]):
             last_end = v_end
             lowered_name = name.lower()
-            yield Span(v_start, v_end, "password" if "pass" in lowered_name or "pwd" in lowered_name
+            yield Span(v_start, v_end, "password" if "pass" in lowered_name or _PW_WORD.search(lowered_name)
                        else "secret", NAMED)
 
 

@@ -48,6 +48,8 @@ FORMS = [
     (f"mysql -u root -p{PW} shop", None, PW, "-p[REDACTED:"),
     (f"my password is {PW} on staging", None, PW, "my password is [REDACTED:"),
     (f"The password for the admin account: {PW} (rotate it)", None, PW, "admin account: [REDACTED:"),
+    (f"the db pw is {PW} until Friday", None, PW, "db pw is [REDACTED:password]"),
+    (f"staging PW: {PW}", None, PW, "PW: [REDACTED:password]"),
     (f"sshpass -p '{PW}' ssh deploy@web1", None, PW, "sshpass -p '[REDACTED:"),
     (f"cat deploy_key\n{PEM}\nthen ssh-add", None, "q0Zb3tYdN8pQ2fLkR5sT1uV7", "-----BEGIN RSA PRIVATE KEY-----\n[REDACTED:private_key]"),
 ]
@@ -85,6 +87,8 @@ def test_each_form_is_masked_and_its_name_kept(text: str, path: str | None, secr
     ("docker run -p 8080:80 web", None),
     ("Reset the password for the user: see the docs.", None),
     ('sshpass -p "$DEPLOY_PASSWORD" ssh deploy@web1', "deploy.sh"),
+    ("pw = pwd.getpwnam(user)\nfor pw in passwords:\n    check(pw)", "users.py"),
+    ("the pw is wrong; the pwm fan speed is 4000", None),
 ])
 def test_code_and_prose_are_left_alone(text: str, path: str | None) -> None:
     assert mask_text(text, path) == text
