@@ -7,7 +7,8 @@ by a committed `.gitattributes`) on a work-tree diff; `gpg.program` on `git log`
 `log.showSignature` is set; text conversion and external diff drivers on `git diff`. Every git call
 that ctx makes in a project (the link check, the hand-off's diff, co-change, the commit list of a
 compaction) goes through `git_args`, which overrides each of those for that one call; the
-repository's config stays as it is.
+repository's config stays as it is. Filter drivers are emptied only where the repository's own
+config defines them: the user's global ones (git-lfs's) still apply.
 """
 
 from __future__ import annotations
@@ -24,19 +25,35 @@ FILTER_KEYS = ("clean", "smudge", "process")
 
 
 def _filter_drivers(repo: Path) -> list[str]:
-    """The names of the filter drivers the repository's config defines (reading config runs nothing)."""
-    try:
-        done = subprocess.run(["git", "-C", str(repo), *NO_COMMANDS, "config", "--get-regexp", r"^filter\..*\.(clean|smudge|process)$"],
-                              capture_output=True, text=True, timeout=10, check=False, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
+    """The filter drivers the repository's own config defines (`.git/config`, its worktree config and
+    what they include), by name. The user's global and system drivers (git-lfs's, say) are theirs
+    and stay. A git without --show-scope (before 2.26): every driver. Reading config runs nothing."""
+    query = [*NO_COMMANDS, "config", "--show-scope", "--get-regexp", r"^filter\..*\.(clean|smudge|process)$"]
+    lines = _config_lines(repo, query)
+    if lines is None:
+        lines = [f"local\t{line}" for line in _config_lines(repo, [q for q in query if q != "--show-scope"]) or []]
     names = []
-    for line in done.stdout.splitlines():
-        key = line.split(" ", 1)[0]  # filter.<name>.<key>; a name may hold dots
+    for line in lines:
+        scope, _, entry = line.partition("\t")
+        if scope not in ("local", "worktree"):
+            continue
+        key = entry.split(" ", 1)[0]  # filter.<name>.<key>; a name may hold dots
         name = key[len("filter."):key.rfind(".")]
         if name and name not in names:
             names.append(name)
     return names
+
+
+def _config_lines(repo: Path, args: list[str]) -> list[str] | None:
+    """`git config ARGS` output lines; [] when nothing matched, None when git refused the query."""
+    try:
+        done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10,
+                              check=False, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if done.returncode not in (0, 1):  # 1: no such key
+        return None
+    return done.stdout.splitlines()
 
 
 def git_args(repo: Path, *args: str, work_tree: bool = False) -> list[str]:

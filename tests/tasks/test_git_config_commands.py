@@ -97,9 +97,19 @@ def test_ctxs_git_calls_run_none_of_the_repositorys_commands(hostile: tuple[Path
     assert ran(markers) == []
 
 
-def test_filter_drivers_are_emptied_only_for_work_tree_calls(hostile: tuple[Path, Path]) -> None:
+def test_only_the_repositorys_own_filter_drivers_are_emptied_and_only_for_work_tree_calls(
+        hostile: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A driver the repository's config defines, or includes from another file, is emptied; the
+    user's own (global) ones, such as git-lfs's, still apply."""
     repo, _ = hostile
+    included = tmp_path / "included.cfg"
+    included.write_text('[filter "side"]\n\tprocess = ./tools/process.sh\n')
+    _git(repo, "config", "include.path", str(included))
+    user = tmp_path / "user.gitconfig"
+    user.write_text('[filter "lfs"]\n\tclean = git-lfs clean -- %f\n\tprocess = git-lfs filter-process\n')
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(user))
     assert "filter.evil.clean=" not in git_args(repo, "log")
     work = git_args(repo, "diff", work_tree=True)
-    assert {"filter.evil.clean=", "filter.evil.smudge=", "filter.evil.process="} <= set(work)
+    assert {"filter.evil.clean=", "filter.evil.smudge=", "filter.evil.process=", "filter.side.process="} <= set(work)
+    assert not any(arg.startswith("filter.lfs.") for arg in work)
     assert work[-1] == "diff" and "core.fsmonitor=false" in work
