@@ -13,7 +13,7 @@ import anyio
 import pytest
 from mcp import Client
 from test_security import call, session
-from uisite import Site
+from uisite import Site, read_answer
 
 from ctxlake.schemas.config import load_settings
 from ctxlake.serve.mcp.server import build_server
@@ -60,11 +60,7 @@ def raw_post(site: Site, path: str, body: bytes, cookie: str, token: str) -> tup
         # anyway would have the connection reset, and the answer lost, as it closes).
         if not select.select([sock], [], [], 1.0)[0]:
             sock.sendall(body)
-        answer = b""
-        while chunk := sock.recv(65536):
-            answer += chunk
-    head_text, _, text = answer.decode("utf-8", "replace").partition("\r\n\r\n")
-    return int(head_text.split()[1]), text
+        return read_answer(sock)
 
 
 def test_an_oversized_or_too_deep_body_is_refused_before_it_is_parsed(site: Site) -> None:

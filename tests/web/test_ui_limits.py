@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from uisite import read_answer
 
 from ctxlake.serve.web.app import MAX_BODY_BYTES, UiContext
 from ctxlake.serve.web.security import MAX_HEADER_BYTES, MAX_URL_BYTES, SESSION_COOKIE
@@ -67,11 +68,7 @@ def chunked_post(server: UiServer, body: bytes, wait_s: float = 10.0) -> tuple[i
             sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
         if not select.select([sock], [], [], wait_s)[0]:
             sock.sendall(b"0\r\n\r\n")
-        answer = b""
-        while chunk := sock.recv(65536):
-            answer += chunk
-    head_text, _, text = answer.decode("utf-8", "replace").partition("\r\n\r\n")
-    return int(head_text.split()[1]), text
+        return read_answer(sock)
 
 
 def test_a_chunked_body_over_1_mib_is_a_413_before_the_rest_is_read(server: UiServer) -> None:

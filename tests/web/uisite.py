@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -73,3 +74,12 @@ def ui_site(base: Path) -> Iterator[Site]:
         yield Site(repo=repo, env=env, url=url, server=server)
     finally:
         server.stop()
+
+
+def read_answer(sock: socket.socket) -> tuple[int, str]:
+    """(status, body) of the HTTP answer a raw socket receives until the server closes it."""
+    answer = b""
+    while chunk := sock.recv(65536):
+        answer += chunk
+    head_text, _, text = answer.decode("utf-8", "replace").partition("\r\n\r\n")
+    return int(head_text.split()[1]), text
