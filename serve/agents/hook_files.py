@@ -404,11 +404,6 @@ def uninstall_section(client: str, file: str, root: Path) -> HookChange:
     return HookChange(client, str(path), "removed", "hand-off section")
 
 
-def has_section(root: Path, file: str) -> bool:
-    """Whether the instruction file holds our section; False, unread, when it leads out of the project."""
-    return _link_out(root, file) is None and SECTION_START in _text_or_empty(root / file)
-
-
 def _read_to_merge(path: Path, errors: str = "strict") -> str:
     """A file ctx is about to change, as text; UnmergeableFile (exit 3) when it is no regular UTF-8
     file (a FIFO in a clone would block the read forever)."""
@@ -479,6 +474,7 @@ def status(client: str, root: Path) -> HookChange:
     change = status_plugin(spec, root) if spec.style == "plugin" else status_json(spec, root)
     if spec.instructions:
         link = _link_out(root, spec.instructions)
-        section = f"not read ({link})" if link else "yes" if has_section(root, spec.instructions) else "no"
+        section = (f"not read ({link})" if link
+                   else "yes" if SECTION_START in _text_or_empty(root / spec.instructions) else "no")
         change.detail += f"; {spec.instructions} section: {section}"
     return change
