@@ -15,7 +15,7 @@ from ctxlake.tasks.scrape.base import (
     json_lines,
 )
 from ctxlake.tasks.scrape.fields import (
-    call_name,
+    answer_call,
     files_in,
     integer,
     label,
@@ -128,7 +128,7 @@ class ClaudeScraper(JsonlScraper):
             for block in results:
                 is_error = bool(block.get("is_error")) if "is_error" in block else None
                 use_id = block.get("tool_use_id")
-                calls.append({"id": use_id, "name": call_name(extra, use_id) or "unknown", "input": "",
+                calls.append({"id": use_id, "name": answer_call(extra, use_id) or "unknown", "input": "",
                               "is_error": is_error})
                 texts.append(text_of(block.get("content")) or text_of(block.get("text")))
             result = rec.get("toolUseResult")

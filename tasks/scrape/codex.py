@@ -16,7 +16,7 @@ from ctxlake.tasks.scrape.base import (
     json_lines,
 )
 from ctxlake.tasks.scrape.fields import (
-    call_name,
+    answer_call,
     files_in,
     integer,
     label,
@@ -187,7 +187,8 @@ class CodexScraper(JsonlScraper):
         elif ptype in OUTPUT_ITEMS:
             text, is_error = _output(payload)
             call_id = payload.get("call_id")
-            name = str(payload.get("name") or call_name(extra, call_id) or "unknown")
+            remembered = answer_call(extra, call_id)
+            name = str(payload.get("name") or remembered or "unknown")
             out.emit(Msg(role="tool", kind="tool_result", text=text, key=key,
                          tool_calls=[{"id": call_id, "name": name, "input": "", "is_error": is_error}], **base))
         else:

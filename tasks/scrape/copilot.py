@@ -25,7 +25,7 @@ from ctxlake.tasks.scrape.base import (
     walk_files,
 )
 from ctxlake.tasks.scrape.fields import (
-    call_name,
+    answer_call,
     files_in,
     items,
     label,
@@ -135,7 +135,7 @@ class CopilotCliScraper(JsonlScraper):
             call_id = data.get("toolCallId")
             success = data.get("success")
             out.emit(Msg(role="tool", kind="tool_result", text=text_of(result.get("content")) or str(result.get("content") or ""),
-                         tool_calls=[{"id": call_id, "name": call_name(extra, call_id) or "unknown", "input": "",
+                         tool_calls=[{"id": call_id, "name": answer_call(extra, call_id) or "unknown", "input": "",
                                       "is_error": (not success) if isinstance(success, bool) else None}], **base))
         elif etype == "session.error":
             status = data.get("statusCode")

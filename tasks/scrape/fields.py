@@ -16,7 +16,8 @@ import xxhash
 
 # Tool output is mostly noise for a summary; a one-line input summary is what an agent needs.
 INPUT_SUMMARY_CHARS = 300
-# Call id -> tool name maps kept per file between runs, so a tool result appended later is named.
+# Call id -> tool name of the calls not yet answered, kept per file between runs, so a tool result
+# appended later is named; at most this many (a call never answered is dropped in time).
 KEEP_CALL_NAMES = 200
 # Keys under which agent tools pass file paths to their tools.
 FILE_KEYS = ("file_path", "filePath", "path", "notebook_path", "TargetFile", "AbsolutePath", "file",
@@ -205,9 +206,18 @@ def remember_call(extra: dict[str, Any], call_id: Any, name: str) -> None:
             del names[old]
 
 
-def call_name(extra: dict[str, Any], call_id: Any) -> str:
+def answer_call(extra: dict[str, Any], call_id: Any) -> str:
+    """The name of the call a tool result answers, which is then forgotten: a call is answered
+    once, so a file's saved context keeps only the calls still waiting for their result (at
+    20,000 sessions, every answered call kept took the positions file from 12 to 22 MB and the
+    process that holds it from 58 to 144 MB)."""
     names: dict[str, str] = extra.get("calls", {})
-    return names.get(call_id, "") if isinstance(call_id, str) else ""
+    if not isinstance(call_id, str) or call_id not in names:
+        return ""
+    name = names.pop(call_id)
+    if not names:
+        del extra["calls"]
+    return name
 
 
 def record_hash(*parts: Any) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from memlogs import (
     claude,
+    codex,
     codex_meta,
     codex_msg,
     codex_tokens,
@@ -294,3 +295,31 @@ def test_codex_context_survives_a_new_process(tmp_path: Path) -> None:
     later = run("codex", root, ScrapeState.load(tmp_path / "memory"))
     [msg] = later.messages
     assert (msg.session_id, msg.project_path, msg.tokens_in, msg.tokens_out) == ("sess-codex", "/srv/u/api", 400, 60)
+
+
+def test_a_result_in_a_later_run_is_named_and_answered_calls_leave_the_saved_state(tmp_path: Path,
+                                                                                   claude_root: Path) -> None:
+    """The saved context holds only calls still waiting for their result: a long history's
+    positions file (and the service that keeps it) no longer grows with every call ever made."""
+    use = tool_use("Bash", command="pytest -q")
+    log = write_jsonl(claude_root / "p" / "s.jsonl", [claude("assistant", "a1", 0, [use])])
+    state = ScrapeState()
+    run("claude", claude_root, state)
+    assert state.files["claude"][str(log)].extra["calls"] == {use["id"]: "Bash"}
+    state.save(tmp_path / "memory")
+    write_jsonl(log, [claude("user", "u1", 1, tool_result("2 passed", use_id=use["id"]))], mode="a")
+    later = ScrapeState.load(tmp_path / "memory")
+    [result] = run("claude", claude_root, later).messages
+    assert result.tool_calls[0]["name"] == "Bash"
+    assert "calls" not in later.files["claude"][str(log)].extra
+
+    root = tmp_path / "sessions"
+    rollout = write_jsonl(root / "rollout-2026-03-02T09-00-00-abc.jsonl", [
+        codex_meta("sess-codex", 0),
+        codex("response_item", 1, {"type": "function_call", "name": "shell", "arguments": '{"command": ["ls"]}',
+                                   "call_id": "call_1"}),
+        codex("response_item", 2, {"type": "function_call_output", "call_id": "call_1", "output": "README.md"})])
+    state = ScrapeState()
+    out = run("codex", root, state)
+    assert [m.tool_calls[0]["name"] for m in out.messages if m.role == "tool"] == ["shell"]
+    assert "calls" not in state.files["codex"][str(rollout)].extra
