@@ -52,7 +52,12 @@ QUERIES = [
 
 class PeakRSS:
     """Peak resident memory of a process tree, sampled every 100 ms; `samples` keeps (UTC time,
-    bytes) of each sample, for telling which stage set the peak."""
+    bytes) of each sample, for telling which stage set the peak.
+
+    A child that still runs its parent's command line is a fork that has not exec'd yet (Python's
+    subprocess vforks): it shares its parent's pages, and /proc shows it with its parent's whole
+    RSS. It is not counted, or a sample taken while a flow starts `git` counts the flow twice.
+    """
 
     def __init__(self, pid: int, tree: bool = True) -> None:
         self.pid, self.tree, self.peak, self._stop = pid, tree, 0, threading.Event()
@@ -65,7 +70,7 @@ class PeakRSS:
             try:
                 root = psutil.Process(self.pid)
                 procs = [root, *root.children(recursive=True)] if self.tree else [root]
-                rss = sum(p.memory_info().rss for p in procs if p.is_running())
+                rss = sum(p.memory_info().rss for p in procs if p.is_running() and not _unexeced_fork(p, root))
                 self.peak = max(self.peak, rss)
                 self.samples.append((datetime.now(UTC).replace(tzinfo=None), rss))
             except psutil.Error:
@@ -76,6 +81,15 @@ class PeakRSS:
         self._stop.set()
         self.thread.join()
         return self.peak
+
+
+def _unexeced_fork(proc: psutil.Process, root: psutil.Process) -> bool:
+    if proc.pid == root.pid:
+        return False
+    try:
+        return proc.cmdline() == psutil.Process(proc.ppid()).cmdline()
+    except psutil.Error:
+        return True  # gone, or its parent gone: not a process of the tree any more
 
 
 def run(cmd: list[str], cwd: Path, env: dict[str, str], check: bool = True) -> tuple[float, str, int]:
