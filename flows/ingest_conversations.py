@@ -36,6 +36,7 @@ from ctxlake.tasks.memory_store import (
     KNOWLEDGE_TABLE,
     MESSAGES_TABLE,
     SESSIONS_TABLE,
+    RunIds,
     StoreResult,
     embed_table,
     ensure_scalar_indexes,
@@ -180,6 +181,7 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
     meta: dict[tuple[str, str], SessionMeta] = {}
     limits = read_limits(memory)
     inline = {MESSAGES_TABLE: 0, SESSIONS_TABLE: 0}  # texts embedded as their rows were stored
+    run_ids = RunIds() if tables.messages.count_rows() == 0 else None  # a first run appends without merging
     progress.start("scrape", work.changed_files, "reading logs")
     for item in work.items:
         for group in split(item):
@@ -188,7 +190,7 @@ def ingest_conversations(settings: Settings, roots: dict[str, list[Path]], embed
             report.linked += link_projects(out, known)
             rows = messages_table(out.messages, dims)
             stored = store_messages(tables, rows, SCRAPERS[group.scraper].mutable, cache,
-                                    embedder if embed else None, memory.embed_messages)
+                                    embedder if embed else None, memory.embed_messages, run_ids)
             backlog |= stored.unembedded > 0
             if new_paths := {m.project_path for m in out.messages if m.project_path} - project_paths:
                 project_paths |= new_paths

@@ -180,13 +180,47 @@ def _unembedded(rows: pa.Table, name: str, messages: bool) -> int:
     return int(sum(wants_vector(rows, name, messages).to_pylist()))
 
 
+class RunIds:
+    """The ids of every message row in a table that was empty when this run began (all of them
+    this run's own writes), as 64-bit hashes: 8 bytes a row.
+
+    Append-only rows whose hash is not among them cannot be in the table and are appended, which
+    spares LanceDB's merge by id: a hash join over the whole table, whose memory stays with the
+    process and grows with the table (~200 MB more by 1M rows, in a loop of merges apart from the
+    ingest). A row whose hash is there (a resumed or forked copy, a re-read, or a collision) still
+    goes through the merge, which decides exactly.
+    """
+
+    def __init__(self) -> None:
+        self._parts: list[np.ndarray] = []  # each sorted; folded into one when they pile up
+
+    @staticmethod
+    def hashes(ids: pa.ChunkedArray | pa.Array) -> np.ndarray:
+        return np.fromiter((xxhash.xxh3_64_intdigest(i.encode("utf-8", "surrogatepass")) for i in ids.to_pylist()),
+                           np.uint64, len(ids))
+
+    def known(self, hashes: np.ndarray) -> np.ndarray:
+        """Which of `hashes` may already be stored."""
+        hit = np.zeros(len(hashes), bool)
+        for part in self._parts:
+            hit |= part[np.searchsorted(part, hashes).clip(max=len(part) - 1)] == hashes
+        return hit
+
+    def add(self, hashes: np.ndarray) -> None:
+        if len(hashes):
+            self._parts.append(np.sort(hashes))
+        if len(self._parts) > 16:
+            self._parts = [np.sort(np.concatenate(self._parts))]
+
+
 @stage("store-messages", retries=2)
 def store_messages(tables: MemoryTables, rows: pa.Table, mutable: bool, cache: EmbeddingCache | None,
-                   embedder: Embedder | None = None, messages: bool = True) -> StoreResult:
+                   embedder: Embedder | None = None, messages: bool = True, run_ids: RunIds | None = None) -> StoreResult:
     """MESSAGES rows -> the lake: new ids inserted; existing ids kept (append-only logs) or replaced (mutable stores).
 
     With an `embedder`, a write of up to INLINE_EMBED_ROWS rows (any write, if the embedder is cheap)
-    is embedded before it is stored.
+    is embedded before it is stored. With `run_ids` (the table was empty when the run began),
+    append-only rows it shows to be new are appended without a merge.
     """
     if rows.num_rows == 0:
         return StoreResult(0, 0, 0)
@@ -197,16 +231,31 @@ def store_messages(tables: MemoryTables, rows: pa.Table, mutable: bool, cache: E
         else:
             rows, _ = fill_from_cache(rows, cache)
     unembedded = _unembedded(rows, MESSAGES_TABLE, messages)
+    hashes = RunIds.hashes(rows.column("id")) if run_ids is not None else None
+    appended = 0
+    if run_ids is not None and hashes is not None and not mutable:
+        known = run_ids.known(hashes)
+        if not known.all():
+            # Noted first: should the append fail after its commit, the stage's retry merges them.
+            run_ids.add(hashes[~known])
+            tables.messages.add(rows.filter(pa.array(~known)), on_bad_vectors="null")
+            appended = int((~known).sum())
+        rows, hashes = rows.filter(pa.array(known)), hashes[known]
+        if rows.num_rows == 0:
+            return StoreResult(appended, 0, 0, unembedded, encoded)
+    if run_ids is not None and hashes is not None:
+        run_ids.add(hashes)
     if tables.messages.count_rows() == 0:
         tables.messages.add(rows, on_bad_vectors="null")
-        return StoreResult(rows.num_rows, 0, 0, unembedded, encoded)
-    builder = tables.messages.merge_insert("id")
-    if mutable:
-        builder = builder.when_matched_update_all()
-    result = builder.when_not_matched_insert_all().execute(rows, on_bad_vectors="null")
-    inserted = result.num_inserted_rows
-    updated = result.num_updated_rows if mutable else 0
-    return StoreResult(inserted, updated, rows.num_rows - inserted - updated, unembedded, encoded)
+        inserted, updated = rows.num_rows, 0
+    else:
+        builder = tables.messages.merge_insert("id")
+        if mutable:
+            builder = builder.when_matched_update_all()
+        result = builder.when_not_matched_insert_all().execute(rows, on_bad_vectors="null")
+        inserted = result.num_inserted_rows
+        updated = result.num_updated_rows if mutable else 0
+    return StoreResult(appended + inserted, updated, rows.num_rows - inserted - updated, unembedded, encoded)
 
 
 def read_rows(table: Table, column: str, values: Iterable[str], columns: list[str] | None = None,
