@@ -163,10 +163,12 @@ def bound_writer_heap() -> None:
     (docs/measurements/memory.md, "A long history"); the index run's vector writer frees its
     buffers on its own thread.
     The service's fixed 1 MiB mmap threshold was measured on these runs and left off: -0.2 GB of
-    peak for a 20,000-session cold ingest but its end phase 47 -> 80 s; no change on the big tree."""
-    from ctxlake.tasks.heap import bound_heap
+    peak for a 20,000-session cold ingest but its end phase 47 -> 80 s; no change on the big tree.
+    Vector index builds get smaller buffers too (`bound_index_builds`)."""
+    from ctxlake.tasks.heap import bound_heap, bound_index_builds
 
     bound_heap(mmap_bytes=None)
+    bound_index_builds()
 
 
 @contextmanager

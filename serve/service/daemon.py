@@ -34,7 +34,7 @@ from ctxlake.serve.service.paths import ServicePaths, ctx_home, service_paths, w
 from ctxlake.serve.service.progress import PROGRESS_S, ProgressFeed
 from ctxlake.serve.service.protocol import Busy
 from ctxlake.serve.service.watchers import CHILD_NICE, WATCHER_PURPOSE, imports_ready
-from ctxlake.tasks.heap import bound_heap
+from ctxlake.tasks.heap import bound_heap, bound_index_builds
 from ctxlake.tasks.progress import PROGRESS_FD_ENV, fd_of, fd_token
 
 EXIT_DISK = 8
@@ -765,6 +765,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # Measured on django (one watcher batch, a hybrid search, five edits): 443-458 -> 396-410 MB.
     bound_heap()
+    bound_index_builds()
     # Before Prefect is first imported (it reads these once): the flows that commands run here
     # keep Prefect's INFO lines out of the output they hand back, as they do in-process.
     # (`-v` commands run in their client: client.runs_locally.)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -338,7 +339,18 @@ def test_an_ingest_bounds_its_heap_and_trims_after_each_group(
     trims: list[int] = []
     monkeypatch.setattr(heap, "bound_heap", lambda mmap_bytes=heap.HEAP_MMAP_BYTES: bounded.append(mmap_bytes) or True)
     monkeypatch.setattr(flow, "give_back_freed_memory", lambda: trims.append(len(trims)))
+    monkeypatch.setenv(heap.SHUFFLE_ENV, "0")
+    monkeypatch.delenv(heap.SHUFFLE_ENV)  # unset here, and unset again after the test
     report = ingest(cli, env)
     assert bounded == [None]  # arenas only: the mmap bound costs a writer time (bound_writer_heap)
+    assert os.environ[heap.SHUFFLE_ENV] == str(heap.SHUFFLE_BATCH_BYTES)  # vector index builds' buffers
     assert report["messages_inserted"] == 14
     assert len(trims) >= len(report["tools"]) == 3  # each tool's logs are one group at least
+
+
+def test_a_users_own_index_build_buffer_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ctxlake.tasks import heap
+
+    monkeypatch.setenv(heap.SHUFFLE_ENV, str(256 << 20))
+    heap.bound_index_builds()
+    assert os.environ[heap.SHUFFLE_ENV] == str(256 << 20)
