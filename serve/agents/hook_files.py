@@ -134,6 +134,20 @@ def _link_out(root: Path, rel: str) -> str | None:
     return f"{link} is a symlink out of the project; ctx does not read it"
 
 
+def _refuse_link_out(root: Path, rel: str, paste: str) -> None:
+    """Install reads nothing that leads out of the project: it would not write there either."""
+    link = _link_out(root, rel)
+    if link:
+        raise _refuse(root / rel, link, paste)
+
+
+def _skipped_link_out(client: str, root: Path, rel: str) -> HookChange | None:
+    """Uninstall's answer for a file that leads out of the project: not read, and nothing of ctx's can be in it
+    that ctx wrote (install never writes through a link)."""
+    link = _link_out(root, rel)
+    return HookChange(client, str(root / rel), "skipped", link) if link else None
+
+
 def parse_hook_clients(value: str | None, root: Path) -> list[str]:
     """`--client` as a list; `all` or nothing given: every tool whose folder the project has, plus Claude Code."""
     if value is None:
@@ -237,6 +251,7 @@ def install_json(spec: HookClient, root: Path, env: dict[str, str] | None = None
     """Merge our entries into the tool's JSON hook file; other hooks and keys stay as they were."""
     path = root / spec.file
     entries = _entries(spec, env)
+    _refuse_link_out(root, spec.file, _paste(spec, entries))
     data, problem = read_json_object(path)
     hooks = _hooks_of(data, spec) if data is not None else None
     if data is None or hooks is None:
@@ -261,6 +276,8 @@ def install_json(spec: HookClient, root: Path, env: dict[str, str] | None = None
 def uninstall_json(spec: HookClient, root: Path) -> HookChange:
     """Remove only our entries (and the events or file they leave empty, when we created nothing else)."""
     path = root / spec.file
+    if skipped := _skipped_link_out(spec.name, root, spec.file):
+        return skipped
     data, problem = read_json_object(path)
     if data is not None and not path.exists():
         return HookChange(spec.name, str(path), "absent", "no hook file")
@@ -300,8 +317,8 @@ def status_json(spec: HookClient, root: Path) -> HookChange:
     if link:
         return HookChange(spec.name, str(path), "skipped", link)
     data, problem = read_json_object(path)
-    if data is None:
-        return HookChange(spec.name, str(path), "missing", problem)
+    if data is None:  # not "missing": a file it cannot parse (JSONC, say) may well hold the hooks
+        return HookChange(spec.name, str(path), "skipped", problem)
     hooks = _hooks_of(data, spec) or {}
     want = list(_entries(spec, None))
     have = [e for e in want if isinstance(hooks.get(e), list) and any(_is_ours(x) for x in hooks[e])]
@@ -329,6 +346,7 @@ def plugin_source(env: dict[str, str] | None = None) -> str:
 def install_plugin(spec: HookClient, root: Path, env: dict[str, str] | None = None) -> HookChange:
     path = root / spec.file
     text = plugin_source(env)
+    _refuse_link_out(root, spec.file, text)
     if path.exists():
         old = _read_to_merge(path, errors="replace")
         if not old.startswith(PLUGIN_MARK):
@@ -344,6 +362,8 @@ def install_plugin(spec: HookClient, root: Path, env: dict[str, str] | None = No
 
 def uninstall_plugin(spec: HookClient, root: Path) -> HookChange:
     path = root / spec.file
+    if skipped := _skipped_link_out(spec.name, root, spec.file):
+        return skipped
     if not path.exists():
         return HookChange(spec.name, str(path), "absent", "no plugin")
     if not _read_to_merge(path, errors="replace").startswith(PLUGIN_MARK):
@@ -374,6 +394,7 @@ def _section() -> str:
 def install_section(client: str, file: str, root: Path) -> HookChange:
     """Write or refresh our marked section; the rest of the file is kept byte for byte."""
     path = root / file
+    _refuse_link_out(root, file, _section())
     old = _read_to_merge(path) if path.exists() else ""
     new = _replace_section(old, _section())
     if new is None:
@@ -387,6 +408,8 @@ def install_section(client: str, file: str, root: Path) -> HookChange:
 
 def uninstall_section(client: str, file: str, root: Path) -> HookChange:
     path = root / file
+    if skipped := _skipped_link_out(client, root, file):
+        return skipped
     if not path.exists():
         return HookChange(client, str(path), "absent", "no file")
     old = _read_to_merge(path)
@@ -468,8 +491,8 @@ def uninstall(client: str, root: Path, shared_instructions: bool = False) -> lis
 
 
 def status(client: str, root: Path) -> HookChange:
-    """Where a client's hooks stand: installed, partial or missing; skipped (unread) when its file leads out of
-    the project through a symlink."""
+    """Where a client's hooks stand: installed, partial or missing; skipped when its file leads out of the
+    project through a symlink (not read) or cannot be parsed (JSON with comments, say)."""
     spec = HOOK_CLIENTS[client]
     change = status_plugin(spec, root) if spec.style == "plugin" else status_json(spec, root)
     if spec.instructions:

@@ -38,7 +38,7 @@ class ConfigDetail(ConfigSummary):
 class ToolSetup(BaseModel):
     tool: str = Field(description="claude, codex, gemini, cursor, copilot, opencode or antigravity")
     mcp: str = Field(description="where ctx's MCP server is registered for this project, or 'no' / 'user-wide only'")
-    hooks: str = Field(description="ctx's session hooks: installed, partial, missing, skipped (its file links out of the project, unread), or 'none' when the tool has none")
+    hooks: str = Field(description="ctx's session hooks: installed, partial, missing, skipped (its file links out of the project, unread, or cannot be parsed), or 'none' when the tool has none")
     sessions: int = Field(description="this project's sessions of this tool in the conversation lake")
     last_session: str | None = Field(default=None, description="when the newest one ended (ISO time)")
 

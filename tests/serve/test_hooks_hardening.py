@@ -32,10 +32,46 @@ def test_a_symlinked_tool_folder_leads_nowhere_outside_the_project(repo: Path, t
     (repo / ".claude").symlink_to(outside)
     result = cli("hooks", "install", "--client", "claude", cwd=repo)
     assert result.exit_code == 3 and "Traceback" not in result.stderr
-    assert f"{repo / '.claude'} is a symlink; ctx will not write through it" in result.stderr
+    assert f"{repo / '.claude'} is a symlink out of the project; ctx does not read it" in result.stderr
     assert "session-start --client claude" in result.stderr  # the entry to add by hand
     assert (outside / "settings.json").read_text() == '{"theme":"dark"}\n'
-    assert cli("hooks", "uninstall", "--client", "claude", cwd=repo).exit_code == 0  # nothing of ours there
+    # Nothing ctx wrote can be out there, so uninstall has nothing to do and says why it did not look.
+    result = cli("hooks", "uninstall", "--client", "claude", "--json", cwd=repo)
+    assert result.exit_code == 0
+    [change] = json.loads(result.stdout)["changes"]
+    assert change["action"] == "skipped" and "symlink out of the project" in change["detail"]
+
+
+def test_hook_files_that_link_out_of_the_project_are_not_read_by_install_or_uninstall(
+        repo: Path, tmp_path: Path, cli: Cli) -> None:
+    """Before, install read the linked file first: one already holding ctx's hooks read as "unchanged" (exit 0),
+    and uninstall parsed whatever it found before refusing to write through the link."""
+    other = tmp_path / "other"
+    other.mkdir()
+    assert cli("hooks", "install", "--client", "claude,opencode", cwd=other).exit_code == 0
+    for rel in (".claude/settings.json", ".opencode/plugins/ctx-hooks.js", "AGENTS.md"):
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).symlink_to(other / rel)
+    before = {rel: (other / rel).read_bytes() for rel in (".claude/settings.json", "AGENTS.md")}
+    result = cli("hooks", "install", "--client", "claude,opencode", "--json", cwd=repo)
+    assert result.exit_code == 3 and "Traceback" not in result.stderr
+    changes = json.loads(result.stdout)["changes"]
+    assert {c["action"] for c in changes} == {"skipped"}
+    assert all("symlink out of the project; ctx does not read it" in c["detail"] for c in changes)
+    result = cli("hooks", "uninstall", "--client", "claude,opencode", "--json", cwd=repo)
+    assert result.exit_code == 0, result.stderr
+    changes = json.loads(result.stdout)["changes"]
+    assert len(changes) == 3 and {c["action"] for c in changes} == {"skipped"}
+    assert {rel: (other / rel).read_bytes() for rel in before} == before  # the other project keeps its hooks
+
+
+def test_status_skips_a_hook_file_it_cannot_parse_instead_of_calling_the_hooks_missing(repo: Path, cli: Cli) -> None:
+    assert cli("hooks", "install", "--client", "gemini", cwd=repo).exit_code == 0
+    settings = repo / ".gemini" / "settings.json"
+    settings.write_text("// the user's note\n" + settings.read_text())  # JSONC: Gemini reads it, ctx cannot merge it
+    result = cli("hooks", "status", "--client", "gemini", "--json", cwd=repo)
+    [change] = json.loads(result.stdout)["changes"]
+    assert change["action"] == "skipped" and "not plain JSON" in change["detail"]
 
 
 def test_a_symlinked_instruction_file_stays_a_link_to_the_file_it_names(repo: Path, cli: Cli) -> None:

@@ -103,5 +103,5 @@ def test_tool_preferences_does_not_block_on_fifos_a_cloned_project_holds(tmp_pat
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         os.mkfifo(tmp_path / rel)
     tools = {t["tool"]: t for t in tool_preferences(tmp_path)["tools"]}
-    assert (tools["claude"]["mcp"], tools["claude"]["hooks"]) == ("no", "missing")
+    assert (tools["claude"]["mcp"], tools["claude"]["hooks"]) == ("no", "skipped")  # unread, not known to be missing
     assert (tools["codex"]["mcp"], tools["opencode"]["hooks"], tools["cursor"]["hooks"]) == ("no", "missing", "missing")
