@@ -265,6 +265,25 @@ def unsafe_target(root: Path, rel: str) -> str | None:
     return None
 
 
+def link_out(root: Path, rel: str) -> str | None:
+    """Why ctx must not read the project file `rel` (a path under `root`): it leads out of the project through a
+    symlink (a clone can commit `.claude/settings.json -> /etc/passwd`, or a link to someone's FIFO or device),
+    which ctx will not write through either; None when it may. A link that stays inside the project is read, as
+    the tool itself reads it (`AGENTS.md -> CLAUDE.md` holding a section pasted by hand shows as there)."""
+    path = root / rel
+    try:
+        if path.resolve().is_relative_to(root.resolve()):
+            return None
+    except (OSError, RuntimeError):
+        return f"{path} is a symlink loop; ctx does not read it"
+    link = root
+    for part in Path(rel).parts:  # name the link itself: `.claude` when the whole folder is one
+        link = link / part
+        if link.is_symlink():
+            break
+    return f"{link} is a symlink out of the project; ctx does not read it"
+
+
 def make_parent(path: Path) -> str | None:
     """Create the folder `path` goes in; why not (a file in the way, no permission), or None."""
     try:

@@ -180,7 +180,10 @@ def read_json_object(path: Path) -> tuple[dict[str, Any] | None, str]:
 
 def registered_file(root: Path, client: str) -> str | None:
     """The project file that registers ctx's server for `client` (a PROJECT_CLIENTS name or codex), or
-    None: no entry there, or a file that cannot be read or parsed (it is not merged either)."""
+    None: no entry there, a file that cannot be read or parsed (it is not merged either), or one that leads out
+    of the project through a symlink (not read)."""
+    if safe_io.link_out(root, CODEX_PROJECT_FILE if client == "codex" else PROJECT_CLIENTS[client][0]):
+        return None
     if client == "codex":
         import tomllib
 
@@ -287,7 +290,12 @@ def register_project_client(client: str, root: Path, command: list[str], env: di
         return register_codex_project(root, command, env)
     file, key, _ = PROJECT_CLIENTS[client]
     path = root / file
-    data, done = json_plan(client, path, key, server_entry(client, root, command, env))
+    entry = server_entry(client, root, command, env)
+    link = safe_io.link_out(root, file)
+    if link:  # not read: ctx would not write there either
+        snippet = json.dumps({key: {SERVER_NAME: entry}}, indent=2)
+        return Change(client, str(path), "skipped", f"{link}; add this by hand:\n{snippet}", paste=snippet)
+    data, done = json_plan(client, path, key, entry)
     if done is not None or data is None:
         assert done is not None
         return done
@@ -305,6 +313,10 @@ def register_project_client(client: str, root: Path, command: list[str], env: di
 def register_codex_project(root: Path, command: list[str], env: dict[str, str] | None = None) -> Change:
     """`[mcp_servers.ctx]` in the project's .codex/config.toml (Codex reads it once the project is trusted)."""
     path = root / CODEX_PROJECT_FILE
+    link = safe_io.link_out(root, CODEX_PROJECT_FILE)
+    if link:
+        snippet = codex_snippet(command, "codex", env)
+        return Change("codex", str(path), "skipped", f"{link}; add this by hand:\n{snippet}", paste=snippet)
     try:
         old, new, _ = codex_plan(path, command, "codex", env)
     except ForeignServer as exc:
@@ -440,6 +452,9 @@ def write_user(client: str, path: Path, old: str, new: str) -> Change:
 def ensure_gitignored(root: Path) -> Change:
     """`.ctx/lake/` in the project's .gitignore (the lake is rebuilt by `ctx run index`)."""
     path = root / ".gitignore"
+    link = safe_io.link_out(root, ".gitignore")
+    if link:
+        return Change("git", str(path), "skipped", f"{link}; add {GITIGNORE_LINE} by hand", paste=GITIGNORE_LINE)
     try:
         # read_config, not read_text: a FIFO there (a clone can hold one) would block the read forever.
         text = read_config(path) if path.exists() or path.is_symlink() else ""

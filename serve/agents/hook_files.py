@@ -20,7 +20,7 @@ from typing import Any, Literal
 from ctxlake.errors import ConfigError, InputError
 from ctxlake.serve.agents.clients import json_layout, read_config, read_json_object
 from ctxlake.tasks.lake import remove_empty_folders, write_atomic
-from ctxlake.tasks.safe_io import make_parent, unsafe_target
+from ctxlake.tasks.safe_io import link_out, make_parent, unsafe_target
 
 Style = Literal["nested", "cursor", "copilot", "plugin"]
 
@@ -115,28 +115,9 @@ def _check_target(root: Path, rel: str, paste: str = "", undo: str = "") -> Path
     return path
 
 
-def _link_out(root: Path, rel: str) -> str | None:
-    """Why a status check must not read the project file `rel`: it leads out of the project through a symlink (a
-    clone can commit `.claude/settings.json -> /etc/passwd`, or a link to someone's FIFO or device), which install
-    will not write through either; None when it may. A link that stays inside the project is read, as the tool
-    itself reads it (`AGENTS.md -> CLAUDE.md` holding a section pasted by hand shows as there)."""
-    path = root / rel
-    try:
-        if path.resolve().is_relative_to(root.resolve()):
-            return None
-    except (OSError, RuntimeError):
-        return f"{path} is a symlink loop; ctx does not read it"
-    link = root
-    for part in Path(rel).parts:  # name the link itself: `.claude` when the whole folder is one
-        link = link / part
-        if link.is_symlink():
-            break
-    return f"{link} is a symlink out of the project; ctx does not read it"
-
-
 def _refuse_link_out(root: Path, rel: str, paste: str) -> None:
     """Install reads nothing that leads out of the project: it would not write there either."""
-    link = _link_out(root, rel)
+    link = link_out(root, rel)
     if link:
         raise _refuse(root / rel, link, paste)
 
@@ -144,7 +125,7 @@ def _refuse_link_out(root: Path, rel: str, paste: str) -> None:
 def _skipped_link_out(client: str, root: Path, rel: str) -> HookChange | None:
     """Uninstall's answer for a file that leads out of the project: not read, and nothing of ctx's can be in it
     that ctx wrote (install never writes through a link)."""
-    link = _link_out(root, rel)
+    link = link_out(root, rel)
     return HookChange(client, str(root / rel), "skipped", link) if link else None
 
 
@@ -313,7 +294,7 @@ def uninstall_json(spec: HookClient, root: Path) -> HookChange:
 
 def status_json(spec: HookClient, root: Path) -> HookChange:
     path = root / spec.file
-    link = _link_out(root, spec.file)
+    link = link_out(root, spec.file)
     if link:
         return HookChange(spec.name, str(path), "skipped", link)
     data, problem = read_json_object(path)
@@ -376,7 +357,7 @@ def uninstall_plugin(spec: HookClient, root: Path) -> HookChange:
 
 def status_plugin(spec: HookClient, root: Path) -> HookChange:
     path = root / spec.file
-    link = _link_out(root, spec.file)
+    link = link_out(root, spec.file)
     if link:
         return HookChange(spec.name, str(path), "skipped", link)
     ok = _text_or_empty(path).startswith(PLUGIN_MARK)
@@ -496,7 +477,7 @@ def status(client: str, root: Path) -> HookChange:
     spec = HOOK_CLIENTS[client]
     change = status_plugin(spec, root) if spec.style == "plugin" else status_json(spec, root)
     if spec.instructions:
-        link = _link_out(root, spec.instructions)
+        link = link_out(root, spec.instructions)
         section = (f"not read ({link})" if link
                    else "yes" if SECTION_START in _text_or_empty(root / spec.instructions) else "no")
         change.detail += f"; {spec.instructions} section: {section}"

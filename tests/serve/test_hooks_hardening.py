@@ -100,6 +100,33 @@ def test_init_keeps_symlinked_client_files_and_gitignore_as_links(repo: Path, tm
     assert (outside / "g.json").read_text() == '{"a": 1}\n' and (outside / "gi").read_text() == "node_modules/\n"
 
 
+def test_init_reads_no_client_file_or_gitignore_that_links_out_of_the_project(
+        repo: Path, tmp_path: Path, cli: Cli) -> None:
+    """Before, init read them first: a linked .gitignore that already ignored the lake answered "unchanged"."""
+    from ctxlake.serve.agents.clients import registered_file
+
+    other = tmp_path / "other"
+    other.mkdir()
+    assert cli("init", "--client", "claude,codex,gemini", cwd=other).exit_code == 0
+    files = (".mcp.json", ".codex/config.toml", ".gemini/settings.json", ".gitignore")
+    for rel in files:
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).symlink_to(other / rel)
+    before = {rel: (other / rel).read_bytes() for rel in files}
+    result = cli("init", "--client", "claude,codex,gemini", "--json", cwd=repo)
+    assert result.exit_code == 3 and "Traceback" not in result.stderr
+    changes = {c["client"]: c for c in json.loads(result.stdout)["changes"]}
+    for client in ("claude", "codex", "gemini", "git"):
+        assert changes[client]["action"] == "skipped", changes[client]
+        assert "symlink out of the project; ctx does not read it" in changes[client]["detail"]
+        assert changes[client]["paste"]
+    assert {rel: (other / rel).read_bytes() for rel in files} == before
+    # What tool_preferences shows: the other project's registrations are not read as this one's.
+    assert [registered_file(other, c) for c in ("claude", "codex", "gemini")] == [".mcp.json", ".codex/config.toml",
+                                                                                 ".gemini/settings.json"]
+    assert [registered_file(repo, c) for c in ("claude", "codex", "gemini")] == [None, None, None]
+
+
 def test_uninstall_keeps_a_hook_the_user_added_to_ctxs_own_group(repo: Path, cli: Cli) -> None:
     assert cli("hooks", "install", "--client", "claude", cwd=repo).exit_code == 0
     settings = repo / ".claude" / "settings.json"
