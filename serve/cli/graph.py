@@ -79,6 +79,11 @@ def refs(
     for r in page.references:
         mark = "" if r.resolved else "?"
         typer.echo(f"{tag(r.source)}{r.path}:{r.line}{mark}\t{r.kind}\t{r.enclosing or '-'}\t{r.snippet}")
+    if page.total == 0:  # a name the index does not know at all is an error above: this one is only defined
+        where = "the project" if source == PROJECT_SOURCE else f"source {source!r}"
+        typer.echo(f"no references to {symbol!r} in {where}" + (" other than imports" if no_imports else "")
+                   + "; `ctx def` shows where it is defined", err=True)
+        return
     more = f"; next: --offset {page.next_offset}" if page.next_offset is not None else ""
     typer.echo(f"({len(page.references)} of {page.total}{more}; ? = file not linked to a definition by imports)",
                err=True)
@@ -99,6 +104,9 @@ def related(
     for r in answer.related:
         weight = f"\t{r.weight:.3f}" if r.relation == "cochange" else ""
         typer.echo(f"{r.relation}\t{tag(answer.source)}{r.path}{weight}")
+    if not answer.related:
+        typer.echo(f"no related files for {tag(answer.source)}{answer.path}: no imports of indexed files, no "
+                   "importers, no files changed in the same commits (co-change needs a git work tree)", err=True)
     if answer.unresolved_imports:
         typer.echo(f"(not in the index: {', '.join(answer.unresolved_imports[:10])})", err=True)
 

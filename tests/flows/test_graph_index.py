@@ -140,6 +140,12 @@ def test_cli_graph_readers_answer_in_json_rank_ambiguity_and_page(
     # a file with uses but no definitions is known (empty outline); an unindexed one is an input error
     assert json.loads(cli("outline", "app/more.py", "--json", cwd=repo).stdout)["items"] == []
     assert cli("related", "app/nope.py", cwd=repo).exit_code == 2
+    # Defined but never used, and a file linked to nothing: a line that says so, not a blank answer.
+    unused = cli("refs", "run", cwd=repo)
+    assert unused.exit_code == 0 and unused.stdout == ""
+    assert "no references to 'run' in the project; `ctx def` shows where it is defined" in unused.stderr
+    alone = cli("related", "web/p.js", cwd=repo)
+    assert alone.exit_code == 0 and alone.stdout == "" and "no related files for web/p.js" in alone.stderr
 
 
 def test_graph_readers_read_a_path_from_the_current_folder_like_the_shell(
