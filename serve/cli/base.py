@@ -8,11 +8,26 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from typer.core import TyperGroup
+
 from ctxlake.errors import CtxError, InputError, UnknownFileError
 from ctxlake.schemas.config import CTX_DIR, check_ctx_links, default_config_toml
 from ctxlake.schemas.names import PROJECT_SOURCE
 
 T = TypeVar("T")
+
+
+def group_with_default(command: str) -> type[TyperGroup]:
+    """A command group that hands arguments naming none of its commands to `command`: `ctx context
+    "why redis"` is `ctx context search "why redis"`, and `ctx session REF` is `ctx session show REF`."""
+
+    class WithDefault(TyperGroup):
+        def parse_args(self, ctx: Any, args: list[str]) -> list[str]:  # ctx: the click.Context typer vendors
+            if args and args[0] not in self.commands and args[0] not in ctx.help_option_names:
+                args = [command, *args]
+            return super().parse_args(ctx, args)
+
+    return WithDefault
 
 
 def ensure_project(root: Path) -> bool:

@@ -11,7 +11,7 @@ import typer
 
 from ctxlake.errors import InputError
 from ctxlake.schemas.config import Settings, find_root, git_toplevel, load_settings
-from ctxlake.serve.cli.base import MAX_LIMIT
+from ctxlake.serve.cli.base import MAX_LIMIT, group_with_default
 
 if TYPE_CHECKING:
     from ctxlake.serve.api.context import MemoryLake
@@ -20,8 +20,10 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document o
 ToolOpt = Annotated[list[str] | None, typer.Option("--tool", help="only this agent tool (repeatable): claude, codex, ...")]
 AllOpt = Annotated[bool, typer.Option("--all-projects", help="every project's sessions, not just this one's")]
 
-session_app = typer.Typer(help="One agent session.", no_args_is_help=True)
-context_app = typer.Typer(help="Search what agents said and decided.", no_args_is_help=True)
+session_app = typer.Typer(help="One agent session (`ctx session REF` shows it).", no_args_is_help=True,
+                          cls=group_with_default("show"))
+context_app = typer.Typer(help="Search what agents said and decided (`ctx context QUERY` searches).",
+                          no_args_is_help=True, cls=group_with_default("search"))
 
 
 def _settings() -> Settings:

@@ -128,6 +128,10 @@ def test_context_search_and_session_pages(cli: Callable[..., Any], env: dict[str
     assert (page["total"], page["offset"], page["next_offset"], len(page["messages"])) == (6, 2, 5, 3)
     by_prefix = cli_json(cli, env["repo"], "session", "show", "cx-fo")
     assert by_prefix["session"]["session_ref"] == "codex:cx-fork"
+    # The short forms: the group's one reading command is the default, options first or after.
+    assert cli_json(cli, env["repo"], "session", "cx-fo") == by_prefix
+    assert cli_json(cli, env["repo"], "context", "--mode", "keyword", "deploy key")["hits"] == found["hits"]
+    assert cli_json(cli, env["repo"], "context", "deploy key", "--mode", "keyword")["hits"] == found["hits"]
     assert [m["text"] for m in by_prefix["messages"]] == ["Also added /readyz on the fork."]
 
 
