@@ -7,10 +7,12 @@ reads are bounded.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 import typer
 
+from ctxlake.errors import UnknownFileError
 from ctxlake.schemas.config import load_settings, resolve_root
 from ctxlake.schemas.names import PROJECT_SOURCE
 from ctxlake.serve.cli.base import typed_path_read
@@ -36,8 +38,18 @@ def show(
     settings = load_settings(resolve_root(None, for_write=False))
     check_names(settings, [source])
     lake = open_lake(settings)
-    context = typed_path_read(filepath, settings.root, lambda p: file_context(lake, p, start, end, source=source),
-                              source)
+    try:
+        context = typed_path_read(filepath, settings.root,
+                                  lambda p: file_context(lake, p, start, end, source=source), source)
+    except UnknownFileError:
+        # `path:12-30` as `ctx search` prints a hit (lines 12-30), `path:12` as `ctx refs` does (from
+        # line 12 on, like --start 12); a file whose name ends so is found first, above.
+        place = re.fullmatch(r"(.+):(\d+)(?:-(\d+))?", filepath.strip())
+        if place is None or start is not None or end is not None:
+            raise
+        first, last = int(place[2]), int(place[3]) if place[3] else None
+        context = typed_path_read(place[1], settings.root,
+                                  lambda p: file_context(lake, p, first, last, source=source), source)
     if as_json:
         from ctxlake.serve.cli.render import print_json
 

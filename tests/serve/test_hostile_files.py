@@ -140,6 +140,28 @@ def test_cli_readers_apply_the_same_rules(indexed: Path, cli: Callable[..., Any]
     assert any(d["path"].startswith("docs/") for d in json.loads(listing.stdout)["documents"])
 
 
+def test_ctx_show_takes_a_place_as_search_and_refs_print_it(
+        make_repo: Callable[..., Path], cli: Callable[..., Any], fake_embedder: Any) -> None:
+    lines = "".join(f"line{i}\n" for i in range(1, 11))
+    repo = make_repo({"app/mod.py": lines, "odd:3": "a file named like a place\n"})
+    assert cli("run", "index", cwd=repo).exit_code == 0
+
+    def shown(typed: str, cwd: Path = repo) -> dict[str, Any]:
+        result = cli("show", typed, "--json", cwd=cwd)
+        assert result.exit_code == 0, (typed, result.stderr)
+        answer: dict[str, Any] = json.loads(result.stdout)
+        return answer
+
+    ranged = shown("app/mod.py:4-6")
+    assert (ranged["path"], ranged["content"]) == ("app/mod.py", "line4\nline5\nline6\n")
+    assert shown("mod.py:9", cwd=repo / "app")["content"] == "line9\nline10\n"  # from that line on
+    assert shown("odd:3")["content"] == "a file named like a place\n"  # a real file of that name wins
+    backwards = cli("show", "app/mod.py:6-4", cwd=repo)
+    assert backwards.exit_code == 2 and "end_line 4 is before start_line 6" in backwards.stderr
+    both = cli("show", "app/mod.py:4", "--start", "2", cwd=repo)  # the options decide: no place is read
+    assert both.exit_code == 2 and "not an indexed file: 'app/mod.py:4'" in both.stderr
+
+
 def test_ctx_show_reads_a_path_from_the_current_folder_and_still_from_the_root(
         make_repo: Callable[..., Path], cli: Callable[..., Any], fake_embedder: Any, tmp_path: Path) -> None:
     # `ctx show` read every path from the project root wherever it ran, unlike `ctx related` and
