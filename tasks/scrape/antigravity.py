@@ -12,6 +12,7 @@ from ctxlake.tasks.scrape.base import (
     Fingerprint,
     Msg,
     ScrapeOutput,
+    at_byte,
     json_lines,
     mtime_ts,
     read_document,
@@ -84,7 +85,7 @@ class AntigravityScraper:
         for offset, step in json_lines(path, pos, out):
             stype = label(step.get("type"))
             source = string(step.get("source"))
-            where = f"{path}:{offset}"
+            where = at_byte(path, offset)
             if stype in IGNORED_STEPS:
                 out.ignored()
                 continue

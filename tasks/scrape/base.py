@@ -393,7 +393,7 @@ def guarded_read(path: Path, pos: FileState, out: ScrapeOutput,
             except Exception as exc:  # a parser bug must not take ingestion down
                 out.file_counts = counts_of(pos)  # a reset may have replaced them
                 resume = pos.reading > pos.offset
-                out.parser_failed(exc, f"{path}:{pos.offset}" if resume else str(path))
+                out.parser_failed(exc, at_byte(path, pos.offset) if resume else str(path))
                 if resume:
                     pos.offset = pos.reading  # step over the one line that broke, read on
                     continue
@@ -429,7 +429,7 @@ def read_new_lines(path: Path, pos: FileState, limits: ReadLimits | None = None,
         if line is OVERSIZE:
             if out is not None:
                 out.counts.records += 1
-                out.malformed(f"line over {size_text(limits.max_line_bytes)}", f"{path}:{offset}")
+                out.malformed(f"line over {size_text(limits.max_line_bytes)}", at_byte(path, offset))
             pos.offset = end
             continue
         if not line.endswith(b"\n"):
@@ -449,10 +449,10 @@ def json_lines(path: Path, pos: FileState, out: ScrapeOutput) -> Iterator[tuple[
         out.counts.records += 1
         record, reason = parse_line(line)
         if reason:
-            out.malformed(reason, f"{path}:{offset}")
+            out.malformed(reason, at_byte(path, offset))
             continue
         if not isinstance(record, dict):
-            out.malformed("not a JSON object", f"{path}:{offset}")
+            out.malformed("not a JSON object", at_byte(path, offset))
             continue
         yield offset, record
 
@@ -467,6 +467,12 @@ def read_document(path: Path, pos: FileState, limits: ReadLimits | None = None) 
     pos.digest = digest
     counts_of(pos).clear()
     return data
+
+
+def at_byte(path: Path, offset: int) -> str:
+    """Where a JSONL record starts, for a problem line: a byte offset (a run that resumes mid-file does
+    not know line numbers), written so that it does not read as `path:line`."""
+    return f"{path} at byte {offset}"
 
 
 def guard(out: ScrapeOutput, where: str, fn: Callable[..., None], *args: Any) -> None:

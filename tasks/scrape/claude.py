@@ -11,6 +11,7 @@ from ctxlake.tasks.scrape.base import (
     Msg,
     ScrapeOutput,
     SessionMeta,
+    at_byte,
     first_existing,
     json_lines,
 )
@@ -60,7 +61,7 @@ class ClaudeScraper(JsonlScraper):
         for offset, rec in json_lines(path, pos, out):
             kind = string(rec.get("type"))
             subtype = string(rec.get("subtype"))
-            where = f"{path}:{offset}"
+            where = at_byte(path, offset)
             if kind in ("user", "assistant") or (kind == "system" and subtype in KEPT_SYSTEM):
                 self._record(rec, path, offset, where, agent, parent_session, extra, out)
             elif kind in TITLE_RANK:

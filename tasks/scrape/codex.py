@@ -12,6 +12,7 @@ from ctxlake.tasks.scrape.base import (
     Msg,
     ScrapeOutput,
     SessionMeta,
+    at_byte,
     first_existing,
     json_lines,
 )
@@ -77,7 +78,7 @@ class CodexScraper(JsonlScraper):
         for offset, rec in json_lines(path, pos, out):
             kind = string(rec.get("type"))
             payload = rec.get("payload")
-            where = f"{path}:{offset}"
+            where = at_byte(path, offset)
             if kind in IGNORED_TOP:
                 out.ignored()
                 continue

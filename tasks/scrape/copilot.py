@@ -15,6 +15,7 @@ from ctxlake.tasks.scrape.base import (
     Msg,
     ScrapeOutput,
     SessionMeta,
+    at_byte,
     first_existing,
     guard,
     json_lines,
@@ -67,7 +68,7 @@ class CopilotCliScraper(JsonlScraper):
         for offset, rec in json_lines(path, pos, out):
             etype = string(rec.get("type"))
             data = rec.get("data")
-            where = f"{path}:{offset}"
+            where = at_byte(path, offset)
             if etype in IGNORED:
                 if etype == "session.model_change" and isinstance(data, dict) and isinstance(data.get("newModel"), str):
                     extra["model"] = data["newModel"]

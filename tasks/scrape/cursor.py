@@ -15,6 +15,7 @@ from ctxlake.tasks.scrape.base import (
     Msg,
     ScrapeOutput,
     SessionMeta,
+    at_byte,
     counts_of,
     first_existing,
     guard,
@@ -71,7 +72,7 @@ class CursorTranscriptScraper(JsonlScraper):
                 out.unknown(label(rec.get("type") if rec.get("type") is not None else role))
                 continue
             if not isinstance(message, dict):
-                out.malformed("no message", f"{path}:{offset}")
+                out.malformed("no message", at_byte(path, offset))
                 continue
             blocks = message.get("content")
             blocks = blocks if isinstance(blocks, list) else [{"type": "text", "text": text_of(blocks)}]

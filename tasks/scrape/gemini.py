@@ -12,6 +12,7 @@ from ctxlake.tasks.scrape.base import (
     Msg,
     ScrapeOutput,
     SessionMeta,
+    at_byte,
     first_existing,
     guard,
     json_lines,
@@ -112,7 +113,7 @@ class GeminiScraper:
             elif "type" in rec and "id" in rec:
                 # A message before (or without) the session header is kept under the file's name.
                 session = extra.get("session") or path.stem
-                self._message(rec, session, extra.get("project_hash", ""), path, offset, f"{path}:{offset}", out)
+                self._message(rec, session, extra.get("project_hash", ""), path, offset, at_byte(path, offset), out)
             else:
                 out.unknown(",".join(sorted(rec)[:3]) or "{}")
 

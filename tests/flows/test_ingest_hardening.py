@@ -60,9 +60,9 @@ def test_a_record_stamped_at_the_ends_of_the_calendar_stops_nothing(
     repo = make_repo({"a.py": "x = 1\n"}, name="app")
     logs = tmp_path / "claude" / "projects"
     write_jsonl(logs / "p" / "far.jsonl", [
+        claude("user", "f2", 1, "a sane neighbour", session="s-far", cwd=str(repo)),
         {**claude("user", "f1", 0, "stamped at the end of time", session="s-far", cwd=str(repo)),
          "timestamp": "9999-12-31T23:59:59Z"},
-        claude("user", "f2", 1, "a sane neighbour", session="s-far", cwd=str(repo)),
     ])
     write_jsonl(logs / "p" / "old.jsonl", [
         {**claude("user", "o1", 0, "stamped in year one", session="s-old", cwd=str(repo)),
@@ -71,7 +71,12 @@ def test_a_record_stamped_at_the_ends_of_the_calendar_stops_nothing(
     first = cli("run", "ingest", f"--from=claude={logs}", "--json", "--no-embed", cwd=repo)
     assert first.exit_code == 0, first.stderr
     # Both are skipped and counted like any record without a usable time.
-    assert json.loads(first.stdout)["malformed_in_logs"] == {"claude": {"bad timestamp": 2}}
+    report = json.loads(first.stdout)
+    assert report["malformed_in_logs"] == {"claude": {"bad timestamp": 2}}
+    # Each is placed by the byte its line starts at, not in a form that reads as `path:line`.
+    second_line = len((logs / "p" / "far.jsonl").read_bytes().split(b"\n")[0]) + 1
+    assert sorted(report["problems"]) == [f"{logs / 'p' / 'far.jsonl'} at byte {second_line}: bad timestamp",
+                                          f"{logs / 'p' / 'old.jsonl'} at byte 0: bad timestamp"]
     again = cli("run", "ingest", f"--from=claude={logs}", "--json", "--no-embed", cwd=repo)
     assert again.exit_code == 0, again.stderr  # the next run too: nothing was left half done
     shown = cli("session", "show", "claude:s-far", cwd=repo)
