@@ -317,7 +317,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("ask")
     def ask(
-        question: Annotated[str, typer.Option("-q", "--question", help="what to ask")],
+        typed: Annotated[str | None, typer.Argument(metavar="QUESTION", help="what to ask (or -q)")] = None,
+        option: Annotated[str | None, typer.Option("-q", "--question", help="what to ask")] = None,
         sources: SourcesOpt = None, agent: AgentOpt = None,
         timeout: Annotated[float | None, typer.Option("--timeout", min=1, help="seconds before the agent is stopped")] = None,
         as_json: JsonOpt = False,
@@ -325,6 +326,10 @@ def register(app: typer.Typer) -> None:
         """Ask a coding agent about some sources, run in a scratch folder that links only them (it runs as you: not a security sandbox)."""
         from ctxlake.serve.api import source_queries
 
+        if (typed is None) == (option is None):
+            raise InputError("give the question once: `ctx ask \"QUESTION\"` or `ctx ask -q \"QUESTION\"`")
+        question = typed if typed is not None else option
+        assert question is not None
         settings = load_settings(resolve_root(None, for_write=False))
         names = source_queries.parse_names(sources)
         source_queries.check_names(settings, names)

@@ -286,6 +286,12 @@ def test_ask_and_chat_with_a_stub_agent(
 
     plain = cli("ask", "-q", "graph nodes?", cwd=project)
     assert plain.exit_code == 0 and plain.stdout.strip() == "ANSWER from stub: see lib, project"
+    typed = cli("ask", "graph nodes?", cwd=project)  # the question as an argument, as one would type it
+    assert typed.exit_code == 0 and typed.stdout == plain.stdout
+    assert read_record(tmp_path / "record.json")["prompt"].count("graph nodes?") >= 1
+    for twice_or_never in (["ask", "x", "-q", "y"], ["ask"]):
+        refused = cli(*twice_or_never, cwd=project)
+        assert refused.exit_code == 2 and "give the question once" in refused.stderr
     assert cli("ask", "-s", "nope", "-q", "x", cwd=project).exit_code == 2
     monkeypatch.setenv("STUB_MODE", "fail")
     failed = cli("ask", "-s", "lib", "-q", "x", cwd=project)
