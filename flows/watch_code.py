@@ -26,7 +26,7 @@ from ctxlake.tasks.merkle import (
 )
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.store import optimize
-from ctxlake.tasks.watch_stop import STOP, request_stop
+from ctxlake.tasks.watching import STOP, changed_paths, request_stop
 
 from .index_code import IndexReport, Writer, index_code
 
@@ -34,10 +34,8 @@ from .index_code import IndexReport, Writer, index_code
 IDLE_OPTIMIZE_S = 30.0
 # Paths whose change can alter which files are indexed at all: rescan everything.
 RULE_FILES = (".gitignore", ".git/info/exclude")
-# Folders whose churn never matters (the lake writes into .ctx/lake itself).
-NOISE = (".git/", ".ctx/")
 
-# One watcher per process (tasks/watch_stop.py STOP); `request_stop` ends it from another thread.
+# One watcher per process (tasks/watching.py STOP); `request_stop` ends it from another thread.
 __all__ = ["request_stop", "watch_code"]
 
 
@@ -72,8 +70,7 @@ def watch_code(settings: Settings, source: str = PROJECT_SOURCE, root: Path | No
                     dirty = False
                 continue
             events = cast("set[tuple[int, str]]", raw)  # the other answers are the strings above
-            paths = {Path(p).relative_to(root).as_posix() for _, p in events if Path(p).is_relative_to(root)}
-            paths = {p for p in paths if p != "." and not p.startswith(NOISE)}
+            paths = changed_paths(root, events)
             if not paths:
                 continue
             if any(p.endswith(RULE_FILES) for p in paths):

@@ -128,7 +128,7 @@ def run_index(
         if watch:
             import signal
 
-            from ctxlake.tasks.watch_stop import stop_on_interrupt
+            from ctxlake.tasks.watching import stop_on_interrupt
 
             # A shell starts background jobs with SIGINT ignored and Python keeps that; a watcher
             # must still stop on Ctrl-C or `kill -INT`, whoever started it.

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from ctxlake.serve.service.children import dying_with_this_process, on_lifetime_thread
+from ctxlake.tasks.watching import changed_paths
 
 if TYPE_CHECKING:
     from ctxlake.serve.service.engine import EngineCache
@@ -30,7 +31,6 @@ IMPORTS_WAIT_S = 120.0
 # Files changed while a project was not watched that its watcher applies when it starts; more
 # than this is a job for `ctx run index` (a whole-tree run, in a child process of the service).
 CATCH_UP_MAX = 500
-NOISE = (".git/", ".ctx/")
 # A batch appends a fragment to each table it writes; merges and keyword queries slow with their
 # number (django, 120 small fragments: a one-file merge 95 ms and a keyword query 25 ms; optimized,
 # 63 and 13). Optimizing takes seconds on a big lake (3.8 s on django), so the watcher does it once
@@ -106,9 +106,7 @@ class ProjectWatcher(threading.Thread):
                         self._optimize(settings)
                     continue
                 events = cast("set[tuple[int, str]]", raw)
-                paths = {Path(p).relative_to(self.root).as_posix() for _, p in events
-                         if Path(p).is_relative_to(self.root)}
-                paths = {p for p in paths if p != "." and not p.startswith(NOISE)}
+                paths = changed_paths(self.root, events)
                 if not paths:
                     # The lake's own writes (.ctx/) and git's bookkeeping: not a change to the
                     # project. Counted, they made every reader walk the tree again per commit of
