@@ -23,6 +23,7 @@ from ctxlake.errors import AgentError, InputError
 from ctxlake.schemas.config import AgentsSettings
 from ctxlake.schemas.sources import NAME_RE
 from ctxlake.tasks.stage import stage
+from ctxlake.tasks.tokens import CHARS_PER_TOKEN, estimate_tokens
 
 SANDBOX_PREFIX = "ctx-"
 MARKER_FILE = ".ctx-agent-sandbox"  # only folders holding it are ever swept
@@ -41,7 +42,6 @@ EMPTY_MCP_CONFIGS: dict[str, dict[str, Any]] = {
     MCP_CONFIG_FILE: _NO_SERVERS,  # handed over with {mcp_config} (claude --mcp-config ...)
 }
 PLACEHOLDERS = ("{prompt_file}", "{mcp_config}")
-CHARS_PER_TOKEN = 4  # a rough count, good enough for a budget
 KILL_GRACE_S = 3.0
 # What an agent's process gets of ours: what a shell and a Node/Python CLI need, the agents' own
 # configuration and keys, proxies and CA bundles; never the rest (cloud keys, tokens for other
@@ -156,10 +156,6 @@ def make_sandbox(parent: Path, links: Sequence[SourceLink]) -> Path:
 # --- the prompt ------------------------------------------------------------------------------------
 
 
-def _tokens(text: str) -> int:
-    return (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
-
-
 def _fence(text: str) -> str:
     ticks = 3
     while "`" * ticks in text:
@@ -185,22 +181,22 @@ def build_prompt(question: str, links: Sequence[SourceLink], hits: Sequence[Prom
     if not hits:
         return text, 0
     text += "\n# Search hits\n\nThe index's best matches for the question, best first:\n"
-    left = budget_tokens - _tokens(text)
+    left = budget_tokens - estimate_tokens(text)
     used = 0
     for i, hit in enumerate(hits, start=1):
         title = f"\n## {i}. {hit.source}/{hit.path}:{hit.start_line}-{hit.end_line}"
         title += f" ({hit.symbol})\n\n" if hit.symbol else "\n\n"
         body = hit.text.rstrip("\n")
-        cost = _tokens(title + body) + 4
+        cost = estimate_tokens(title + body) + 4
         if cost > left:
-            room = (left - _tokens(title) - 4) * CHARS_PER_TOKEN
+            room = (left - estimate_tokens(title) - 4) * CHARS_PER_TOKEN
             if room < 400:  # a stub of a hit helps no one; stop here
                 break
             body = body[:room].rsplit("\n", 1)[0] + "\n…"
         fence = _fence(body)
         block = f"{title}{fence}\n{body}\n{fence}\n"
         text += block
-        left -= _tokens(block)
+        left -= estimate_tokens(block)
         used += 1
         if left <= 0:
             break
@@ -321,7 +317,7 @@ def ask_agent(question: str, links: Sequence[SourceLink], hits: Sequence[PromptH
     finally:
         shutil.rmtree(sandbox, ignore_errors=True)
     run.agent, run.swept, run.sources = name, swept, [s.name for s in links]
-    run.prompt_tokens, run.hits_in_prompt = _tokens(prompt), used
+    run.prompt_tokens, run.hits_in_prompt = estimate_tokens(prompt), used
     if run.timed_out:
         raise AgentError(f"agent {name!r} did not answer within {timeout_s or agents.timeout_s:.0f} s",
                          hint="pass --timeout, or raise [agents] timeout_s")

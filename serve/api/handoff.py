@@ -25,15 +25,10 @@ from ctxlake.serve.api.context import (
 from ctxlake.serve.api.memory_models import DEFAULT_BUDGET, Brief
 from ctxlake.tasks.open_tasks import open_tasks
 from ctxlake.tasks.store import sql_str
+from ctxlake.tasks.tokens import CHARS_PER_TOKEN, estimate_tokens
 
-# A cheap, dependency-free estimate: about four characters of English or code per token (cl100k/o200k average).
-CHARS_PER_TOKEN = 4
 LINE = 240
 GIT_TIMEOUT_S = 5
-
-
-def estimate_tokens(text: str) -> int:
-    return (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
 
 
 def _line(text: str, limit: int = LINE) -> str:

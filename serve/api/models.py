@@ -6,6 +6,8 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, Field
 
+from ctxlake.tasks.tokens import estimate_tokens
+
 # One vocabulary for every face: the CLI's --mode, MCP's search_type and the eval harness.
 SearchMode = Literal["hybrid", "keyword", "semantic", "fuzzy"]
 SEARCH_MODES: tuple[SearchMode, ...] = get_args(SearchMode)
@@ -37,11 +39,6 @@ class SearchResult(BaseModel):
     tokens_used: int = Field(0, description="estimated tokens of the hits returned (about 4 characters a token)")
     omitted: int = Field(0, description="hits left out to stay within the token budget")
     took_ms: float = 0.0
-
-
-def estimate_tokens(text: str) -> int:
-    """Tokens of text, estimated at 4 characters a token (close for code and English with BPE tokenizers)."""
-    return max(1, -(-len(text) // 4))
 
 
 def hit_tokens(hit: Hit) -> int:

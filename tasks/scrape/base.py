@@ -17,6 +17,7 @@ from ctxlake.tasks.scrape.fields import parse_ts as parse_ts  # re-exported: old
 from ctxlake.tasks.scrape.safe_read import (
     OVERSIZE,
     SNIFF_BYTES,
+    UTF8_BOM,
     ReadLimits,
     SkippedFile,
     json_loads,
@@ -34,7 +35,6 @@ log = logging.getLogger(__name__)
 
 FILE_COUNTS = "_malformed"  # FileState.extra key: this file's malformed records by reason
 ENCODING = "_encoding"  # FileState.extra key: a JSONL file's detected UTF-16 flavour
-UTF8_BOM = b"\xef\xbb\xbf"
 # A file whose parser keeps failing is stepped over line by line at most this many times per run.
 MAX_RESUMES = 100_000
 

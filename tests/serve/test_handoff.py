@@ -12,8 +12,8 @@ import pytest
 from helpers import git
 from memlogs import claude, slug, tool_result, tool_use, write_jsonl
 
-from ctxlake.serve.api.handoff import estimate_tokens
 from ctxlake.tasks.open_tasks import open_tasks
+from ctxlake.tasks.tokens import estimate_tokens
 
 
 def row(role: str, text: str, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
