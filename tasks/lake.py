@@ -279,7 +279,7 @@ class WriterLock:
                 else:
                     time.sleep(0.2)
         previous = self.owner().get("pid")
-        if isinstance(previous, int) and previous != os.getpid() and not _pid_alive(previous):
+        if isinstance(previous, int) and previous != os.getpid() and not pid_alive(previous):
             self.took_over_from = previous
         self._fd = fd  # held from here: release() must find it whatever fails below
         # The owner record only makes "busy" messages useful. A full disk must not fail the taking
@@ -330,14 +330,20 @@ class WriterLock:
         self.release()
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process still runs; a zombie (exited, not yet reaped by its parent, as a killed
+    child of a living service is for a moment) counts as gone."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
 
 
 # Where Lance's Rust side raised, appended to its messages (", <cargo home>/registry/src/.../x.rs:258:9",

@@ -14,6 +14,7 @@ from typing import Any
 
 from ctxlake.serve.service import protocol
 from ctxlake.serve.service.paths import ServicePaths, write_private_json
+from ctxlake.tasks.lake import pid_alive
 
 START_TIMEOUT_S = 60.0
 
@@ -136,7 +137,7 @@ def stop(paths: ServicePaths, timeout_s: float = 30.0) -> int | None:
             sig, deadline = signal.SIGKILL, time.monotonic() + 5.0
         time.sleep(0.05)
     # The lock is released just before the process exits: wait for the exit itself.
-    while pid is not None and _alive(pid) and time.monotonic() < deadline + 10.0:
+    while pid is not None and pid_alive(pid) and time.monotonic() < deadline + 10.0:
         time.sleep(0.05)
     if not lock_is_held(paths):
         reap_prefect_server(paths)  # a service killed here had no chance to stop its server
@@ -177,17 +178,3 @@ def reap_prefect_server(paths: ServicePaths, grace_s: float = 10.0) -> int | Non
         pass  # gone already, or a pid reused by someone else's process: nothing of ours to stop
     paths.prefect_server.unlink(missing_ok=True)
     return stopped
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (exited, not yet reaped by its parent) counts as gone
-        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True

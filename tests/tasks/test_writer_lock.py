@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -32,3 +36,29 @@ def test_a_full_disk_while_taking_the_lock_leaves_it_releasable(tmp_path: Path,
     again = WriterLock(tmp_path).acquire()  # and free once that run ends
     assert again.owner()["pid"] == os.getpid()
     again.release()
+
+
+def test_a_killed_writer_not_yet_reaped_counts_as_gone_when_the_next_takes_the_lock(tmp_path: Path) -> None:
+    """A killed index child of a living service is a zombie until the service reaps it: signal 0
+    still reaches it, and the next writer did not say it took over a lock left behind."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom ctxlake.tasks.lake import WriterLock\n"
+         "from pathlib import Path\n"
+         f"WriterLock(Path({str(tmp_path)!r})).acquire()\nprint('held', flush=True)\ntime.sleep(60)\n"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        os.kill(holder.pid, signal.SIGKILL)
+        stat = Path(f"/proc/{holder.pid}/stat")
+        deadline = time.monotonic() + 10
+        while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":  # exited; not waited for
+            assert time.monotonic() < deadline, "the holder did not die"
+            time.sleep(0.02)
+        assert not lake.pid_alive(holder.pid)
+        assert lake.pid_alive(os.getpid())
+        lock = WriterLock(tmp_path).acquire()
+        assert lock.took_over_from == holder.pid
+        lock.release()
+    finally:
+        holder.kill()
+        holder.wait()
