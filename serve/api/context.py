@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ctxlake.errors import InputError, NotIndexedError
 from ctxlake.schemas.config import Settings
+from ctxlake.serve.api.code_lake import read_pool
 from ctxlake.serve.api.handles import memo_schema
 from ctxlake.serve.api.memory_models import (
     ContextHit,
@@ -28,12 +29,11 @@ from ctxlake.serve.api.memory_models import (
     SessionSummary,
     ToolCallOut,
 )
-from ctxlake.serve.api.queries import (
+from ctxlake.serve.api.ranked_lists import (
     BM25_SCORE,
     VECTOR_DISTANCE,
     fuse,
     keyword_query,
-    read_pool,
     sum_scores,
 )
 from ctxlake.tasks.knowledge import inbox_records

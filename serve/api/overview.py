@@ -20,7 +20,7 @@ from ctxlake.schemas.config import (
     default_home,
     read_project_config,
 )
-from ctxlake.serve.api.queries import memory_malformed
+from ctxlake.serve.api.index_status import memory_malformed
 
 if TYPE_CHECKING:
     from ctxlake.serve.api.context import MemoryLake

@@ -457,8 +457,8 @@ def _overview(ctx: UiContext) -> dict[str, Any]:
 
 def _overview_lakes(ctx: UiContext) -> dict[str, Any]:
     from ctxlake.serve.api.context import list_sessions
+    from ctxlake.serve.api.index_status import status
     from ctxlake.serve.api.overview import tool_ingestion
-    from ctxlake.serve.api.queries import status
     from ctxlake.serve.api.source_queries import list_sources
 
     projects = []
@@ -486,8 +486,8 @@ def _overview_lakes(ctx: UiContext) -> dict[str, Any]:
 
 
 def api_search(request: Request) -> dict[str, Any]:
+    from ctxlake.serve.api.code_search import search
     from ctxlake.serve.api.context import parse_when, search_context
-    from ctxlake.serve.api.queries import search
     from ctxlake.serve.api.source_queries import check_names
 
     q = request.query_params

@@ -18,7 +18,7 @@ import pytest
 
 from ctxlake.serve.api import context
 from ctxlake.serve.api.context import _fts, _fts_columns, _vector
-from ctxlake.serve.api.queries import sum_scores
+from ctxlake.serve.api.ranked_lists import sum_scores
 from ctxlake.tasks import upkeep
 from ctxlake.tasks.memory_store import ensure_vector_index, reset_vectors
 
