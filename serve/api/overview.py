@@ -23,7 +23,7 @@ from ctxlake.schemas.config import (
 from ctxlake.serve.api.index_status import memory_malformed
 
 if TYPE_CHECKING:
-    from ctxlake.serve.api.context import MemoryLake
+    from ctxlake.serve.api.memory_lake import MemoryLake
 
 MASK = "•••• (set, hidden)"
 # A key that names a secret: the last word(s) of its name (api_key, llm_api_key, token, password), never a

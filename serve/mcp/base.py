@@ -27,7 +27,7 @@ from ctxlake.tasks.lake import lake_failure
 
 if TYPE_CHECKING:
     from ctxlake.serve.api.code_lake import Lake
-    from ctxlake.serve.api.context import MemoryLake
+    from ctxlake.serve.api.memory_lake import MemoryLake
     from ctxlake.tasks.freshness import Freshness
 
 P = ParamSpec("P")
@@ -197,7 +197,7 @@ class HeldMemory:
 
     def __call__(self) -> MemoryLake:
         # Imported here: the memory reader pulls in pyarrow, which start-up must not wait for.
-        from ctxlake.serve.api.context import MemoryLake
+        from ctxlake.serve.api.memory_lake import MemoryLake
 
         with self._lock:
             held = self._held

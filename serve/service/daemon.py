@@ -737,8 +737,9 @@ def _warm_imports() -> None:
     ~1 s of the UI Overview's first 1.3-1.6 s)."""
     import ctxlake.flows.watch_code
     import ctxlake.serve.api.code_search
-    import ctxlake.serve.api.context
+    import ctxlake.serve.api.context_search
     import ctxlake.serve.api.index_status
+    import ctxlake.serve.api.memory_sessions
     import ctxlake.serve.api.overview
     import ctxlake.serve.api.source_queries
     import ctxlake.serve.cli.app  # noqa: F401
