@@ -435,7 +435,7 @@ def ensure_vector_index(table: Table, min_rows: int | None = None) -> bool:
     33-58 s with lance's defaults and raised the process's peak memory by ~0.5 GB; IVF_PQ (8-dim
     sub-vectors) took 94-101 s and needed its candidates re-ranked by the full vectors (recall@10
     0.62 without, 0.99 with, at 24 ms); HNSW-SQ (the chunks' index) 172 s. The probes that
-    serve/api/context.py asks for set the recall. Rows added later are folded in by optimize()
+    serve/api/context_search.py asks for set the recall. Rows added later are folded in by optimize()
     and searched flat until then.
     """
     from lancedb.index import IvfSq

@@ -159,7 +159,7 @@ def test_serve_never_imports_flows_at_module_level() -> None:
 
 
 @pytest.mark.parametrize("module", ["ctxlake.serve.cli.app", "ctxlake.serve.mcp.server",
-                                    "ctxlake.serve.api.queries"])
+                                    "ctxlake.serve.api.code_search", "ctxlake.serve.api.index_status"])
 def test_the_query_faces_import_without_prefect_or_lancedb(module: str) -> None:
     # A fresh interpreter: this one has imported every module above.
     code = (f"import sys, {module}; "

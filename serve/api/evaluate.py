@@ -232,7 +232,8 @@ def add_history(settings: Settings, task: EvalTask, mirrors: Sequence[Path]) -> 
 def run_eval(base: Settings, plan: EvalPlan, log: Log | None = None) -> EvalReport:
     """Run every task of the plan for each profile, mode, corpus and variant; score and summarise."""
     from ctxlake.serve.api import file_search
-    from ctxlake.serve.api.queries import Lake, build_filter
+    from ctxlake.serve.api.code_lake import Lake
+    from ctxlake.serve.api.ranked_lists import build_filter
 
     started = time.perf_counter()
     say = log or (lambda _msg: None)
@@ -355,7 +356,7 @@ def chunk_search_results(
     indexed: set[str], profile: str, query: str = "full",
 ) -> list[TaskResult]:
     """`ctx search` itself (chunks, as an agent sees them) collapsed to files in order of first hit."""
-    from ctxlake.serve.api.queries import search
+    from ctxlake.serve.api.code_search import search
 
     out = []
     for mode in modes:

@@ -12,18 +12,11 @@ import numpy as np
 from ctxlake.errors import InputError, UnknownFileError
 from ctxlake.schemas.config import Settings
 from ctxlake.schemas.tables import PROJECT_SOURCE
+from ctxlake.serve.api.code_lake import Lake, all_rows, embedding_counts
+from ctxlake.serve.api.code_search import snippet
 from ctxlake.serve.api.docs import clean_relative
 from ctxlake.serve.api.models import Hit
-from ctxlake.serve.api.queries import (
-    HIT_COLUMNS,
-    VECTOR_DISTANCE,
-    Lake,
-    _sql,
-    all_rows,
-    embedding_counts,
-    keyword_rows,
-    snippet,
-)
+from ctxlake.serve.api.ranked_lists import HIT_COLUMNS, VECTOR_DISTANCE, _sql, keyword_rows
 from ctxlake.serve.api.symbols import SYMBOL_COLUMNS, symbol_index
 from ctxlake.serve.api.symbols import normalise as _normalise
 from ctxlake.serve.api.tool_models import (

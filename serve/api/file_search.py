@@ -9,23 +9,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctxlake.errors import InputError, NotIndexedError
+from ctxlake.serve.api.code_lake import Lake, embedded_fraction
+from ctxlake.serve.api.code_search import unknown_lang
 from ctxlake.serve.api.models import FileHit, FileSearchResult, SearchMode
-from ctxlake.serve.api.queries import (
-    Lake,
-    build_filter,
-    embedded_fraction,
-    fuzzy_rows,
-    identifier_rows,
-    keyword_rows,
-    semantic_rows,
-    unknown_lang,
-)
 from ctxlake.serve.api.query_terms import (
     MAX_ISSUE_CHARS,
     analyse,
     bound_query,
     query_prose,
     query_title,
+)
+from ctxlake.serve.api.ranked_lists import (
+    build_filter,
+    fuzzy_rows,
+    identifier_rows,
+    keyword_rows,
+    semantic_rows,
 )
 from ctxlake.serve.api.ranking import (
     FileKey,

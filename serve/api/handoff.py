@@ -14,15 +14,9 @@ from typing import Any
 
 from ctxlake.errors import InputError
 from ctxlake.schemas.git import NO_DIFF_DRIVERS, git_args
-from ctxlake.serve.api.context import (
-    MESSAGE_COLUMNS,
-    MemoryLake,
-    _ts,
-    list_sessions,
-    resolve_ref,
-    time_estimated,
-)
+from ctxlake.serve.api.memory_lake import MESSAGE_COLUMNS, MemoryLake, _ts
 from ctxlake.serve.api.memory_models import DEFAULT_BUDGET, Brief
+from ctxlake.serve.api.memory_sessions import list_sessions, resolve_ref, time_estimated
 from ctxlake.tasks.open_tasks import open_tasks
 from ctxlake.tasks.store import sql_str
 from ctxlake.tasks.tokens import CHARS_PER_TOKEN, estimate_tokens

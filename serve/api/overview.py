@@ -20,10 +20,10 @@ from ctxlake.schemas.config import (
     default_home,
     read_project_config,
 )
-from ctxlake.serve.api.queries import memory_malformed
+from ctxlake.serve.api.index_status import memory_malformed
 
 if TYPE_CHECKING:
-    from ctxlake.serve.api.context import MemoryLake
+    from ctxlake.serve.api.memory_lake import MemoryLake
 
 MASK = "•••• (set, hidden)"
 # A key that names a secret: the last word(s) of its name (api_key, llm_api_key, token, password), never a

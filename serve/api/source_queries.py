@@ -17,7 +17,7 @@ from ctxlake.tasks.source_store import read_sources, source_counts, source_roots
 from ctxlake.tasks.sources import check_access, source_root
 
 if TYPE_CHECKING:
-    from ctxlake.serve.api.queries import Lake
+    from ctxlake.serve.api.code_lake import Lake
 
 # A hit's text is read from the file itself (the index keeps a snippet); longer chunks are cut.
 MAX_HIT_LINES = 200
@@ -96,7 +96,7 @@ def index_stats(lake: Lake) -> dict[str, SourceFigures]:
     a warm lake (the MCP server, the UI) answers a repeat visit with a version check."""
     import pyarrow.compute as pc
 
-    from ctxlake.serve.api.queries import all_rows
+    from ctxlake.serve.api.code_lake import all_rows
 
     # The versions are read before the tables: a write landing meanwhile leaves a key that no
     # longer matches, so the next call counts again instead of keeping a stale answer.
@@ -209,15 +209,15 @@ def prompt_hits(settings: Settings, question: str, links: Sequence[SourceLink],
     """The index's top hits for the question within the linked sources; NotIndexedError without a lake."""
     if settings.agents.hits == 0 or not links:
         return []
-    from ctxlake.serve.api import queries
+    from ctxlake.serve.api import code_lake, code_search
 
-    lake = lake or queries.Lake(settings)
+    lake = lake or code_lake.Lake(settings)
     names = [link.name for link in links]
     try:
-        result = queries.search(lake, question, limit=settings.agents.hits, sources=names, check_stale=False)
+        result = code_search.search(lake, question, limit=settings.agents.hits, sources=names, check_stale=False)
     except (ModelMismatchError, EmbedderError, NotIndexedError):
         # The question still deserves keyword hits when the vectors cannot be used.
-        result = queries.search(lake, question, mode="keyword", limit=settings.agents.hits, sources=names,
+        result = code_search.search(lake, question, mode="keyword", limit=settings.agents.hits, sources=names,
                                 check_stale=False)
     roots = {link.name: link.root for link in links}
     return [

@@ -1,6 +1,6 @@
 """The one fuzzy symbol index: every symbol name of the lake, normalised for typo-tolerant
 matching, built once per table version and open Lake. fuzzy_find (explore.find_symbols) and the
-fuzzy search mode (queries.fuzzy_rows) both read it, so a name one finds the other finds too."""
+fuzzy search mode (ranked_lists.fuzzy_rows) both read it, so a name one finds the other finds too."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 class Lake(Protocol):
-    """What the index needs of an open lake (queries.Lake is one; naming it here would be a cycle)."""
+    """What the index needs of an open lake (code_lake.Lake is one; naming it here would be a cycle)."""
 
     chunks: Table
 

@@ -82,7 +82,7 @@ class FlatVectors:
     def __init__(self, table: Table, version: Callable[[], int] | None = None,
                  pending: Callable[[], int] | None = None) -> None:
         self.table = table
-        # The table's latest version (the Lake passes its memo of it: serve/api/queries.py).
+        # The table's latest version (the Lake passes its memo of it: serve/api/code_lake.py).
         self._version = version or (lambda: int(table.version))
         # Rows still waiting for a vector, as the last index run recorded them (state.json): a full
         # read is not attempted meanwhile. Without it the rows are counted, a scan of the whole

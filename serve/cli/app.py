@@ -1,4 +1,4 @@
-"""The `ctx` command: parses arguments, calls serve/api/queries.py or starts a flow, renders the answer."""
+"""The `ctx` command: parses arguments, calls serve/api/code_search.py or index_status.py or starts a flow, renders the answer."""
 
 from __future__ import annotations
 
@@ -265,7 +265,7 @@ def search(
     if mode is not None and mode not in SEARCH_MODES:
         raise InputError(f"unknown --mode {mode!r}", hint=", ".join(SEARCH_MODES))
     settings = load_settings(resolve_root(None, for_write=False))
-    from ctxlake.serve.api import queries
+    from ctxlake.serve.api import code_search
     from ctxlake.serve.api.source_queries import check_names, parse_names
     from ctxlake.serve.service.engine import open_lake
 
@@ -273,7 +273,7 @@ def search(
 
     names = parse_names(sources)
     check_names(settings, names)
-    result = queries.search(
+    result = code_search.search(
         lake, query, mode=mode, limit=limit, path_glob=path_glob, lang=lang,
         sources=names,
         bm25_weight=bm25_weight, budget_tokens=budget,
@@ -302,11 +302,11 @@ def status(
 ) -> None:
     """Files, chunks, languages, model, last run, stale files, lake size."""
     if skipped:
-        from ctxlake.serve.api import queries
+        from ctxlake.serve.api import index_status
         from ctxlake.serve.cli.render import print_not_indexed
 
         settings = load_settings(resolve_root(None, for_write=False))
-        print_not_indexed(settings.root, queries.not_indexed_files(settings), as_json)
+        print_not_indexed(settings.root, index_status.not_indexed_files(settings), as_json)
         return
     try:
         root = resolve_root(None, for_write=False)
@@ -320,9 +320,9 @@ def status(
             print_service_status()
         raise
     settings = load_settings(root)
-    from ctxlake.serve.api import queries
+    from ctxlake.serve.api import index_status
 
-    st = queries.status(settings)
+    st = index_status.status(settings)
     if as_json:
         from ctxlake.serve.cli.render import print_json
 

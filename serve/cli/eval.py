@@ -114,8 +114,8 @@ def files_command(
     if mode is not None and mode not in ("hybrid", "keyword", "semantic"):
         raise InputError(f"unknown --mode {mode!r}", hint="hybrid, keyword or semantic")
     settings = load_settings(resolve_root(None, for_write=False))
+    from ctxlake.serve.api.code_lake import Lake
     from ctxlake.serve.api.file_search import search_files
-    from ctxlake.serve.api.queries import Lake
     from ctxlake.serve.api.source_queries import check_names, parse_names
 
     names = parse_names(sources)

@@ -151,8 +151,9 @@ def status(
 def context_text(root: Path, budget: int = BRIEF_BUDGET) -> str:
     """The hand-off brief of the latest session plus the newest knowledge lines; "" when there is nothing yet."""
     from ctxlake.schemas.config import load_settings
-    from ctxlake.serve.api.context import MemoryLake, project_knowledge
+    from ctxlake.serve.api.context_search import project_knowledge
     from ctxlake.serve.api.handoff import build_brief
+    from ctxlake.serve.api.memory_lake import MemoryLake
 
     lake = MemoryLake(load_settings(root))
     parts: list[str] = []

@@ -1,4 +1,4 @@
-"""`ctx run ingest`, `ctx sessions`, `ctx session show`, `ctx context search`, `ctx knowledge`, `ctx remember`: parse, call serve/api/context.py or the flow, render."""
+"""`ctx run ingest`, `ctx sessions`, `ctx session show`, `ctx context search`, `ctx knowledge`, `ctx remember`: parse, call serve/api/memory_sessions.py or context_search.py or the flow, render."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from ctxlake.schemas.config import Settings, find_root, git_toplevel, load_setti
 from ctxlake.serve.cli.base import MAX_LIMIT, group_with_default
 
 if TYPE_CHECKING:
-    from ctxlake.serve.api.context import MemoryLake
+    from ctxlake.serve.api.memory_lake import MemoryLake
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")]
 ToolOpt = Annotated[list[str] | None, typer.Option("--tool", help="only this agent tool (repeatable): claude, codex, ...")]
@@ -33,7 +33,7 @@ def _settings() -> Settings:
 
 
 def _lake() -> tuple[Settings, MemoryLake]:
-    from ctxlake.serve.api.context import MemoryLake
+    from ctxlake.serve.api.memory_lake import MemoryLake
 
     settings = _settings()
     return settings, MemoryLake(settings)
@@ -169,7 +169,7 @@ def sessions(
     as_json: JsonOpt = False,
 ) -> None:
     """Agent sessions of this project, most recently active first."""
-    from ctxlake.serve.api.context import list_sessions
+    from ctxlake.serve.api.memory_sessions import list_sessions
 
     _, lake = _lake()
     found = list_sessions(lake, limit=limit, tools=tools, all_projects=all_projects)
@@ -195,7 +195,7 @@ def session_show(
     as_json: JsonOpt = False,
 ) -> None:
     """A session's summary and its messages."""
-    from ctxlake.serve.api.context import session_detail
+    from ctxlake.serve.api.memory_sessions import session_detail
 
     _, lake = _lake()
     detail = session_detail(lake, ref, offset=offset, limit=limit)
@@ -230,7 +230,8 @@ def context_search(
     as_json: JsonOpt = False,
 ) -> None:
     """Search messages, session summaries and knowledge."""
-    from ctxlake.serve.api.context import parse_when, search_context
+    from ctxlake.serve.api.context_search import search_context
+    from ctxlake.serve.api.memory_lake import parse_when
 
     _, lake = _lake()
     result = search_context(lake, query, mode=mode, depth=depth, types=types, tools=tools,  # type: ignore[arg-type]
@@ -258,7 +259,7 @@ def knowledge(
     as_json: JsonOpt = False,
 ) -> None:
     """This project's decisions, error solutions and insights (.ctx/knowledge/)."""
-    from ctxlake.serve.api.context import project_knowledge
+    from ctxlake.serve.api.context_search import project_knowledge
 
     _, lake = _lake()
     found = project_knowledge(lake, kind, query, limit=limit, include_superseded=include_superseded)
@@ -288,7 +289,7 @@ def remember(
     as_json: JsonOpt = False,
 ) -> None:
     """Write a knowledge record to .ctx/knowledge/ (rejected as a duplicate when one says the same)."""
-    from ctxlake.serve.api.context import remember as write
+    from ctxlake.serve.api.context_search import remember as write
 
     if kind not in ("decision", "error", "insight"):
         raise InputError(f"unknown knowledge type {kind!r}", hint="decision, error or insight")

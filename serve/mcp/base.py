@@ -26,8 +26,8 @@ from ctxlake.serve.api.docs import DocsReader
 from ctxlake.tasks.lake import lake_failure
 
 if TYPE_CHECKING:
-    from ctxlake.serve.api.context import MemoryLake
-    from ctxlake.serve.api.queries import Lake
+    from ctxlake.serve.api.code_lake import Lake
+    from ctxlake.serve.api.memory_lake import MemoryLake
     from ctxlake.tasks.freshness import Freshness
 
 P = ParamSpec("P")
@@ -197,7 +197,7 @@ class HeldMemory:
 
     def __call__(self) -> MemoryLake:
         # Imported here: the memory reader pulls in pyarrow, which start-up must not wait for.
-        from ctxlake.serve.api.context import MemoryLake
+        from ctxlake.serve.api.memory_lake import MemoryLake
 
         with self._lock:
             held = self._held
@@ -237,7 +237,8 @@ class ServerState:
             self.fresh.begin()
         self._open()
         if self._lake.exception() is None:
-            from ctxlake.serve.api.queries import embedded_fraction, keyword_rows
+            from ctxlake.serve.api.code_lake import embedded_fraction
+            from ctxlake.serve.api.ranked_lists import keyword_rows
 
             # Loads the FTS index and the vectors (held in memory: this server lives long) now
             # rather than in the first search.

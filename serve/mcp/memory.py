@@ -1,9 +1,8 @@
-"""MCP memory tools (search_context, recent_sessions, session_detail, project_knowledge; save_* with --allow-writes) over serve/api/context.py."""
+"""MCP memory tools (search_context, recent_sessions, session_detail, project_knowledge; save_* with --allow-writes) over serve/api/memory_sessions.py and context_search.py."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from types import ModuleType
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import pydantic_core
@@ -25,7 +24,7 @@ from ctxlake.serve.mcp.base import READ_ONLY, HeldMemory, response_size, tool_er
 if TYPE_CHECKING:
     from mcp.server import MCPServer
 
-    from ctxlake.serve.api.context import MemoryLake
+    from ctxlake.serve.api.memory_lake import MemoryLake
 
 TypeFilter = Literal["message", "session", "decision", "error", "insight", "knowledge"]
 WRITES_FILES = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
@@ -43,12 +42,9 @@ class TimeRange(BaseModel):
     before: str | None = Field(None, description="only results at or before this time")
 
 
-def _queries() -> ModuleType:
-    """The memory read layer, imported on the first call: it pulls in pyarrow and numpy, which the
-    server's start-up (answering `initialize`) must not wait for."""
-    from ctxlake.serve.api import context
-
-    return context
+# The memory read layer (serve/api/memory_lake.py, memory_sessions.py, context_search.py) is
+# imported by each tool on its first call: it pulls in pyarrow and numpy, which the server's
+# start-up (answering `initialize`) must not wait for.
 
 
 def _cut(value: Any, chars: int, entries: int) -> Any:
@@ -113,11 +109,13 @@ def register_memory_tools(server: MCPServer, settings: Settings, memory: Callabl
         solutions and insights. depth: summary (short), detail (full message or summary), raw (everything,
         with tool calls). source_filter: agent tool names. type_filter: message, session, decision, error,
         insight, knowledge."""
+        from ctxlake.serve.api import context_search, memory_lake
+
         window = time_range or TimeRange()
-        result: ContextResult = _queries().search_context(
+        result: ContextResult = context_search.search_context(
             lake(), query, mode=mode, depth=depth, types=type_filter, tools=source_filter,
-            after=_queries().parse_when(window.after, "time_range.after"),
-            before=_queries().parse_when(window.before, "time_range.before"), limit=limit)
+            after=memory_lake.parse_when(window.after, "time_range.after"),
+            before=memory_lake.parse_when(window.before, "time_range.before"), limit=limit)
         result.warnings += _fitted(budget, result, lambda: ((h, n) for h in result.hits for n in ("title", "text")),
                                    result.hits, "hit(s)", "ask for fewer, or a shallower depth")
         return result
@@ -129,7 +127,9 @@ def register_memory_tools(server: MCPServer, settings: Settings, memory: Callabl
         """The most recently active agent sessions in this project, with what each was about, when it was
         last active, key decisions, open tasks and errors: start here to continue where another agent
         (or another tool) stopped. Pass a session_ref to session_detail for the messages."""
-        sessions: list[SessionSummary] = _queries().list_sessions(lake(), limit=limit, tools=tool_filter)
+        from ctxlake.serve.api import memory_sessions
+
+        sessions: list[SessionSummary] = memory_sessions.list_sessions(lake(), limit=limit, tools=tool_filter)
         fit(sessions, budget, lambda: (p for s in sessions for p in _session_texts(s)), sessions)
         # Built here: the SDK would mirror a list as one text block per item, and an empty list as none at all.
         data = [s.model_dump(mode="json") for s in sessions]
@@ -141,7 +141,9 @@ def register_memory_tools(server: MCPServer, settings: Settings, memory: Callabl
     def session_detail(session_ref: str, offset: int = 0, limit: int = 50) -> SessionDetail:
         """One session's summary and its messages in order, a page at a time (next_offset for more).
         session_ref comes from recent_sessions or search_context; a unique prefix works too."""
-        detail: SessionDetail = _queries().session_detail(lake(), session_ref, offset=offset, limit=limit)
+        from ctxlake.serve.api import memory_sessions
+
+        detail: SessionDetail = memory_sessions.session_detail(lake(), session_ref, offset=offset, limit=limit)
 
         def texts() -> Iterable[tuple[Any, str]]:
             yield from _session_texts(detail.session)
@@ -163,7 +165,9 @@ def register_memory_tools(server: MCPServer, settings: Settings, memory: Callabl
                           limit: int = 20) -> KnowledgeList:
         """This project's recorded decisions, error solutions and insights (current ones; superseded
         records are left out), newest first, or the best matches for `query`."""
-        found: KnowledgeList = _queries().project_knowledge(lake(), type, query, limit=limit)
+        from ctxlake.serve.api import context_search
+
+        found: KnowledgeList = context_search.project_knowledge(lake(), type, query, limit=limit)
         found.warnings += _fitted(
             budget, found, lambda: ((r, n) for r in found.records for n in ("title", "body", "files", "tags")),
             found.records, "record(s)", "ask for fewer, or narrow by type or query")
@@ -174,8 +178,10 @@ def register_memory_tools(server: MCPServer, settings: Settings, memory: Callabl
 
     def save(kind: str, title: str, body: str, files: list[str] | None, tags: list[str] | None,
              source_tool: str | None, source_session: str | None) -> RememberResult:
-        return _queries().remember(settings, kind, title, body, files=files or [], tags=tags or [],
-                                source_tool=source_tool, source_session=source_session)
+        from ctxlake.serve.api import context_search
+
+        return context_search.remember(settings, kind, title, body, files=files or [], tags=tags or [],
+                                       source_tool=source_tool, source_session=source_session)
 
     @server.tool(annotations=WRITES_FILES, structured_output=True)
     @tool_errors

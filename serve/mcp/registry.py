@@ -97,7 +97,7 @@ def register_registry_tools(server: MCPServer[ServerState], state: ServerState) 
         """Which agent tools this project uses and how each is wired for ctx: its MCP entry, session hooks and
         sessions here (most used first), the registry's rules every agent should follow, and whether the tools'
         generated config files are in sync. Call it to learn the project's conventions before changing them."""
-        from ctxlake.serve.api.context import session_counts
+        from ctxlake.serve.api.memory_sessions import session_counts
         from ctxlake.tasks.registry import sync
 
         root = state.settings.root

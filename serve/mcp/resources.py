@@ -55,7 +55,7 @@ def register_resources(server: MCPServer, state: ServerState) -> None:
                      description="index status: files, chunks, languages, model, last run, stale files")
     @_domain_errors
     def status() -> str:
-        from ctxlake.serve.api.queries import status as status_of
+        from ctxlake.serve.api.index_status import status as status_of
 
         return _json(status_of(state.settings).model_dump(mode="json"))
 
@@ -159,7 +159,8 @@ def register_prompts(server: MCPServer, state: ServerState) -> None:
     def find_similar(
         code: Annotated[str, Field(description="a code fragment to find look-alikes of")],
     ) -> str:
-        from ctxlake.serve.api.queries import embedded_fraction, search
+        from ctxlake.serve.api.code_lake import embedded_fraction
+        from ctxlake.serve.api.code_search import search
 
         lake = state.lake()
         mode: SearchMode = "semantic" if embedded_fraction(lake) > 0 else "keyword"

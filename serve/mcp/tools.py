@@ -28,7 +28,7 @@ from ctxlake.serve.api.tool_models import (
 )
 from ctxlake.serve.mcp.base import READ_ONLY, ServerState, response_size, tool_errors
 
-# The MCP contract's search types, in the words of serve.queries.search.
+# The MCP contract's search types, in the words of serve.api.code_search.search.
 # Snippet sizes tried in turn when an answer would exceed [mcp] max_response_chars.
 TRIM_STEPS = ((8, 480), (4, 240), (2, 120))
 
@@ -74,7 +74,8 @@ def register_code_tools(server: MCPServer, state: ServerState) -> None:
             "it used and how many hits it left out"))] = DEFAULT_BUDGET_TOKENS,
     ) -> CodeSearchResult:
         """Search the indexed code and docs; returns ranked chunks with file, lines, symbol and a snippet."""
-        from ctxlake.serve.api.queries import embedded_fraction, mark_stale, search
+        from ctxlake.serve.api.code_lake import embedded_fraction
+        from ctxlake.serve.api.code_search import mark_stale, search
         from ctxlake.serve.api.source_queries import check_names
 
         check_names(state.settings, sources)
@@ -105,8 +106,9 @@ def register_code_tools(server: MCPServer, state: ServerState) -> None:
     ) -> FileRanking:
         """Which files to open first for a task: files ranked by their chunks' scores plus name, path and
         defined-symbol evidence (the ranking `ctx eval` measures on SWE-bench Lite)."""
+        from ctxlake.serve.api.code_lake import embedded_fraction
+        from ctxlake.serve.api.code_search import mark_stale
         from ctxlake.serve.api.file_search import search_files
-        from ctxlake.serve.api.queries import embedded_fraction, mark_stale
         from ctxlake.serve.api.source_queries import check_names
 
         check_names(state.settings, sources)

@@ -736,9 +736,11 @@ def _warm_imports() -> None:
     django take 2.4 s instead of 0.4; LanceDB's, imported only when a lake is first opened, was
     ~1 s of the UI Overview's first 1.3-1.6 s)."""
     import ctxlake.flows.watch_code
-    import ctxlake.serve.api.context
+    import ctxlake.serve.api.code_search
+    import ctxlake.serve.api.context_search
+    import ctxlake.serve.api.index_status
+    import ctxlake.serve.api.memory_sessions
     import ctxlake.serve.api.overview
-    import ctxlake.serve.api.queries
     import ctxlake.serve.api.source_queries
     import ctxlake.serve.cli.app  # noqa: F401
     from ctxlake.tasks.lake import import_lancedb

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ctxlake.schemas.config import EmbedSettings, Settings
-    from ctxlake.serve.api.queries import Lake
+    from ctxlake.serve.api.code_lake import Lake
     from ctxlake.tasks.embedders import Embedder
 
 
@@ -54,7 +54,7 @@ class EngineCache:
             return self._embedders.setdefault(key, made)
 
     def lake(self, settings: Settings) -> Lake:
-        from ctxlake.serve.api.queries import Lake
+        from ctxlake.serve.api.code_lake import Lake
 
         key = (str(settings.root), settings.model_dump_json())
         stamp = _state_stamp(settings.lake_dir)
@@ -123,6 +123,6 @@ def open_lake(settings: Settings) -> Lake:
     """The project's Lake: the service's warm one when running inside it, else a fresh one."""
     if _active is not None:
         return _active.lake(settings)
-    from ctxlake.serve.api.queries import Lake
+    from ctxlake.serve.api.code_lake import Lake
 
     return Lake(settings)

@@ -158,7 +158,7 @@ class UiContext:
             return
 
     def memory(self, settings: Settings) -> Any:
-        from ctxlake.serve.api.context import MemoryLake
+        from ctxlake.serve.api.memory_lake import MemoryLake
 
         key = str(settings.root)
         stamp = _memory_stamp(settings)  # an ingest rewrites these: reopen then (new tables may exist)
@@ -307,7 +307,8 @@ def _number(request: Request, name: str, default: int | None, low: int, high: in
 # -- page builders (server-rendered data) -----------------------------------------------------------
 
 def sessions_page(request: Request, ctx: UiContext, root: str) -> dict[str, Any]:
-    from ctxlake.serve.api.context import list_sessions, parse_when
+    from ctxlake.serve.api.memory_lake import parse_when
+    from ctxlake.serve.api.memory_sessions import list_sessions
 
     q = request.query_params
     limit = _number(request, "limit", 100, 1, 500) or 100
@@ -326,8 +327,8 @@ def sessions_page(request: Request, ctx: UiContext, root: str) -> dict[str, Any]
 
 
 def session_page(request: Request, ctx: UiContext, root: str) -> dict[str, Any]:
-    from ctxlake.serve.api.context import session_detail
     from ctxlake.serve.api.handoff import build_brief
+    from ctxlake.serve.api.memory_sessions import session_detail
 
     ref = request.path_params["ref"]
     offset = _number(request, "offset", 0, 0) or 0
@@ -338,7 +339,8 @@ def session_page(request: Request, ctx: UiContext, root: str) -> dict[str, Any]:
 
 
 def knowledge_page(request: Request, ctx: UiContext, root: str) -> dict[str, Any]:
-    from ctxlake.serve.api.context import KNOWLEDGE_KINDS, project_knowledge
+    from ctxlake.serve.api.context_search import project_knowledge
+    from ctxlake.serve.api.memory_lake import KNOWLEDGE_KINDS
 
     q = request.query_params
     kind = q.get("type") or None
@@ -456,9 +458,9 @@ def _overview(ctx: UiContext) -> dict[str, Any]:
 
 
 def _overview_lakes(ctx: UiContext) -> dict[str, Any]:
-    from ctxlake.serve.api.context import list_sessions
+    from ctxlake.serve.api.index_status import status
+    from ctxlake.serve.api.memory_sessions import list_sessions
     from ctxlake.serve.api.overview import tool_ingestion
-    from ctxlake.serve.api.queries import status
     from ctxlake.serve.api.source_queries import list_sources
 
     projects = []
@@ -486,8 +488,9 @@ def _overview_lakes(ctx: UiContext) -> dict[str, Any]:
 
 
 def api_search(request: Request) -> dict[str, Any]:
-    from ctxlake.serve.api.context import parse_when, search_context
-    from ctxlake.serve.api.queries import search
+    from ctxlake.serve.api.code_search import search
+    from ctxlake.serve.api.context_search import search_context
+    from ctxlake.serve.api.memory_lake import parse_when
     from ctxlake.serve.api.source_queries import check_names
 
     q = request.query_params
@@ -562,7 +565,8 @@ def api_files(request: Request) -> dict[str, Any]:
 
 
 def api_knowledge_create(request: Request, body: dict[str, Any]) -> dict[str, Any]:
-    from ctxlake.serve.api.context import KNOWLEDGE_KINDS, remember
+    from ctxlake.serve.api.context_search import remember
+    from ctxlake.serve.api.memory_lake import KNOWLEDGE_KINDS
 
     ctx = _ctx(request)
     settings = ctx.settings(_root(request))

@@ -239,24 +239,24 @@ READS = """
 import json, statistics, sys, time
 from pathlib import Path
 from ctxlake.schemas.config import load_settings
-from ctxlake.serve.api import queries
+from ctxlake.serve.api import code_lake, code_search
 qs = json.loads(sys.argv[2])
-lake = queries.Lake(load_settings(Path(sys.argv[1])))
-queries.search(lake, qs[0], mode="hybrid", check_stale=False)  # loads the model
+lake = code_lake.Lake(load_settings(Path(sys.argv[1])))
+code_search.search(lake, qs[0], mode="hybrid", check_stale=False)  # loads the model
 out = {"chunks": lake.chunks.count_rows(), "vector_indexes": [i.index_type for i in lake.chunks.list_indices()
                                                                if i.columns == ["vector"]]}
 for mode in ("keyword", "semantic", "hybrid"):
     times = []
     for q in qs:
-        queries.search(lake, q, mode=mode, check_stale=False)  # first sight of the query's pages
+        code_search.search(lake, q, mode=mode, check_stale=False)  # first sight of the query's pages
     for _ in range(3):
         for q in qs:
-            t = time.perf_counter(); queries.search(lake, q, mode=mode, check_stale=False)
+            t = time.perf_counter(); code_search.search(lake, q, mode=mode, check_stale=False)
             times.append(time.perf_counter() - t)
     out[mode] = times
 times = []
 for q in qs[:5]:
-    t = time.perf_counter(); queries.search(lake, q, mode="keyword"); times.append(time.perf_counter() - t)
+    t = time.perf_counter(); code_search.search(lake, q, mode="keyword"); times.append(time.perf_counter() - t)
 out["keyword_with_stale_check"] = times
 print(json.dumps(out))
 """

@@ -182,9 +182,9 @@ READS = """
 import json, statistics, sys, time
 from pathlib import Path
 from ctxlake.schemas.config import load_settings
-from ctxlake.serve.api import context
+from ctxlake.serve.api import context_search, memory_lake, memory_sessions
 settings = load_settings(Path(sys.argv[1]))
-lake = context.MemoryLake(settings)
+lake = memory_lake.MemoryLake(settings)
 def timed(fn, n):
     fn()  # warm
     out = []
@@ -192,12 +192,12 @@ def timed(fn, n):
         t = time.perf_counter(); fn(); out.append(time.perf_counter() - t)
     out.sort()
     return {"p50_ms": round(statistics.median(out) * 1000, 1), "p95_ms": round(out[int(0.95 * (len(out) - 1))] * 1000, 1)}
-ref = context.list_sessions(lake, limit=1)[0].session_ref
+ref = memory_sessions.list_sessions(lake, limit=1)[0].session_ref
 words = ["retry backoff timeout", "cache index table", "schema migration error", "parser token stream"]
 res = {
-    "sessions_n5": timed(lambda: context.list_sessions(lake, limit=5), 30),
-    "search_context": timed(lambda: context.search_context(lake, words[int(time.time() * 1000) % 4], mode="hybrid"), 30),
-    "session_detail_page": timed(lambda: context.session_detail(lake, ref, offset=20, limit=20), 30),
+    "sessions_n5": timed(lambda: memory_sessions.list_sessions(lake, limit=5), 30),
+    "search_context": timed(lambda: context_search.search_context(lake, words[int(time.time() * 1000) % 4], mode="hybrid"), 30),
+    "session_detail_page": timed(lambda: memory_sessions.session_detail(lake, ref, offset=20, limit=20), 30),
 }
 print(json.dumps(res))
 """

@@ -176,19 +176,19 @@ def in_process_queries(tree: Path, env: dict[str, str]) -> dict[str, Any]:
 import json, os, statistics, time
 from pathlib import Path
 from ctxlake.schemas.config import load_settings
-from ctxlake.serve.api import queries
-lake = queries.Lake(load_settings(Path({str(tree)!r})))
+from ctxlake.serve.api import code_lake, code_search
+lake = code_lake.Lake(load_settings(Path({str(tree)!r})))
 qs = {QUERIES!r}
-queries.search(lake, qs[0], mode="hybrid", check_stale=False)  # loads the model
+code_search.search(lake, qs[0], mode="hybrid", check_stale=False)  # loads the model
 out = {{}}
 for mode in ("hybrid", "keyword"):
     times = []
     for i in range(5):
         for q in qs:
-            t = time.perf_counter(); queries.search(lake, q, mode=mode, check_stale=False); times.append(time.perf_counter() - t)
+            t = time.perf_counter(); code_search.search(lake, q, mode=mode, check_stale=False); times.append(time.perf_counter() - t)
     times.sort()
     out[mode] = [times[len(times)//2], times[min(len(times)-1, round(0.99*(len(times)-1)))]]
-t = time.perf_counter(); queries.search(lake, qs[0], mode="keyword"); out["stale_check_query"] = time.perf_counter() - t
+t = time.perf_counter(); code_search.search(lake, qs[0], mode="keyword"); out["stale_check_query"] = time.perf_counter() - t
 print(json.dumps(out))
 """
     proc = subprocess.run([sys.executable, "-c", code], cwd=tree, env=env, capture_output=True, text=True)

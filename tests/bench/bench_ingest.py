@@ -233,14 +233,14 @@ def recent_sessions_latency(project: Path, env: dict[str, str], calls: int) -> d
 import asyncio, json, statistics, time
 from pathlib import Path
 from ctxlake.schemas.config import load_settings
-from ctxlake.serve.api import context
+from ctxlake.serve.api import memory_lake, memory_sessions
 settings = load_settings(Path({str(project)!r}))
-t = time.perf_counter(); lake = context.MemoryLake(settings); first = context.list_sessions(lake, limit=3)
+t = time.perf_counter(); lake = memory_lake.MemoryLake(settings); first = memory_sessions.list_sessions(lake, limit=3)
 out = {{"first": time.perf_counter() - t}}
 assert len(first) == 3, first
 times = []
 for _ in range({calls}):
-    t = time.perf_counter(); context.list_sessions(lake, limit=3); times.append(time.perf_counter() - t)
+    t = time.perf_counter(); memory_sessions.list_sessions(lake, limit=3); times.append(time.perf_counter() - t)
 times.sort()
 out["median"] = statistics.median(times); out["p95"] = times[int(0.95 * (len(times) - 1))]
 from mcp import Client

@@ -154,7 +154,7 @@ def main() -> int:
     root = args.project.resolve()
 
     from ctxlake.schemas.config import load_settings
-    from ctxlake.serve.api.queries import status
+    from ctxlake.serve.api.index_status import status
 
     settings = load_settings(root)
     st = status(settings, check_stale=False)

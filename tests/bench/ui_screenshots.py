@@ -33,7 +33,7 @@ def main() -> int:
     from uisite import ui_site
 
     from ctxlake.schemas.config import load_settings
-    from ctxlake.serve.api.context import remember
+    from ctxlake.serve.api.context_search import remember
 
     args.out.mkdir(parents=True, exist_ok=True)
     base = Path(tempfile.mkdtemp(prefix="ctx-shots-"))

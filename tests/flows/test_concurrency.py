@@ -12,7 +12,7 @@ import pytest
 from helpers import write_files
 
 from ctxlake.schemas.config import load_settings
-from ctxlake.serve.api import queries
+from ctxlake.serve.api import code_lake, code_search, ranked_lists
 
 pytestmark = pytest.mark.usefixtures("prefect_server", "fake_embedder")
 
@@ -34,16 +34,16 @@ def test_queries_in_a_loop_during_reindex_never_fail(make_repo: Callable[..., Pa
     errors: list[BaseException] = []
     counts = {"queries": 0}
     empty: list[str] = []  # the modes that came back empty
-    long_lived = queries.Lake(settings)  # like the MCP server: opened once, reads on
+    long_lived = code_lake.Lake(settings)  # like the MCP server: opened once, reads on
 
     def reader() -> None:
         i = 0
         while not stop.is_set():
             i += 1
             try:
-                lake = long_lived if i % 2 else queries.Lake(settings)
+                lake = long_lived if i % 2 else code_lake.Lake(settings)
                 mode = ("keyword", "hybrid", "fuzzy", "semantic")[i % 4]
-                result = queries.search(lake, "handle request value", mode=mode, check_stale=False)  # type: ignore[arg-type]
+                result = code_search.search(lake, "handle request value", mode=mode, check_stale=False)  # type: ignore[arg-type]
                 counts["queries"] += 1
                 # Semantic hits may be missing while new chunks wait for vectors, and then it says so.
                 waiting = mode == "semantic" and any("no chunk has a vector yet" in w for w in result.warnings)
@@ -100,26 +100,26 @@ def test_a_failed_write_is_one_clear_error_and_the_old_index_stays_readable(
         "hits"][0]["snippet"]
 
 
-def small_indexed_lake(make_repo: Callable[..., Path], cli: Callable[..., Any]) -> tuple[Path, queries.Lake]:
+def small_indexed_lake(make_repo: Callable[..., Path], cli: Callable[..., Any]) -> tuple[Path, code_lake.Lake]:
     """A three-file repository, indexed, and a reader opened on it."""
     repo = make_repo(many_files(3, 1))
     assert cli("run", "index", cwd=repo).exit_code == 0
-    return repo, queries.Lake(load_settings(repo))
+    return repo, code_lake.Lake(load_settings(repo))
 
 
 def test_a_semantic_query_that_read_a_version_without_vectors_asks_again(
     make_repo: Callable[..., Path], cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, lake = small_indexed_lake(make_repo, cli)
-    real = queries.semantic_rows
+    real = ranked_lists.semantic_rows
     calls: list[int] = []
 
     def first_read_between_write_and_vectors(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         return [] if len(calls) == 1 else real(*args, **kwargs)  # the chunks' version, vectors not yet in
 
-    monkeypatch.setattr(queries, "semantic_rows", first_read_between_write_and_vectors)
-    result = queries.search(lake, "handle request value", mode="semantic", check_stale=False)
+    monkeypatch.setattr(code_search, "semantic_rows", first_read_between_write_and_vectors)
+    result = code_search.search(lake, "handle request value", mode="semantic", check_stale=False)
     assert result.hits and len(calls) == 2 and result.warnings == []
 
 
@@ -129,10 +129,10 @@ def test_a_semantic_query_right_after_a_rewrite_without_vectors_says_so(
     # A reader memoises the table's version for VERSION_MEMO_S; a re-index that replaced every
     # chunk with one waiting for its vector inside that window once gave a silent empty answer.
     repo, lake = small_indexed_lake(make_repo, cli)
-    assert queries.search(lake, "handle request value", mode="semantic", check_stale=False).hits
-    monkeypatch.setattr(queries, "VERSION_MEMO_S", 3600.0)  # the window, held open
+    assert code_search.search(lake, "handle request value", mode="semantic", check_stale=False).hits
+    monkeypatch.setattr(code_lake, "VERSION_MEMO_S", 3600.0)  # the window, held open
     write_files(repo, many_files(3, 2))
     assert cli("run", "index", "--no-embed", cwd=repo).exit_code == 0
-    result = queries.search(lake, "handle request value", mode="semantic", check_stale=False)
+    result = code_search.search(lake, "handle request value", mode="semantic", check_stale=False)
     assert not result.hits
     assert any("no chunk has a vector yet" in w for w in result.warnings), result.warnings

@@ -646,7 +646,7 @@ def test_embedding_window_by_window_gives_the_vectors_of_one_pass(
 def test_a_lake_past_the_ann_threshold_gets_a_partitioned_hnsw_index_and_semantic_search_uses_it(
     make_repo: Callable[..., Path], cli: Callable[..., Any], fake_embedder: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ctxlake.serve.api import queries
+    from ctxlake.serve.api import code_lake, code_search
     from ctxlake.tasks import store
 
     funcs = "\n\n".join(f"def handler_{i}(request):\n    value = request.get('k{i}')\n    total = value * {i}\n"
@@ -658,6 +658,6 @@ def test_a_lake_past_the_ann_threshold_gets_a_partitioned_hnsw_index_and_semanti
     db = connect(repo / ".ctx" / "lake")
     indexes = [i for i in db.open_table(CHUNKS_TABLE).list_indices() if i.columns == ["vector"]]
     assert [i.index_type for i in indexes] == ["IvfHnswSq"]
-    lake = queries.Lake(load_settings(repo))
-    result = queries.search(lake, "handler_17 request value", mode="semantic", limit=5, check_stale=False)
+    lake = code_lake.Lake(load_settings(repo))
+    result = code_search.search(lake, "handler_17 request value", mode="semantic", limit=5, check_stale=False)
     assert len(result.hits) == 5 and all(h.path == "app/handlers.py" for h in result.hits)

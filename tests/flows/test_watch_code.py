@@ -17,7 +17,7 @@ import pytest
 from helpers import git, write_files
 
 from ctxlake.schemas.config import load_settings
-from ctxlake.serve.api import queries
+from ctxlake.serve.api import code_lake, code_search
 
 pytestmark = pytest.mark.usefixtures("prefect_server", "fake_embedder")
 
@@ -34,13 +34,13 @@ def wait_for(check: Callable[[], bool], what: str, timeout: float = WAIT_S) -> f
 
 
 def symbols(root: Path, query: str) -> set[str]:
-    lake = queries.Lake(load_settings(root))
-    hits = queries.search(lake, query, mode="keyword", limit=20, check_stale=False).hits
+    lake = code_lake.Lake(load_settings(root))
+    hits = code_search.search(lake, query, mode="keyword", limit=20, check_stale=False).hits
     return {name.strip() for h in hits if h.symbol for name in h.symbol.split(",")}
 
 
 def paths_indexed(root: Path) -> set[str]:
-    lake = queries.Lake(load_settings(root))
+    lake = code_lake.Lake(load_settings(root))
     return set(lake.files.search().select(["path"]).to_arrow().column("path").to_pylist())
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import lancedb
 import pyarrow as pa
 
-from ctxlake.serve.api.context import fill_hits
+from ctxlake.serve.api.context_search import fill_hits
 
 
 def _table(tmp_path: Path) -> lancedb.table.Table:

@@ -1,10 +1,10 @@
-"""Pure query-building helpers of serve/queries.py: glob translation, SQL filters, keyword expansion."""
+"""Pure query-building helpers of serve/api/ranked_lists.py: glob translation, SQL filters, keyword expansion."""
 
 from __future__ import annotations
 
 import re
 
-from ctxlake.serve.api.queries import build_filter, glob_to_regex, keyword_query
+from ctxlake.serve.api.ranked_lists import build_filter, glob_to_regex, keyword_query
 
 
 def test_glob_and_filter_translation() -> None:

@@ -187,17 +187,17 @@ def test_the_servers_memory_tools_share_one_reader(here: dict[str, Any], monkeyp
     from mcp import Client
 
     from ctxlake.schemas.config import load_settings
-    from ctxlake.serve.api import context
+    from ctxlake.serve.api import memory_lake
     from ctxlake.serve.mcp.server import build_server
 
     opened: list[Any] = []
-    real_init = context.MemoryLake.__init__
+    real_init = memory_lake.MemoryLake.__init__
 
     def counting(self: Any, *args: Any, **kwargs: Any) -> None:
         opened.append(self)
         real_init(self, *args, **kwargs)
 
-    monkeypatch.setattr(context.MemoryLake, "__init__", counting)
+    monkeypatch.setattr(memory_lake.MemoryLake, "__init__", counting)
     server = build_server(load_settings(here["repo"]))
 
     async def go() -> list[Any]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxlake.schemas.config import load_settings
-from ctxlake.serve.api import queries
+from ctxlake.serve.api import code_lake, code_search, ranked_lists
 from ctxlake.tasks.store import open_for_write, optimize
 
 QUERIES = ["parse the config file", "render a template", "open a socket", "sum of numbers", "retry later"]
@@ -29,23 +29,23 @@ def files(n: int, tag: str = "") -> dict[str, str]:
     return out
 
 
-def semantic(lake: queries.Lake, query: str) -> list[tuple[str, int]]:
-    result = queries.search(lake, query, mode="semantic", limit=8, check_stale=False)
+def semantic(lake: code_lake.Lake, query: str) -> list[tuple[str, int]]:
+    result = code_search.search(lake, query, mode="semantic", limit=8, check_stale=False)
     return [(h.path, h.start_line) for h in result.hits]
 
 
-def ranked(lake: queries.Lake, query: str) -> list[tuple[float, frozenset[tuple[str, int]]]]:
+def ranked(lake: code_lake.Lake, query: str) -> list[tuple[float, frozenset[tuple[str, int]]]]:
     """Every chunk by distance to the query, rows at the same distance as one group (equal
     distances may come in any order: LanceDB's follows how the rows were written)."""
-    rows = queries.semantic_rows(lake, query, lake.chunks.count_rows(), None)
+    rows = ranked_lists.semantic_rows(lake, query, lake.chunks.count_rows(), None)
     groups: dict[float, set[tuple[str, int]]] = {}
     for row in rows:
         groups.setdefault(round(row["_distance"], 5), set()).add((row["path"], row["start_line"]))
     return [(d, frozenset(g)) for d, g in groups.items()]
 
 
-def assert_same_as_lancedb(held: queries.Lake, settings: Any) -> None:
-    plain = queries.Lake(settings)  # no vectors held: LanceDB's own scan
+def assert_same_as_lancedb(held: code_lake.Lake, settings: Any) -> None:
+    plain = code_lake.Lake(settings)  # no vectors held: LanceDB's own scan
     assert held.flat is not None and held.flat.complete()
     for query in QUERIES:
         assert ranked(held, query) == ranked(plain, query), query
@@ -56,12 +56,12 @@ def assert_same_as_lancedb(held: queries.Lake, settings: Any) -> None:
     # Hybrid reads the shown rows' columns after fusion: every hit complete, the same hits.
     everything = held.chunks.count_rows()
     for query in QUERIES[:2]:
-        mine, theirs = (queries.search(lake, query, mode="hybrid", limit=everything, check_stale=False).hits
+        mine, theirs = (code_search.search(lake, query, mode="hybrid", limit=everything, check_stale=False).hits
                         for lake in (held, plain))
         assert {(h.path, h.start_line, h.symbol, h.snippet) for h in mine} == \
             {(h.path, h.start_line, h.symbol, h.snippet) for h in theirs}
     # ... and the answers above came from the matrix, not from a fallback to LanceDB.
-    assert queries._held_nearest(held, held.embedder().embed_query(QUERIES[0]), 5) is not None
+    assert ranked_lists._held_nearest(held, held.embedder().embed_query(QUERIES[0]), 5) is not None
 
 
 def test_held_vectors_answer_as_lancedb_across_edits_deletes_and_compaction(
@@ -69,7 +69,7 @@ def test_held_vectors_answer_as_lancedb_across_edits_deletes_and_compaction(
     repo = make_repo(files(12))
     assert cli("run", "index", cwd=repo).exit_code == 0
     settings = load_settings(repo)
-    held = queries.Lake(settings)
+    held = code_lake.Lake(settings)
     held.keep_vectors()
     assert_same_as_lancedb(held, settings)
     assert held.flat is not None
@@ -100,7 +100,7 @@ def test_held_vectors_answer_as_lancedb_across_edits_deletes_and_compaction(
     assert held.flat.stats()["segments"] == 1
 
     # A Lake that replaces this one (the service reopens after each index run) takes the vectors over.
-    again = queries.Lake(settings)
+    again = code_lake.Lake(settings)
     again.keep_vectors(like=held)
     assert again.flat is not None and again.flat.stats() == held.flat.stats()
     assert_same_as_lancedb(again, settings)
@@ -111,7 +111,7 @@ def test_rows_without_vectors_are_answered_by_lancedb_until_embedded(
     repo = make_repo(files(6))
     assert cli("run", "index", cwd=repo).exit_code == 0
     settings = load_settings(repo)
-    held = queries.Lake(settings)
+    held = code_lake.Lake(settings)
     held.keep_vectors()
     assert held.flat is not None and held.flat.complete()
 
@@ -120,11 +120,11 @@ def test_rows_without_vectors_are_answered_by_lancedb_until_embedded(
     assert cli("run", "index", "--no-embed", cwd=repo).exit_code == 0
     # New rows without vectors: the matrix steps aside and the lake answers with what it has.
     assert not held.flat.complete()
-    result = queries.search(held, "pipeline step", mode="semantic", limit=50, check_stale=False)
+    result = code_search.search(held, "pipeline step", mode="semantic", limit=50, check_stale=False)
     assert {h.path for h in result.hits} <= {f"pkg/mod{i}.py" for i in range(6)}
     assert any("embedded" in w for w in result.warnings)
     # A reader opened now does not load: the run recorded rows waiting for vectors.
-    fresh = queries.Lake(settings)
+    fresh = code_lake.Lake(settings)
     fresh.keep_vectors()
     assert fresh.flat is not None and not fresh.flat.complete()
 

@@ -82,12 +82,12 @@ def test_a_full_or_forbidden_disk_is_the_clis_line_in_a_resource_too(
         project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Resources mapped only ctxlake's own errors: the SDK turned an OSError into a bare "Error
     rendering resource", where a tool says the disk is full and what to do."""
-    import ctxlake.serve.api.queries as queries
+    import ctxlake.serve.api.index_status as index_status
 
     def refused(settings: object) -> None:  # fault injection: the lake's folder cannot be read
         raise OSError(errno.EACCES, os.strerror(errno.EACCES), str(project / ".ctx" / "lake"))
 
-    monkeypatch.setattr(queries, "status", refused)
+    monkeypatch.setattr(index_status, "status", refused)
     server = build_server(load_settings(project))
 
     async def main() -> None:

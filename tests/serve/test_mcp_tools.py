@@ -298,8 +298,8 @@ def test_resources(shop: tuple[Path, dict[str, str]]) -> None:
 
 
 def test_file_listing_pages(shop: tuple[Path, dict[str, str]]) -> None:
+    from ctxlake.serve.api.code_lake import Lake
     from ctxlake.serve.api.explore import list_files
-    from ctxlake.serve.api.queries import Lake
 
     lake = Lake(settings_for(*shop))
     pages, cursor = [], None

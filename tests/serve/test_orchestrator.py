@@ -163,7 +163,8 @@ def test_start_ingests_once_what_was_written_while_down(service: tuple[Orchestra
     row = wait_for(lambda: (r := schedule(orch, "ingest_conversations"))["last_run"] and r, 180, "the ingest run")
     assert row["last_run"]["state"] == "COMPLETED", row["last_run"]
     assert orch.ingest_triggers == 1
-    from ctxlake.serve.api.context import MemoryLake, list_sessions
+    from ctxlake.serve.api.memory_lake import MemoryLake
+    from ctxlake.serve.api.memory_sessions import list_sessions
 
     sessions = list_sessions(MemoryLake(orch.settings), all_projects=True)
     assert any(s.session_ref.startswith("claude:sess-before") for s in sessions), [s.session_ref for s in sessions]

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ctxlake.schemas.config import load_settings
-from ctxlake.serve.api.context import remember
+from ctxlake.serve.api.context_search import remember
 from ctxlake.tasks.knowledge import parse_record
 
 pytestmark = pytest.mark.usefixtures("fake_embedder")

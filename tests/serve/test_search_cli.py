@@ -140,7 +140,7 @@ def test_queries_ask_for_their_score_columns_by_name(indexed: Path, monkeypatch:
     from lancedb.query import LanceFtsQueryBuilder, LanceVectorQueryBuilder
 
     from ctxlake.schemas.config import load_settings
-    from ctxlake.serve.api import queries
+    from ctxlake.serve.api import code_lake, code_search
 
     asked: list[tuple[str, list[str]]] = []
     for builder, kind in ((LanceFtsQueryBuilder, "fts"), (LanceVectorQueryBuilder, "vector")):
@@ -148,9 +148,9 @@ def test_queries_ask_for_their_score_columns_by_name(indexed: Path, monkeypatch:
             asked.append((_kind, list(columns)))
             return _real(self, columns)
         monkeypatch.setattr(builder, "select", select)
-    lake = queries.Lake(load_settings(indexed))  # no held vectors: LanceDB answers the semantic half
+    lake = code_lake.Lake(load_settings(indexed))  # no held vectors: LanceDB answers the semantic half
     for mode in ("keyword", "semantic", "hybrid", "fuzzy"):
-        assert queries.search(lake, "compute invoice total", mode=mode, check_stale=False).hits, mode  # type: ignore[arg-type]
+        assert code_search.search(lake, "compute invoice total", mode=mode, check_stale=False).hits, mode  # type: ignore[arg-type]
     assert {kind for kind, _ in asked} == {"fts", "vector"}
     for kind, columns in asked:
         assert ("_score" if kind == "fts" else "_distance") in columns, (kind, columns)
@@ -281,8 +281,8 @@ def test_semantic_file_list_embeds_an_issues_title(indexed: Path, cli: Callable[
     """An issue's body (a log, code, prose about other things) drowns its subject in an averaged
     vector; the semantic list of the file ranking embeds the title line instead."""
     from ctxlake.schemas.config import load_settings
+    from ctxlake.serve.api.code_lake import Lake
     from ctxlake.serve.api.file_search import search_files
-    from ctxlake.serve.api.queries import Lake
     from ctxlake.serve.api.ranking import RankOptions
 
     issue = ("invoice total with tax is rounded wrong\n"

@@ -13,8 +13,9 @@ import pytest
 from helpers import write_files
 
 from ctxlake.schemas.config import Settings, load_settings
+from ctxlake.serve.api.code_lake import Lake
+from ctxlake.serve.api.index_status import status
 from ctxlake.serve.api.models_sources import SourceInfo
-from ctxlake.serve.api.queries import Lake, status
 from ctxlake.serve.api.source_queries import index_stats, list_sources
 from ctxlake.tasks.lake import connect
 from ctxlake.tasks.run_log import folder_bytes

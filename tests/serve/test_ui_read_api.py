@@ -11,8 +11,9 @@ import pytest
 
 from ctxlake.errors import InputError
 from ctxlake.schemas.config import load_settings
-from ctxlake.serve.api.context import MemoryLake, project_knowledge, remember
+from ctxlake.serve.api.context_search import project_knowledge, remember
 from ctxlake.serve.api.knowledge_edit import delete, revise
+from ctxlake.serve.api.memory_lake import MemoryLake
 from ctxlake.serve.api.overview import MASK, effective_settings
 
 

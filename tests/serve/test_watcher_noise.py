@@ -81,7 +81,8 @@ def test_the_service_warm_up_imports_the_pipeline_the_cli_and_the_read_path() ->
     """In a fresh interpreter: none of them before, all of them after (the first edit after
     `ctx up`, the first forwarded command and the UI's first page of data then find them loaded)."""
     wanted = ["ctxlake.flows.watch_code", "ctxlake.flows.index_code", "ctxlake.serve.cli.app",
-              "ctxlake.serve.api.queries", "ctxlake.serve.api.context", "ctxlake.serve.api.source_queries",
+              "ctxlake.serve.api.code_search", "ctxlake.serve.api.index_status", "ctxlake.serve.api.context_search",
+              "ctxlake.serve.api.memory_sessions", "ctxlake.serve.api.source_queries",
               "ctxlake.serve.api.overview", "prefect", "lancedb"]
     script = (
         "import sys\n"

@@ -15,7 +15,7 @@ from mcp_helpers import PROJECT
 from test_watcher_noise import wait_for
 
 from ctxlake.schemas.config import load_settings
-from ctxlake.serve.api import queries, watched
+from ctxlake.serve.api import code_lake, code_search, watched
 from ctxlake.serve.service import watchers
 from ctxlake.serve.service.engine import EngineCache
 from ctxlake.serve.service.watchers import ProjectWatcher, imports_ready
@@ -64,9 +64,9 @@ def test_a_search_during_a_batch_waits_for_it_and_finds_the_edit(watching: tuple
     imports_ready.clear()  # holds the batch back (as the service's warm-up does) so it is under way
     _edit_seen(repo, watcher, "refund_settled_word")
     threading.Timer(0.4, imports_ready.set).start()
-    lake = queries.Lake(load_settings(repo))
+    lake = code_lake.Lake(load_settings(repo))
     started = time.monotonic()
-    result = queries.search(lake, "refund_settled_word", mode="keyword")
+    result = code_search.search(lake, "refund_settled_word", mode="keyword")
     waited = time.monotonic() - started
     assert _found(result, "refund_settled_word"), [h.path for h in result.hits]
     assert not result.stale
@@ -83,7 +83,7 @@ def test_a_search_does_not_wait_for_a_batch_behind_another_writer(watching: tupl
         _edit_seen(repo, watcher, "refund_blocked_word")
         wait_for(lambda: watcher.blocked, 10, "the batch to wait for the lock")
         started = time.monotonic()
-        result = queries.search(queries.Lake(settings), "refund_blocked_word", mode="keyword")
+        result = code_search.search(code_lake.Lake(settings), "refund_blocked_word", mode="keyword")
         assert time.monotonic() - started < watched.SETTLE_S / 2
         assert result.stale and "src/billing/refund.py" in result.stale_paths
         assert not _found(result, "refund_blocked_word")
@@ -110,7 +110,7 @@ def test_the_watcher_optimizes_the_fragmented_lake_once_quiet(
     state = IndexState.read(settings.lake_dir)
     assert state is not None and state.unoptimized_rows == 0
     assert _unindexed(settings.lake_dir) == 0
-    hits = queries.search(queries.Lake(settings), "refund_2", mode="keyword").hits
+    hits = code_search.search(code_lake.Lake(settings), "refund_2", mode="keyword").hits
     assert hits and hits[0].path == "src/billing/refund.py"
 
 
@@ -126,7 +126,7 @@ def test_one_batch_is_optimized_once_the_project_has_been_idle(
     state = IndexState.read(settings.lake_dir)
     assert state is not None and state.unoptimized_rows == 0
     assert _unindexed(settings.lake_dir) == 0
-    hits = queries.search(queries.Lake(settings), "refund_once", mode="keyword").hits
+    hits = code_search.search(code_lake.Lake(settings), "refund_once", mode="keyword").hits
     assert hits and hits[0].path == "src/billing/refund.py"
 
 
@@ -166,7 +166,7 @@ def test_the_cache_upkeep_of_a_batch_runs_after_readers_may_go_on(
     imports_ready.set()
     wait_for(lambda: bool(during_batch), 60, "the batch's cache upkeep")
     assert not any(during_batch), during_batch
-    assert _found(queries.search(queries.Lake(load_settings(repo)), "upkeep_after_the_batch", mode="keyword",
+    assert _found(code_search.search(code_lake.Lake(load_settings(repo)), "upkeep_after_the_batch", mode="keyword",
                                  check_stale=False), "upkeep_after_the_batch")
 
 

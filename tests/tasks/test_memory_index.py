@@ -1,7 +1,7 @@
 """Indexes of the memory tables at scale, and the read side's queries over them.
 
 A memory table gets an IVF_SQ index on its vectors once it holds enough of them; these tests use
-a low threshold on small real LanceDB tables, and check what the read side (serve/api/context.py)
+a low threshold on small real LanceDB tables, and check what the read side (serve/api/context_search.py)
 promises over an indexed table: the same answers as a flat scan within recall, every hit a narrow
 filter allows, never a row without a vector, and BM25 over two columns ranked as one query would.
 """
@@ -16,9 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from ctxlake.serve.api import context
-from ctxlake.serve.api.context import _fts, _fts_columns, _vector
-from ctxlake.serve.api.queries import sum_scores
+from ctxlake.serve.api import context_search
+from ctxlake.serve.api.context_search import _fts, _fts_columns, _vector
+from ctxlake.serve.api.ranked_lists import sum_scores
 from ctxlake.tasks import upkeep
 from ctxlake.tasks.memory_store import ensure_vector_index, reset_vectors
 
@@ -96,7 +96,7 @@ def test_a_narrow_filter_still_gets_every_row_it_allows(tmp_path: Path, monkeypa
     query = np.random.default_rng(2).standard_normal(DIMS).astype(np.float32).tolist()
     # One session's 20 rows, spread over the clusters: at most 4 of the 54 partitions hold only
     # some of them (the scale of 200 of 1,246 at 1.55M messages).
-    monkeypatch.setattr(context, "ANN_PROBES", (2, 4))
+    monkeypatch.setattr(context_search, "ANN_PROBES", (2, 4))
     hits = _vector(table, query, "session_id = 's7'", ["id"], 30)
     assert sorted(h["id"] for h in hits) == sorted(_flat(table, query, "session_id = 's7'", 30))
     assert len(hits) == 20

@@ -109,14 +109,14 @@ def test_a_disk_full_at_fsync_is_507_with_the_file_named(client: TestClient, pro
 
 def test_a_page_over_a_forbidden_folder_shows_the_clis_line_with_503(client: TestClient, project: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    import ctxlake.serve.api.context as context
+    import ctxlake.serve.api.context_search as context_search
 
     folder = project / ".ctx" / "knowledge"
 
     def forbidden(*args: object, **kwargs: object) -> None:  # fault injection: the folder cannot be listed
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(folder))
 
-    monkeypatch.setattr(context, "project_knowledge", forbidden)
+    monkeypatch.setattr(context_search, "project_knowledge", forbidden)
     res = client.get("/knowledge")
     assert res.status_code == 503 and res.headers["content-type"].startswith("text/html")
     assert f"storage error, permission denied: {folder}" in html.unescape(res.text)

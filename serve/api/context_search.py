@@ -1,19 +1,30 @@
-"""Read-side queries over conversation memory (MESSAGES, SESSIONS, KNOWLEDGE), shared by the CLI and the MCP memory tools."""
+"""Search over conversation memory (MESSAGES, SESSIONS, KNOWLEDGE): search_context across the tables, and the knowledge records (project_knowledge; remember writes one)."""
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from ctxlake.errors import InputError, NotIndexedError
+from ctxlake.errors import InputError
 from ctxlake.schemas.config import Settings
-from ctxlake.serve.api.handles import memo_schema
+from ctxlake.serve.api.code_lake import read_pool
+from ctxlake.serve.api.memory_lake import (
+    KNOWLEDGE_COLUMNS,
+    KNOWLEDGE_KINDS,
+    MESSAGE_COLUMNS,
+    SESSION_COLUMNS,
+    MemoryLake,
+    _and,
+    _in,
+    _since,
+    _trim,
+    _until,
+)
 from ctxlake.serve.api.memory_models import (
     ContextHit,
     ContextMode,
@@ -22,282 +33,28 @@ from ctxlake.serve.api.memory_models import (
     Depth,
     KnowledgeList,
     KnowledgeOut,
-    MessageOut,
     RememberResult,
-    SessionDetail,
-    SessionSummary,
-    ToolCallOut,
 )
-from ctxlake.serve.api.queries import (
+from ctxlake.serve.api.memory_sessions import check_tools
+from ctxlake.serve.api.ranked_lists import (
     BM25_SCORE,
     VECTOR_DISTANCE,
     fuse,
     keyword_query,
-    read_pool,
     sum_scores,
 )
 from ctxlake.tasks.knowledge import inbox_records
-from ctxlake.tasks.lake import IndexState, connect, open_table
-from ctxlake.tasks.memory_state import MANIFEST_FILE, PROJECTS_FILE, read_project_paths
-from ctxlake.tasks.memory_store import KNOWLEDGE_TABLE, MESSAGES_TABLE, SESSIONS_TABLE
-from ctxlake.tasks.sessionize import scope_filter
 from ctxlake.tasks.store import sql_str, vector_indexes
 
 if TYPE_CHECKING:
     from lancedb.query import LanceVectorQueryBuilder
     from lancedb.table import Table
 
-    from ctxlake.tasks.embedders import Embedder
 
-READ_CONSISTENCY = timedelta(seconds=1)
 TYPES: tuple[ContextType, ...] = ("message", "session", "decision", "error", "insight")
-KNOWLEDGE_KINDS = ("decision", "error", "insight")
 SUMMARY_CHARS = 1200
 SNIPPET_CHARS = 400
 DETAIL_CHARS = 2000
-SESSION_COLUMNS = ["id", "tool", "title", "project_path", "started_at", "ended_at", "n_messages", "decisions",
-                   "open_tasks", "errors", "files", "commits", "tokens_in", "tokens_out", "llm_summary", "text"]
-MESSAGE_COLUMNS = ["id", "tool", "session_id", "timestamp", "seq", "role", "kind", "text", "tool_calls", "files",
-                   "agent", "source_file"]
-KNOWLEDGE_COLUMNS = ["id", "type", "title", "body", "created_at", "supersedes", "superseded_by", "source_tool",
-                     "source_session", "files", "tags", "path", "text"]
-RELATIVE = re.compile(r"^(\d+)\s*([dhm])$")
-
-
-class MemoryLake:
-    """Conversation memory opened for reading: the user-wide lake and this project's knowledge table.
-
-    Rows are scoped to the project (its folder and below) unless `all_projects` is asked for.
-    """
-
-    def __init__(self, settings: Settings, load_embedder: Callable[[], Embedder] | None = None) -> None:
-        self.settings = settings
-        # How the model is had when a query first needs it (a long-lived reader passes its shared one).
-        self._load_embedder = load_embedder
-        self.state = IndexState.read(settings.memory_dir)
-        self.messages: Table | None = None
-        self.sessions: Table | None = None
-        if self.state is not None:
-            db = connect(settings.memory_dir, read_consistency=READ_CONSISTENCY)
-            self.messages = memo_schema(open_table(db, MESSAGES_TABLE))
-            self.sessions = memo_schema(open_table(db, SESSIONS_TABLE))
-        self.knowledge: Table | None = None
-        self.knowledge_model = ""
-        if settings.lake_dir.is_dir():
-            kdb = connect(settings.lake_dir, read_consistency=READ_CONSISTENCY)
-            self.knowledge = memo_schema(open_table(kdb, KNOWLEDGE_TABLE))
-            try:
-                self.knowledge_model = json.loads((settings.lake_dir / MANIFEST_FILE).read_text(encoding="utf-8")).get("model_id", "")
-            except (OSError, ValueError):
-                self.knowledge_model = ""
-        self._embedder: Embedder | None = None
-        self._scope: tuple[int | None, str] | None = None
-
-    def require_memory(self) -> tuple[Table, Table]:
-        if self.messages is None or self.sessions is None:
-            raise NotIndexedError("no agent conversations ingested yet", hint="run `ctx run ingest`")
-        return self.messages, self.sessions
-
-    def embedder(self) -> Embedder:
-        if self._embedder is None:
-            if self._load_embedder is not None:
-                self._embedder = self._load_embedder()
-            else:
-                from ctxlake.tasks.embedders import make_embedder
-
-                self._embedder = make_embedder(self.settings.embed, self.settings.models_dir)
-        return self._embedder
-
-    def scope(self, all_projects: bool) -> str | None:
-        """SQL: this project's rows (None: every project's)."""
-        if all_projects:
-            return None
-        # The record of project paths changes only when an ingest meets a new folder.
-        path = self.settings.memory_dir / PROJECTS_FILE
-        try:
-            stamp = path.stat().st_mtime_ns
-        except OSError:
-            stamp = None
-        if self._scope is None or self._scope[0] != stamp:
-            paths = read_project_paths(self.settings.memory_dir) if stamp is not None else None
-            self._scope = (stamp, scope_filter(self.settings.root, paths))
-        return self._scope[1]
-
-
-def session_counts(lake: MemoryLake) -> dict[str, tuple[int, str | None]]:
-    """tool -> (this project's sessions of it, when the newest ended); empty before any ingest."""
-    if lake.sessions is None:
-        return {}
-    where = lake.scope(False)
-    search = lake.sessions.search()
-    if where:
-        search = search.where(where)
-    rows = search.select(["tool", "ended_at"]).limit(None).to_arrow().to_pylist()
-    out: dict[str, tuple[int, str | None]] = {}
-    for row in rows:
-        count, last = out.get(row["tool"], (0, None))
-        ended = row["ended_at"].isoformat() if row["ended_at"] is not None else None
-        out[row["tool"]] = (count + 1, max(filter(None, (last, ended)), default=None))
-    return out
-
-
-# -- filters -------------------------------------------------------------------------------------
-
-
-def parse_when(value: str | None, name: str) -> datetime | None:
-    """An ISO date/time, or a relative age like 7d, 12h, 30m (that long ago)."""
-    if value is None or not value.strip():
-        return None
-    text = value.strip()
-    match = RELATIVE.match(text)
-    try:
-        if match:
-            n, unit = int(match.group(1)), match.group(2)
-            return datetime.now(UTC) - {"d": timedelta(days=n), "h": timedelta(hours=n), "m": timedelta(minutes=n)}[unit]
-        when = datetime.fromisoformat(text)
-        return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
-    except OverflowError:  # an age before year 1 (9999999999d), or a date at its edge moved to UTC
-        raise InputError(f"{name}: {value!r} is outside the dates a record can have",
-                         hint="e.g. 2025-12-01, 2025-12-01T14:00, 7d, 12h") from None
-    except ValueError:
-        raise InputError(f"{name}: not a date, time or age: {value!r}", hint="e.g. 2025-12-01, 2025-12-01T14:00, 7d, 12h") from None
-
-
-def _ts(when: datetime) -> str:
-    # isoformat pads the year to 4 digits (strftime's %Y gives '110-05-18', which Lance cannot parse).
-    return f"CAST('{when.astimezone(UTC).replace(tzinfo=None).isoformat(timespec='microseconds')}' AS TIMESTAMP)"
-
-
-def _since(column: str, when: datetime | None) -> str | None:
-    return f"{column} >= {_ts(when)}" if when else None
-
-
-def _until(column: str, when: datetime | None) -> str | None:
-    return f"{column} <= {_ts(when)}" if when else None
-
-
-def _and(*parts: str | None) -> str | None:
-    kept = [p for p in parts if p]
-    return " AND ".join(f"({p})" for p in kept) or None
-
-
-def _in(column: str, values: Sequence[str] | None) -> str | None:
-    return f"{column} IN ({', '.join(sql_str(v) for v in values)})" if values else None
-
-
-def _trim(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
-
-
-# -- sessions ------------------------------------------------------------------------------------
-
-
-def _summary(row: dict[str, Any], estimated: bool = False) -> SessionSummary:
-    return SessionSummary(
-        session_ref=row["id"], tool=row["tool"], title=row["title"], project_path=row["project_path"],
-        started_at=row["started_at"], last_active=row["ended_at"], time_estimated=estimated, n_messages=row["n_messages"],
-        summary=row["llm_summary"] or row["text"], decisions=row["decisions"] or [], open_tasks=row["open_tasks"] or [],
-        errors=row["errors"] or [], files=row["files"] or [], commits=row["commits"] or [],
-        tokens_in=row["tokens_in"], tokens_out=row["tokens_out"],
-    )
-
-
-def list_sessions(lake: MemoryLake, limit: int = 20, tools: Sequence[str] | None = None, all_projects: bool = False,
-                  after: datetime | None = None, before: datetime | None = None) -> list[SessionSummary]:
-    """Sessions, most recently active first."""
-    if limit < 1:
-        raise InputError(f"limit must be at least 1, got {limit}")
-    check_tools(tools)
-    _, sessions = lake.require_memory()
-    where = _and(lake.scope(all_projects), _in("tool", tools), _since("ended_at", after),
-                 _until("started_at", before))
-    query = sessions.search()
-    if where:
-        query = query.where(where)
-    rows = query.select([*SESSION_COLUMNS, "session_id"]).limit(None).to_list()
-    if not rows:
-        return []
-    estimated = time_estimated(lake, rows)
-    # Latest message first; a session whose times are its file's mtime goes after every session with real
-    # message times from the same (UTC) day, whatever its mtime says.
-    rows.sort(key=lambda r: (r["ended_at"].date(), r["id"] not in estimated, r["ended_at"]), reverse=True)
-    return [_summary(r, r["id"] in estimated) for r in rows[:limit]]
-
-
-def check_tools(tools: Sequence[str] | None) -> None:
-    """InputError naming an agent tool no scraper writes (a typo would otherwise look like "no sessions")."""
-    from ctxlake.tasks.scrape import SCRAPERS
-
-    known = list(dict.fromkeys(s.tool for s in SCRAPERS.values()))
-    unknown = [t for t in tools or () if t not in known]
-    if unknown:
-        raise InputError(f"unknown agent tool {unknown[0]!r}", hint=f"known: {', '.join(known)}")
-
-
-def time_estimated(lake: MemoryLake, rows: Sequence[dict[str, Any]]) -> set[str]:
-    """Refs of the sessions among `rows` whose every message is stamped with its file's time, not its own."""
-    from ctxlake.tasks.scrape.timing import FILE_TIME_ROWS
-
-    messages, _ = lake.require_memory()
-    out: set[str] = set()
-    for tool, stamped_by_file in FILE_TIME_ROWS.items():
-        candidates = [r for r in rows if r["tool"] == tool]
-        if not candidates:
-            continue
-        ids = sorted({r["session_id"] for r in candidates})
-        where = f"tool = {sql_str(tool)} AND {_in('session_id', ids)} AND NOT ({stamped_by_file})"
-        timed: dict[str, list[Any]] = {}
-        for m in messages.search().where(where).select(["session_id", "timestamp"]).limit(None).to_list():
-            timed.setdefault(m["session_id"], []).append(m["timestamp"])
-        # A segment is estimated unless one of its own messages (inside its window) has a real time.
-        for r in candidates:
-            if not any(r["started_at"] <= t <= r["ended_at"] for t in timed.get(r["session_id"], [])):
-                out.add(r["id"])
-    return out
-
-
-def resolve_ref(lake: MemoryLake, ref: str) -> dict[str, Any]:
-    """A session row from its ref, a unique prefix of it, or a unique prefix of the tool's session id."""
-    _, sessions = lake.require_memory()
-    ref = ref.strip()
-    if not ref:
-        raise InputError("empty session ref")
-    exact = sessions.search().where(f"id = {sql_str(ref)}").select([*SESSION_COLUMNS, "session_id"]).limit(1).to_list()
-    if exact:
-        return dict(exact[0])
-    like = ref.replace("%", "\\%").replace("_", "\\_").replace("'", "''")
-    found = sessions.search().where(f"id LIKE '{like}%' ESCAPE '\\' OR session_id LIKE '{like}%' ESCAPE '\\'") \
-        .select([*SESSION_COLUMNS, "session_id"]).limit(20).to_list()
-    if not found:
-        raise InputError(f"no session matches {ref!r}", hint="`ctx sessions` lists them")
-    if len(found) > 1:
-        names = ", ".join(sorted(r["id"] for r in found)[:8])
-        raise InputError(f"{ref!r} matches {len(found)} sessions: {names}", hint="give more of the ref")
-    return dict(found[0])
-
-
-def _message(row: dict[str, Any], limit: int | None = None) -> MessageOut:
-    text = row["text"] if limit is None else _trim(row["text"], limit)
-    return MessageOut(id=row["id"], timestamp=row["timestamp"], role=row["role"], kind=row["kind"], text=text,
-                      tool_calls=[ToolCallOut(name=c.get("name") or "unknown", input=c.get("input") or "",
-                                              is_error=c.get("is_error")) for c in row["tool_calls"] or []],
-                      files=row["files"] or [], agent=row["agent"])
-
-
-def session_detail(lake: MemoryLake, ref: str, offset: int = 0, limit: int = 50) -> SessionDetail:
-    """A session's summary and one page of its messages in order."""
-    if offset < 0 or limit < 1:
-        raise InputError("offset must be >= 0 and limit >= 1")
-    messages, _ = lake.require_memory()
-    row = resolve_ref(lake, ref)
-    where = (f"tool = {sql_str(row['tool'])} AND session_id = {sql_str(row['session_id'])} "
-             f"AND timestamp >= {_ts(row['started_at'])} AND timestamp <= {_ts(row['ended_at'])}")
-    items = messages.search().where(where).select(MESSAGE_COLUMNS).limit(None).to_list()
-    items.sort(key=lambda r: (r["timestamp"], r["source_file"], r["seq"]))
-    page = items[offset : offset + limit]
-    end = offset + len(page)
-    return SessionDetail(session=_summary(row), messages=[_message(r) for r in page], total=len(items), offset=offset,
-                         next_offset=end if end < len(items) else None)
 
 
 # -- search --------------------------------------------------------------------------------------
