@@ -20,13 +20,9 @@ from ctxlake.errors import (
     asks_json,
     error_document,
 )
-from ctxlake.schemas.config import (
-    CTX_DIR,
-    Settings,
-    load_settings,
-    resolve_root,
-)
+from ctxlake.schemas.config import Settings, load_settings
 from ctxlake.schemas.names import PROJECT_SOURCE
+from ctxlake.schemas.roots import CTX_DIR, resolve_root
 from ctxlake.serve.cli import eval as cli_eval
 from ctxlake.serve.cli import graph as cli_graph
 from ctxlake.serve.cli import handoff as cli_handoff
@@ -419,12 +415,8 @@ def trust(
     """Trust this project's .ctx/config.toml as it is now, so its commands may run (like direnv allow),
     and the sources in .ctx/sources.toml that read folders outside the project."""
     from ctxlake.schemas import trust as trust_store
-    from ctxlake.schemas.config import (
-        check_ctx_links,
-        default_home,
-        read_config_bytes,
-        read_project_config,
-    )
+    from ctxlake.schemas.config import read_config_bytes, read_project_config
+    from ctxlake.schemas.roots import check_ctx_links, default_home
     from ctxlake.schemas.sources import (
         load_registry,
         registry_path,
