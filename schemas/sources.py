@@ -13,8 +13,9 @@ from urllib.parse import unquote, urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ctxlake.errors import ConfigError, InputError
-from ctxlake.schemas.config import CTX_DIR, IndexSettings
+from ctxlake.schemas.config import IndexSettings
 from ctxlake.schemas.names import PROJECT_SOURCE
+from ctxlake.schemas.roots import CTX_DIR
 
 SOURCES_FILE = "sources.toml"
 # A source name becomes a folder name (sandbox links, snapshot files): one safe path component.

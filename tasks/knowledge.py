@@ -16,8 +16,8 @@ import xxhash
 import yaml
 
 from ctxlake.errors import InputError
-from ctxlake.schemas.config import CTX_DIR
 from ctxlake.schemas.registry import dump_yaml, load_yaml
+from ctxlake.schemas.roots import CTX_DIR
 from ctxlake.schemas.tables import KNOWLEDGE, KNOWLEDGE_TYPES, with_vector_width
 from ctxlake.tasks.lake import write_atomic
 from ctxlake.tasks.memory_state import FOLDERS, knowledge_files

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from ctxlake.errors import InputError
-from ctxlake.schemas.config import CTX_DIR
 from ctxlake.schemas.registry import (
     KIND_DIRS,
     KINDS,
@@ -34,6 +33,7 @@ from ctxlake.schemas.registry import (
     render_front_matter,
     split_front_matter,
 )
+from ctxlake.schemas.roots import CTX_DIR
 from ctxlake.tasks.lake import remove_empty_folders, write_atomic
 from ctxlake.tasks.safe_io import unsafe_target
 

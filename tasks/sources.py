@@ -16,8 +16,9 @@ from typing import NamedTuple
 import xxhash
 
 from ctxlake.errors import ConfigError, InputError, SourceError
-from ctxlake.schemas.config import IndexSettings, Settings, SourcesSettings, system_tree
+from ctxlake.schemas.config import IndexSettings, Settings, SourcesSettings
 from ctxlake.schemas.git import NO_COMMANDS
+from ctxlake.schemas.roots import system_tree
 from ctxlake.schemas.sources import SourceSpec, is_trusted, origin_path
 from ctxlake.tasks import freshness
 from ctxlake.tasks.stage import stage

@@ -11,15 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from ctxlake.schemas.config import (
-    CONFIG_FILE,
-    CTX_DIR,
-    SECTIONS,
-    Settings,
-    _env_layer,
-    default_home,
-    read_project_config,
-)
+from ctxlake.schemas.config import SECTIONS, Settings, _env_layer, read_project_config
+from ctxlake.schemas.roots import CONFIG_FILE, CTX_DIR, default_home
 from ctxlake.serve.api.index_status import memory_malformed
 
 if TYPE_CHECKING:

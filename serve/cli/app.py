@@ -1,4 +1,4 @@
-"""The `ctx` command: parses arguments, calls serve/api/code_search.py or index_status.py or starts a flow, renders the answer."""
+"""The `ctx` command: parses arguments, calls serve/api/ (code_search.py, index_status.py, ...) or starts a flow, renders the answer."""
 
 from __future__ import annotations
 
@@ -16,28 +16,23 @@ from ctxlake.errors import (
     ConfigError,
     CtxError,
     InputError,
-    NotIndexedError,
     asks_json,
     error_document,
 )
-from ctxlake.schemas.config import (
-    CTX_DIR,
-    Settings,
-    load_settings,
-    resolve_root,
-)
+from ctxlake.schemas.config import Settings, load_settings
 from ctxlake.schemas.names import PROJECT_SOURCE
+from ctxlake.schemas.roots import CTX_DIR, resolve_root
 from ctxlake.serve.cli import eval as cli_eval
 from ctxlake.serve.cli import graph as cli_graph
 from ctxlake.serve.cli import handoff as cli_handoff
 from ctxlake.serve.cli import hooks as cli_hooks
+from ctxlake.serve.cli import lake as cli_lake
 from ctxlake.serve.cli import mcp as cli_mcp
 from ctxlake.serve.cli import memory as cli_memory
 from ctxlake.serve.cli import read as cli_read
 from ctxlake.serve.cli import registry as cli_registry
 from ctxlake.serve.cli import stats as cli_stats
 from ctxlake.serve.cli.base import (
-    MAX_LIMIT,
     _prefect_quietly,
     bound_writer_heap,
     ensure_project,
@@ -45,7 +40,6 @@ from ctxlake.serve.cli.base import (
     without_heartbeats,
 )
 from ctxlake.serve.cli.schedule import schedule_app
-from ctxlake.serve.cli.service import print_service_status, service_status
 from ctxlake.serve.cli.service import register as register_service
 from ctxlake.serve.cli.sources import register as register_sources
 from ctxlake.serve.cli.ui import register as register_ui
@@ -247,127 +241,7 @@ def _print_report(report: Any, wall: float) -> None:
         typer.echo(f"warning: … and {len(report.warnings) - 10} more (see `ctx status --json`)", err=True)
 
 
-@app.command()
-def search(
-    query: Annotated[str, typer.Argument(help="what to look for: words, identifiers, a question")],
-    limit: Annotated[int | None, typer.Option("-n", "--limit", min=1, max=MAX_LIMIT, help="number of results")] = None,
-    mode: Annotated[str | None, typer.Option("--mode", help="hybrid | keyword | semantic | fuzzy")] = None,
-    path_glob: Annotated[str | None, typer.Option("--path", help="only paths matching this glob, e.g. 'src/**/*.py'")] = None,
-    lang: Annotated[str | None, typer.Option("--lang", help="only this language, e.g. python")] = None,
-    sources: Annotated[str | None, typer.Option("--sources", help="comma-separated source names")] = None,
-    bm25_weight: Annotated[float | None, typer.Option("--bm25-weight", min=0.0, max=1.0, help="keyword share in hybrid, 0..1")] = None,
-    budget: Annotated[int | None, typer.Option("--budget", min=1, help="at most this many tokens of hits (est. 4 chars/token)")] = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Search the project's index."""
-    from ctxlake.serve.api.models import SEARCH_MODES
-
-    if mode is not None and mode not in SEARCH_MODES:
-        raise InputError(f"unknown --mode {mode!r}", hint=", ".join(SEARCH_MODES))
-    settings = load_settings(resolve_root(None, for_write=False))
-    from ctxlake.serve.api import code_search
-    from ctxlake.serve.api.source_queries import check_names, parse_names
-    from ctxlake.serve.service.engine import open_lake
-
-    lake = open_lake(settings)  # the service's warm lake when run there, else a fresh one
-
-    names = parse_names(sources)
-    check_names(settings, names)
-    result = code_search.search(
-        lake, query, mode=mode, limit=limit, path_glob=path_glob, lang=lang,
-        sources=names,
-        bm25_weight=bm25_weight, budget_tokens=budget,
-    )
-    if as_json:
-        from ctxlake.serve.cli.render import print_json
-
-        print_json(result.model_dump())
-        return
-    from ctxlake.serve.cli.render import print_search, stdout_console
-
-    print_search(result, stdout_console())
-    for warning in result.warnings:
-        typer.echo(f"warning: {warning}", err=True)
-    if result.stale:
-        shown = ", ".join(result.stale_paths[:5]) + (" …" if len(result.stale_paths) > 5 else "")
-        typer.echo(f"warning: {len(result.stale_paths)} file(s) changed since the last index "
-                   f"(run `ctx run index`): {shown}", err=True)
-
-
-@app.command()
-def status(
-    as_json: JsonOpt = False,
-    skipped: Annotated[bool, typer.Option(
-        "--skipped", help="list the files the last run saw but did not index, and why")] = False,
-) -> None:
-    """Files, chunks, languages, model, last run, stale files, lake size."""
-    if skipped:
-        from ctxlake.serve.api import index_status
-        from ctxlake.serve.cli.render import print_not_indexed
-
-        settings = load_settings(resolve_root(None, for_write=False))
-        print_not_indexed(settings.root, index_status.not_indexed_files(settings), as_json)
-        return
-    try:
-        root = resolve_root(None, for_write=False)
-    except NotIndexedError:
-        # Outside any project the service's state is still worth showing; the exit stays 4.
-        if as_json:
-            from ctxlake.serve.cli.render import print_json
-
-            print_json({"indexed": False, "service": service_status()})
-        else:
-            print_service_status()
-        raise
-    settings = load_settings(root)
-    from ctxlake.serve.api import index_status
-
-    st = index_status.status(settings)
-    if as_json:
-        from ctxlake.serve.cli.render import print_json
-
-        print_json({**st.model_dump(), "service": service_status()})
-    else:
-        from ctxlake.serve.cli.render import print_status, stdout_console
-
-        print_status(st, stdout_console())
-        print_service_status()
-    if not st.indexed:
-        # Exit 4 as documented for `.ctx/` without a lake, after the report (memory, a running indexer).
-        raise typer.Exit(4)
-
-
-@app.command()
-def clean(yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] = False) -> None:
-    """Remove this project's lake (.ctx/lake); config.toml and knowledge/ stay."""
-    import shutil
-
-    from ctxlake.serve.cli.render import human_bytes
-
-    settings = load_settings(resolve_root(None, for_write=False))
-    lake = settings.lake_dir
-    if not lake.exists():
-        typer.echo(f"Nothing to remove: {lake} does not exist.")
-        return
-    from ctxlake.tasks.lake import WriterLock, reset_lake
-    from ctxlake.tasks.run_log import folder_bytes
-
-    size = human_bytes(folder_bytes(lake))
-    if not yes:
-        if not sys.stdin.isatty():
-            raise InputError(f"refusing to remove {lake} without --yes (no terminal to ask)")
-        if not typer.confirm(f"Remove the index at {lake} ({size})?", default=False):
-            typer.echo("Kept.")
-            return
-    lock = WriterLock(lake, purpose="ctx clean").acquire()
-    try:
-        reset_lake(lake)
-    finally:
-        lock.release()
-    shutil.rmtree(lake, ignore_errors=True)
-    typer.echo(f"Removed {lake} ({size}).")
-
-
+cli_lake.register(app)
 cli_eval.register(app)
 cli_read.register(app)
 cli_stats.register(app)
@@ -419,12 +293,8 @@ def trust(
     """Trust this project's .ctx/config.toml as it is now, so its commands may run (like direnv allow),
     and the sources in .ctx/sources.toml that read folders outside the project."""
     from ctxlake.schemas import trust as trust_store
-    from ctxlake.schemas.config import (
-        check_ctx_links,
-        default_home,
-        read_config_bytes,
-        read_project_config,
-    )
+    from ctxlake.schemas.config import read_config_bytes, read_project_config
+    from ctxlake.schemas.roots import check_ctx_links, default_home
     from ctxlake.schemas.sources import (
         load_registry,
         registry_path,

@@ -11,8 +11,9 @@ from typing import Any, TypeVar
 from typer.core import TyperGroup
 
 from ctxlake.errors import CtxError, InputError, UnknownFileError
-from ctxlake.schemas.config import CTX_DIR, check_ctx_links, default_config_toml
+from ctxlake.schemas.config import default_config_toml
 from ctxlake.schemas.names import PROJECT_SOURCE
+from ctxlake.schemas.roots import CTX_DIR, check_ctx_links
 
 T = TypeVar("T")
 

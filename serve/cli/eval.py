@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ctxlake.errors import InputError
-from ctxlake.schemas.config import find_root, load_settings
+from ctxlake.schemas.config import load_settings
 from ctxlake.schemas.names import PROJECT_SOURCE
+from ctxlake.schemas.roots import find_root
 from ctxlake.serve.cli.base import MAX_LIMIT
 
 if TYPE_CHECKING:
@@ -109,7 +110,7 @@ def files_command(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")] = False,
 ) -> None:
     """Rank the indexed files for a query: which files to open first (same ranking as `ctx eval`)."""
-    from ctxlake.schemas.config import resolve_root
+    from ctxlake.schemas.roots import resolve_root
 
     if mode is not None and mode not in ("hybrid", "keyword", "semantic"):
         raise InputError(f"unknown --mode {mode!r}", hint="hybrid, keyword or semantic")

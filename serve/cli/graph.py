@@ -9,8 +9,9 @@ from typing import Annotated
 
 import typer
 
-from ctxlake.schemas.config import load_settings, resolve_root
+from ctxlake.schemas.config import load_settings
 from ctxlake.schemas.names import PROJECT_SOURCE
+from ctxlake.schemas.roots import resolve_root
 from ctxlake.serve.cli.base import typed_path_read
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")]

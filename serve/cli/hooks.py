@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import typer
 
 from ctxlake.errors import CtxError, InputError
-from ctxlake.schemas.config import CTX_DIR, _refuse_broad, find_root, git_toplevel, resolve_root
+from ctxlake.schemas.roots import CTX_DIR, _refuse_broad, find_root, git_toplevel, resolve_root
 
 hooks_app = typer.Typer(help="Session hooks: hand the last session's brief to the next agent, ingest at session end.",
                         no_args_is_help=True)

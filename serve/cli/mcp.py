@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ctxlake.errors import InputError
-from ctxlake.schemas.config import CTX_DIR, find_root, git_toplevel, load_settings, resolve_root
+from ctxlake.schemas.config import load_settings
+from ctxlake.schemas.roots import CTX_DIR, find_root, git_toplevel, resolve_root
 
 if TYPE_CHECKING:
     from ctxlake.serve.agents.clients import Change

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ctxlake.errors import InputError
-from ctxlake.schemas.config import Settings, find_root, git_toplevel, load_settings
+from ctxlake.schemas.config import Settings, load_settings
+from ctxlake.schemas.roots import find_root, git_toplevel
 from ctxlake.serve.cli.base import MAX_LIMIT, group_with_default
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ def run_ingest(
 ) -> None:
     """Ingest every agent tool's conversation logs (incremental) and this project's knowledge files."""
     started = time.perf_counter()
-    from ctxlake.schemas.config import CTX_DIR, resolve_root
+    from ctxlake.schemas.roots import CTX_DIR, resolve_root
     from ctxlake.serve.cli.base import ensure_project
 
     root = resolve_root(None, for_write=True)
@@ -297,7 +298,7 @@ def remember(
     if title is None:
         first, _, rest = body.strip().partition("\n")
         title, body = first, rest
-    from ctxlake.schemas.config import resolve_root
+    from ctxlake.schemas.roots import resolve_root
 
     settings = load_settings(resolve_root(None, for_write=False))
     result = write(settings, kind, title, body, files=files or [], tags=tags or [], files_from=Path.cwd())

@@ -15,7 +15,7 @@ registry_app = typer.Typer(help="Portable skills, commands, agents and rules in 
 
 
 def _root(path: Path | None) -> Path:
-    from ctxlake.schemas.config import find_root, git_toplevel, resolve_root
+    from ctxlake.schemas.roots import find_root, git_toplevel, resolve_root
 
     if path is not None:
         return resolve_root(path, for_write=False)

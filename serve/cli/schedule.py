@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from ctxlake.errors import CtxError
-from ctxlake.schemas.config import default_home
+from ctxlake.schemas.roots import default_home
 
 # Written by the service (`ctx up`); the one place the CLI learns where its Prefect server listens.
 STATE_FILE = Path("service") / "service.json"

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ctxlake.errors import AgentError, CtxError, InputError, LockBusyError, SourceError
-from ctxlake.schemas.config import Settings, load_settings, resolve_root
+from ctxlake.schemas.config import Settings, load_settings
+from ctxlake.schemas.roots import resolve_root
 from ctxlake.schemas.sources import (
     SourceSpec,
     drop_source,

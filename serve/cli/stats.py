@@ -6,7 +6,8 @@ from typing import Annotated
 
 import typer
 
-from ctxlake.schemas.config import load_settings, resolve_root
+from ctxlake.schemas.config import load_settings
+from ctxlake.schemas.roots import resolve_root
 
 
 def stats(

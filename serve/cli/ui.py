@@ -25,7 +25,8 @@ def ui(
     if url:
         _show(str(url), "service", no_open, as_json)
         return
-    from ctxlake.schemas.config import load_settings, resolve_root
+    from ctxlake.schemas.config import load_settings
+    from ctxlake.schemas.roots import resolve_root
     from ctxlake.serve.web.server import standalone as make
 
     root = resolve_root(None, for_write=False)

@@ -499,7 +499,7 @@ class Service:
         slot meanwhile."""
         if argv[:2] != ["run", "index"] or "--wait" in argv:
             return argv
-        from ctxlake.schemas.config import CTX_DIR
+        from ctxlake.schemas.roots import CTX_DIR
         from ctxlake.tasks.lake import WriterLock
 
         root = self._index_root(argv)
@@ -575,7 +575,7 @@ class Service:
         resolves it: a project's first run has no .ctx/ yet, and its root is still known."""
         if argv[:2] != ["run", "index"]:
             return None
-        from ctxlake.schemas.config import resolve_root
+        from ctxlake.schemas.roots import resolve_root
 
         positional: list[str] = []
         skip = False
@@ -614,7 +614,7 @@ class Service:
             return False
         if "--force" in argv:
             return True
-        from ctxlake.schemas.config import CTX_DIR
+        from ctxlake.schemas.roots import CTX_DIR
         from ctxlake.tasks.lake import IndexState
 
         root = self._index_root(argv)
@@ -628,7 +628,7 @@ class Service:
     @staticmethod
     def _first_ingest() -> bool:
         """No conversation ingest has finished for the request's user data dir yet."""
-        from ctxlake.schemas.config import default_home
+        from ctxlake.schemas.roots import default_home
         from ctxlake.tasks.lake import IndexState
 
         try:

@@ -12,7 +12,7 @@ SERVICE_DIR = "service"
 
 
 def ctx_home(env: dict[str, str] | os._Environ[str] | None = None) -> Path:
-    """Resolve the user dir exactly like schemas/config.py default_home, without importing it."""
+    """Resolve the user dir exactly like schemas/roots.py default_home, without importing it."""
     source = os.environ if env is None else env
     if source.get("CTX_HOME"):
         return Path(source["CTX_HOME"]).expanduser().resolve()

@@ -324,7 +324,7 @@ class Watchers:
         (tasks/upkeep.py OPTIMIZE_ELSEWHERE_ENV): the watcher of `root` runs it in a child once
         the project is quiet. True when one was due."""
         from ctxlake.flows.index_code import OPTIMIZE_AFTER_ROWS
-        from ctxlake.schemas.config import CTX_DIR
+        from ctxlake.schemas.roots import CTX_DIR
         from ctxlake.tasks.lake import IndexState
 
         with self._lock:

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ctxlake.serve.web.app import Schedules, UiContext, create_app
+from ctxlake.serve.web.app import create_app
+from ctxlake.serve.web.base import Schedules, UiContext
 
 HOST = "127.0.0.1"  # never another interface: the UI reads private code and conversations
 START_TIMEOUT_S = 20.0

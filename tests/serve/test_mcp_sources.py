@@ -15,7 +15,8 @@ import pytest
 from stub_agent import install_stub, read_record
 
 from ctxlake.schemas import trust
-from ctxlake.schemas.config import Settings, default_home, load_settings
+from ctxlake.schemas.config import Settings, load_settings
+from ctxlake.schemas.roots import default_home
 from ctxlake.schemas.sources import SourceSpec, registry_path, save_source, trust_sources
 from ctxlake.serve.mcp.sources import register_source_tools
 

@@ -95,7 +95,7 @@ def test_conversations_without_a_code_index_still_show_their_figures(tmp_path: P
     import os
     import urllib.request
 
-    from ctxlake.serve.web.app import UiContext
+    from ctxlake.serve.web.base import UiContext
     from ctxlake.serve.web.server import UiServer
 
     server = UiServer(UiContext(projects=lambda: [str(repo)], env=dict(os.environ), mode="standalone"), 0)

@@ -16,7 +16,8 @@ from memlogs import build_stores
 
 from ctxlake.errors import ConfigError
 from ctxlake.schemas import trust
-from ctxlake.schemas.config import SECTIONS, default_config_toml, default_home, load_settings
+from ctxlake.schemas.config import SECTIONS, default_config_toml, load_settings
+from ctxlake.schemas.roots import default_home
 
 pytestmark = pytest.mark.usefixtures("prefect_server", "fake_embedder")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from ctxlake.errors import ConfigError
-from ctxlake.schemas.config import check_ctx_links, git_toplevel
 from ctxlake.schemas.git import NO_DIFF_DRIVERS, git_args
+from ctxlake.schemas.roots import check_ctx_links, git_toplevel
 from ctxlake.serve.api.handoff import git_diff_stat
 from ctxlake.tasks.cochange import commits
 from ctxlake.tasks.compact import git_commits

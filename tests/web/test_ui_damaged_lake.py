@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from helpers import damage_lake
 
-from ctxlake.serve.web.app import UiContext
+from ctxlake.serve.web.base import UiContext
 from ctxlake.serve.web.server import UiServer
 
 pytestmark = pytest.mark.usefixtures("prefect_server", "fake_embedder")

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-from ctxlake.serve.web.app import UiContext, create_app
+from ctxlake.serve.web.app import create_app
+from ctxlake.serve.web.base import UiContext
 from ctxlake.tasks.lake import STORAGE_HINT
 
 PORT = 8765  # only checked against the Host header: nothing listens

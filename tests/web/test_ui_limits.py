@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from uisite import read_answer
 
-from ctxlake.serve.web.app import MAX_BODY_BYTES, UiContext
+from ctxlake.serve.web.app import MAX_BODY_BYTES
+from ctxlake.serve.web.base import UiContext
 from ctxlake.serve.web.security import MAX_HEADER_BYTES, MAX_URL_BYTES, SESSION_COOKIE
 from ctxlake.serve.web.server import UiServer
 

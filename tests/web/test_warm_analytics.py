@@ -15,7 +15,7 @@ import pytest
 from uisite import Site
 
 from ctxlake.serve.api import stats
-from ctxlake.serve.web.app import UiContext
+from ctxlake.serve.web.base import UiContext
 from ctxlake.serve.web.server import UiServer
 
 

@@ -38,7 +38,7 @@ def ui_site(base: Path) -> Iterator[Site]:
     from prefect.settings import PREFECT_API_URL
 
     from ctxlake.serve.cli.app import run
-    from ctxlake.serve.web.app import UiContext
+    from ctxlake.serve.web.base import UiContext
     from ctxlake.serve.web.server import UiServer
 
     repo = base / "shop"
