@@ -33,7 +33,7 @@ from ctxlake.tasks.upkeep import KEEP_VERSIONS
 if TYPE_CHECKING:
     from lancedb.table import Table
 
-    from ctxlake.tasks.embedders import Embedder
+    from ctxlake.tasks.embedder_base import Embedder
 
 LOOKUP_BATCH = 2000
 # Texts per encode call: large enough that sorting by length keeps padding low, small enough

@@ -17,7 +17,7 @@ from ctxlake.tasks.stage import stage
 
 if TYPE_CHECKING:
     from ctxlake.tasks.embed import EmbeddingCache
-    from ctxlake.tasks.embedders import Embedder
+    from ctxlake.tasks.embedder_base import Embedder
 
 PROPOSED_FILE = "proposed.json"  # candidates proposed once are not proposed again after a review
 ERROR_LINES = 12

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from lancedb.table import Table
 
     from ctxlake.tasks.embed import EmbeddingCache
-    from ctxlake.tasks.embedders import Embedder
+    from ctxlake.tasks.embedder_base import Embedder
 
 INBOX = "inbox"
 SCALAR_KEYS = ("id", "type", "title", "created_at", "supersedes", "source_tool", "source_session")

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     import lancedb
     from lancedb.table import Table
 
-    from ctxlake.tasks.embedders import Embedder
+    from ctxlake.tasks.embedder_base import Embedder
 
 MESSAGES_TABLE = "messages"
 SESSIONS_TABLE = "sessions"

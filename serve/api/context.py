@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from lancedb.query import LanceVectorQueryBuilder
     from lancedb.table import Table
 
-    from ctxlake.tasks.embedders import Embedder
+    from ctxlake.tasks.embedder_base import Embedder
 
 READ_CONSISTENCY = timedelta(seconds=1)
 TYPES: tuple[ContextType, ...] = ("message", "session", "decision", "error", "insight")

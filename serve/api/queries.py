@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from lancedb.table import Table
 
     from ctxlake.serve.api.vectors import FlatVectors
-    from ctxlake.tasks.embedders import Embedder
+    from ctxlake.tasks.embedder_base import Embedder
 
 HIT_COLUMNS = ["id", "source", "path", "start_line", "end_line", "symbol", "kind", "lang", "text"]
 # A query's score columns are asked for by name: LanceDB adds them to a projection by itself today
