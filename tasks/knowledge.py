@@ -30,7 +30,7 @@ from ctxlake.tasks.stage import stage
 if TYPE_CHECKING:
     from lancedb.table import Table
 
-    from ctxlake.tasks.embed import EmbeddingCache
+    from ctxlake.tasks.embed_cache import EmbeddingCache
     from ctxlake.tasks.embedder_base import Embedder
 
 INBOX = "inbox"

@@ -26,7 +26,7 @@ from ctxlake.tasks.memory_state import FOLDERS
 from ctxlake.tasks.redact import redact_strings, redact_text
 
 if TYPE_CHECKING:
-    from ctxlake.tasks.embed import EmbeddingCache
+    from ctxlake.tasks.embed_cache import EmbeddingCache
     from ctxlake.tasks.embedder_base import Embedder
 
 

@@ -232,7 +232,8 @@ def pipeline(folder: Path, texts: list[str], precision: str, work: Path, referen
 
     from ctxlake.schemas.config import EmbedSettings
     from ctxlake.schemas.tables import chunks_schema
-    from ctxlake.tasks.embed import EmbeddingCache, embed_pending
+    from ctxlake.tasks.embed import embed_pending
+    from ctxlake.tasks.embed_cache import EmbeddingCache
     from ctxlake.tasks.embedders import build_embedder
     from ctxlake.tasks.store import open_for_write
 
