@@ -18,8 +18,10 @@ from ctxlake.schemas.tables import PROJECT_SOURCE
 from ctxlake.tasks import freshness
 from ctxlake.tasks.chunk_stage import BatchRows, chunk_files, with_graph
 from ctxlake.tasks.cochange import update_cochange
-from ctxlake.tasks.embed import EmbeddingCache, embed_missing, embed_pending, fill_from_cache
-from ctxlake.tasks.embedders import Embedder, make_embedder
+from ctxlake.tasks.embed import embed_missing, embed_pending, fill_from_cache
+from ctxlake.tasks.embed_cache import EmbeddingCache
+from ctxlake.tasks.embedder_base import Embedder
+from ctxlake.tasks.embedders import make_embedder
 from ctxlake.tasks.graph import forget_known
 from ctxlake.tasks.graph_store import (
     clear_graph,

@@ -12,7 +12,7 @@ from prefect import flow
 
 from ctxlake.schemas.config import Settings
 from ctxlake.tasks.compact import compact
-from ctxlake.tasks.embed import EmbeddingCache
+from ctxlake.tasks.embed_cache import EmbeddingCache
 from ctxlake.tasks.embedders import make_embedder
 from ctxlake.tasks.extract import extract_candidates
 from ctxlake.tasks.heap import give_back_freed_memory

@@ -26,7 +26,7 @@ from ctxlake.tasks.chunk_stage import BatchRows, chunk_files, with_graph
 if TYPE_CHECKING:
     from distributed import Client
 
-    from ctxlake.tasks.embedders import Embedder
+    from ctxlake.tasks.embedder_base import Embedder
 
 # Batches in flight per worker: enough that a worker never waits for the flow to hand it the
 # next one, few enough that finished results (Arrow tables) do not pile up in the flow's memory.

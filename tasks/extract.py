@@ -16,8 +16,8 @@ from ctxlake.tasks.sessionize import Segment
 from ctxlake.tasks.stage import stage
 
 if TYPE_CHECKING:
-    from ctxlake.tasks.embed import EmbeddingCache
-    from ctxlake.tasks.embedders import Embedder
+    from ctxlake.tasks.embed_cache import EmbeddingCache
+    from ctxlake.tasks.embedder_base import Embedder
 
 PROPOSED_FILE = "proposed.json"  # candidates proposed once are not proposed again after a review
 ERROR_LINES = 12

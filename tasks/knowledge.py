@@ -30,8 +30,8 @@ from ctxlake.tasks.stage import stage
 if TYPE_CHECKING:
     from lancedb.table import Table
 
-    from ctxlake.tasks.embed import EmbeddingCache
-    from ctxlake.tasks.embedders import Embedder
+    from ctxlake.tasks.embed_cache import EmbeddingCache
+    from ctxlake.tasks.embedder_base import Embedder
 
 INBOX = "inbox"
 SCALAR_KEYS = ("id", "type", "title", "created_at", "supersedes", "source_tool", "source_session")

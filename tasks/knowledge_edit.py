@@ -26,8 +26,8 @@ from ctxlake.tasks.memory_state import FOLDERS
 from ctxlake.tasks.redact import redact_strings, redact_text
 
 if TYPE_CHECKING:
-    from ctxlake.tasks.embed import EmbeddingCache
-    from ctxlake.tasks.embedders import Embedder
+    from ctxlake.tasks.embed_cache import EmbeddingCache
+    from ctxlake.tasks.embedder_base import Embedder
 
 
 def find_record(knowledge_dir: Path, root: Path, record: str) -> Record:

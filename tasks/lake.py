@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import lancedb
     from lancedb.table import Table
 
-    from ctxlake.tasks.embedders import Embedder
+    from ctxlake.tasks.embedder_base import Embedder
 
 FILES_TABLE = "files"
 CHUNKS_TABLE = "chunks"

@@ -12,13 +12,8 @@ import xxhash
 
 from ctxlake.errors import LakeError
 from ctxlake.schemas.tables import KNOWLEDGE, MESSAGES, SESSIONS, with_vector_width
-from ctxlake.tasks.embed import (
-    EmbeddingCache,
-    cached_vectors,
-    fill_from_cache,
-    vector_array,
-    with_vectors,
-)
+from ctxlake.tasks.embed import cached_vectors, fill_from_cache, with_vectors
+from ctxlake.tasks.embed_cache import EmbeddingCache, vector_array
 from ctxlake.tasks.lake import connect, open_table
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.scrape.base import Msg
@@ -31,7 +26,7 @@ if TYPE_CHECKING:
     import lancedb
     from lancedb.table import Table
 
-    from ctxlake.tasks.embedders import Embedder
+    from ctxlake.tasks.embedder_base import Embedder
 
 MESSAGES_TABLE = "messages"
 SESSIONS_TABLE = "sessions"

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from lancedb.table import Table
 
     from ctxlake.serve.api.vectors import FlatVectors
-    from ctxlake.tasks.embedders import Embedder
+    from ctxlake.tasks.embedder_base import Embedder
 
 # A long-lived reader (the MCP server) checks for a newer table version on every query: a cheap
 # manifest read, and an edit seen by the watcher is searchable at once.

@@ -350,7 +350,7 @@ def remember(settings: Settings, kind: str, title: str, body: str = "", files: S
              files_from: Path | None = None) -> RememberResult:
     """Write a knowledge file (never a table): created, superseded (a similar record replaced) or duplicate.
     Relative `files` are project paths, or read from `files_from` (the CLI's current folder)."""
-    from ctxlake.tasks.embed import EmbeddingCache
+    from ctxlake.tasks.embed_cache import EmbeddingCache
     from ctxlake.tasks.embedders import make_embedder
     from ctxlake.tasks.knowledge import write_record
 

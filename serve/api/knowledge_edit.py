@@ -10,7 +10,7 @@ from ctxlake.serve.api.memory_models import RememberResult
 
 def revise(settings: Settings, record: str, title: str, body: str, tags: Sequence[str] | None = None) -> RememberResult:
     """A new version of `record` that supersedes it; `duplicate` (nothing written) when another record says the same."""
-    from ctxlake.tasks.embed import EmbeddingCache
+    from ctxlake.tasks.embed_cache import EmbeddingCache
     from ctxlake.tasks.embedders import make_embedder
     from ctxlake.tasks.knowledge_edit import revise_record
 

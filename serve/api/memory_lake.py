@@ -20,7 +20,7 @@ from ctxlake.tasks.store import sql_str
 if TYPE_CHECKING:
     from lancedb.table import Table
 
-    from ctxlake.tasks.embedders import Embedder
+    from ctxlake.tasks.embedder_base import Embedder
 
 READ_CONSISTENCY = timedelta(seconds=1)
 KNOWLEDGE_KINDS = ("decision", "error", "insight")

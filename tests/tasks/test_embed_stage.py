@@ -11,7 +11,8 @@ import pyarrow as pa
 import pytest
 
 from ctxlake.schemas.tables import chunks_schema
-from ctxlake.tasks.embed import ENCODE_GROUP, EmbeddingCache, embed_pending
+from ctxlake.tasks.embed import ENCODE_GROUP, embed_pending
+from ctxlake.tasks.embed_cache import EmbeddingCache
 from ctxlake.tasks.embedders import FakeEmbedder
 from ctxlake.tasks.store import open_for_write
 
@@ -57,13 +58,13 @@ def test_a_cpu_embedder_keeps_the_stage_default(tmp_path: Path) -> None:
 
 
 def test_the_cache_indexes_and_compacts_itself_as_it_grows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ctxlake.tasks import embed
+    from ctxlake.tasks import embed_cache
     from ctxlake.tasks.store import fragment_count
 
     # The thresholds scaled down, the behaviour the same; appends of 200 count as big ones.
     for name, value in (("CACHE_INDEX_ROWS", 1000), ("CACHE_REINDEX_ROWS", 2000), ("CACHE_OPTIMIZE_FRAGMENTS", 40),
                         ("CACHE_CHECK_APPENDS", 4), ("FOLD_ROWS", 100)):
-        monkeypatch.setattr(embed, name, value)
+        monkeypatch.setattr(embed_cache, name, value)
     cache = EmbeddingCache(tmp_path / "cache", "fake:hash:8", 8)
     rng = np.random.default_rng(7)
     stored: dict[str, np.ndarray] = {}
@@ -102,11 +103,11 @@ def test_small_appends_wait_in_a_side_table_and_move_to_the_cache_in_bulk(
 ) -> None:
     """A scheduled ingest stores a few vectors per run; 800 such runs once left 1,807 fragments in
     the cache and made each lookup take up to a second. Small appends go to a side table now."""
-    from ctxlake.tasks import embed
+    from ctxlake.tasks import embed_cache
     from ctxlake.tasks.store import fragment_count
 
-    monkeypatch.setattr(embed, "FOLD_ROWS", 500)
-    monkeypatch.setattr(embed, "RECENT_OPTIMIZE_FRAGMENTS", 4)
+    monkeypatch.setattr(embed_cache, "FOLD_ROWS", 500)
+    monkeypatch.setattr(embed_cache, "RECENT_OPTIMIZE_FRAGMENTS", 4)
     cache = EmbeddingCache(tmp_path / "cache", "fake:hash:8", 8)
     rng = np.random.default_rng(3)
     stored: dict[str, np.ndarray] = {}

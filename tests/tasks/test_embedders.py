@@ -20,12 +20,17 @@ from pydantic import SecretStr
 
 from ctxlake.errors import EmbedderError
 from ctxlake.schemas.config import EmbedSettings, load_settings
-from ctxlake.tasks import embedders
+from ctxlake.tasks import (
+    embedder_api,
+    embedder_base,
+    embedder_static,
+    embedder_transformer,
+    embedders,
+)
+from ctxlake.tasks.embedder_api import GeminiEmbedder, OpenAIEmbedder
 from ctxlake.tasks.embedders import (
     EMBEDDERS,
     FakeEmbedder,
-    GeminiEmbedder,
-    OpenAIEmbedder,
     describe,
     make_embedder,
 )
@@ -333,12 +338,12 @@ def test_openai_retries_429_then_succeeds(api: Api) -> None:
 
 
 def test_openai_gives_up_after_bounded_retries(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(embedders, "RETRY_BASE_S", 0.001)
+    monkeypatch.setattr(embedder_api, "RETRY_BASE_S", 0.001)
     settings = openai_settings(api, dimensions=4)
     api.script.extend([(503, {"error": {"message": "overloaded"}}, {})] * 5)
     with pytest.raises(EmbedderError, match="HTTP 503: overloaded"):
         make_embedder(settings, Path("unused")).embed_documents(["a"])
-    assert len(api.seen) == embedders.RETRY_TRIES
+    assert len(api.seen) == embedder_api.RETRY_TRIES
 
 
 def test_openai_spent_quota_is_not_retried(api: Api) -> None:
@@ -361,7 +366,7 @@ def test_openai_client_error_carries_the_api_message(api: Api) -> None:
 
 
 def test_openai_unreachable_server(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(embedders, "RETRY_BASE_S", 0.001)
+    monkeypatch.setattr(embedder_api, "RETRY_BASE_S", 0.001)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -373,12 +378,12 @@ def test_openai_unreachable_server(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_retry_delay_honours_retry_after_up_to_a_cap() -> None:
-    assert embedders.retry_delay(1, "2") == 2.0
-    assert embedders.retry_delay(1, "3600") == embedders.RETRY_AFTER_CAP_S
-    assert embedders.retry_delay(1, "Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # in the past
-    base = embedders.RETRY_BASE_S
-    assert base <= embedders.retry_delay(1, None) <= base * 1.25
-    assert 4 * base <= embedders.retry_delay(3, "soon") <= 5 * base
+    assert embedder_api.retry_delay(1, "2") == 2.0
+    assert embedder_api.retry_delay(1, "3600") == embedder_api.RETRY_AFTER_CAP_S
+    assert embedder_api.retry_delay(1, "Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # in the past
+    base = embedder_api.RETRY_BASE_S
+    assert base <= embedder_api.retry_delay(1, None) <= base * 1.25
+    assert 4 * base <= embedder_api.retry_delay(3, "soon") <= 5 * base
 
 
 def test_gemini_request_shape_batching_and_normalising(api: Api) -> None:
@@ -489,7 +494,7 @@ def test_a_local_model_serves_threads_that_embed_at_once(tmp_path: Path) -> None
 def test_batch_size_auto_is_64_on_a_cpu_and_a_number_is_kept(tmp_path: Path) -> None:
     auto = make_embedder(EmbedSettings(model="minilm", device="cpu"), tmp_path)
     fixed = make_embedder(EmbedSettings(model="minilm", device="cpu", batch_size=8), tmp_path)
-    assert (auto.batch_size, fixed.batch_size) == (embedders.CPU_BATCH, 8)  # type: ignore[attr-defined]
+    assert (auto.batch_size, fixed.batch_size) == (embedder_transformer.CPU_BATCH, 8)  # type: ignore[attr-defined]
     # A CPU keeps the embed stages' own group size; only a GPU asks for bigger ones.
     assert auto.encode_group is None  # type: ignore[attr-defined]
     assert describe(auto)["batch_size"] == 64 and describe(auto)["device"] == "cpu"
@@ -555,18 +560,21 @@ def test_other_model_errors_are_not_retried(tmp_path: Path) -> None:
 
 def test_text_head_cuts_where_a_word_ends() -> None:
     text = "alpha beta gamma delta"
-    assert embedders.text_head(text, 100) is text  # short: the text itself
-    assert embedders.text_head(text, 7) == "alpha beta"  # past 7 characters, at the end of "beta"
-    assert embedders.text_head(text, 5) == "alpha"  # a word ends right there
-    assert embedders.text_head("x" * 50, 10) == "x" * 50  # no end of a word after the limit: whole
-    assert embedders.text_head("ab  \n\t cd ef", 3) == "ab  \n\t cd"  # never ends in whitespace
+    assert embedder_transformer.text_head(text, 100) is text  # short: the text itself
+    assert embedder_transformer.text_head(text, 7) == "alpha beta"  # past 7 characters, at the end of "beta"
+    assert embedder_transformer.text_head(text, 5) == "alpha"  # a word ends right there
+    assert embedder_transformer.text_head("x" * 50, 10) == "x" * 50  # no end of a word after the limit: whole
+    assert embedder_transformer.text_head("ab  \n\t cd ef", 3) == "ab  \n\t cd"  # never ends in whitespace
 
 
 @pytest.mark.model
 def test_direct_loop_gives_encodes_vectors_from_heads(tmp_path: Path) -> None:
     embedder = make_embedder(EmbedSettings(model="minilm", device="cpu", batch_size=4), tmp_path)
     model = embedder._loaded()  # type: ignore[attr-defined]
-    source = (Path(embedders.__file__).read_text()).splitlines()
+    # The embedder modules' own source, in the order the code once stood in one module.
+    source = "".join(Path(file).read_text() for file in (
+        embedder_base.__file__, embedder_transformer.__file__, embedder_static.__file__, embedder_api.__file__,
+        embedders.__file__)).splitlines()
     chunks = ["\n".join(source[i : i + 60]) for i in range(0, 600, 60)]  # ~2,500 characters each
     texts = [*chunks,
              "begin" + " " * 3000 + "the words after a long run of spaces",  # head has too few tokens
@@ -585,7 +593,7 @@ def test_direct_loop_gives_encodes_vectors_from_heads(tmp_path: Path) -> None:
     want = np.asarray(model.encode(texts, batch_size=4, normalize_embeddings=True, convert_to_numpy=True))
     np.testing.assert_allclose((got * want).sum(axis=1), 1.0, atol=2e-6)
     assert embedder._direct is True and embedder._cut is True  # type: ignore[attr-defined]
-    limit = embedder.max_tokens * embedders.HEAD_CHARS_PER_TOKEN  # type: ignore[attr-defined]
+    limit = embedder.max_tokens * embedder_transformer.HEAD_CHARS_PER_TOKEN  # type: ignore[attr-defined]
     # Code chunks were tokenized from their heads; the texts whose heads were short, whole.
     assert all(len(text) > limit for text in chunks)
     assert max(len(t) for t in seen if t.startswith(chunks[0][:40])) < limit + 100
@@ -672,7 +680,7 @@ def test_static_profile_is_distilled_once_and_reused(
     def distil_again(*args: Any) -> None:
         raise AssertionError("the saved static model was not reused")
 
-    monkeypatch.setattr(embedders, "build_static_model", distil_again)
+    monkeypatch.setattr(embedder_static, "build_static_model", distil_again)
     second = make_embedder(settings, models)
     assert (second.model_id, second.dims) == (first.model_id, 256)
     np.testing.assert_allclose(second.embed_documents([BLUEPRINT_CODE, DATE_CODE]), vectors,
@@ -687,7 +695,7 @@ def test_distilling_leaves_torch_out_of_the_process_that_asked(tmp_path: Path) -
     import subprocess
     import sys
 
-    script = ("import sys; from pathlib import Path; from ctxlake.tasks.embedders import build_static_model; "
+    script = ("import sys; from pathlib import Path; from ctxlake.tasks.embedder_static import build_static_model; "
               "build_static_model(Path(sys.argv[1]), 'cpu'); print('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "static")],
                           capture_output=True, text=True, timeout=600, check=False)
@@ -698,8 +706,8 @@ def test_distilling_leaves_torch_out_of_the_process_that_asked(tmp_path: Path) -
 
 
 def test_a_failed_distillation_says_why_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(embedders, "bundled_model_path", lambda: tmp_path / "no-such-model")
+    monkeypatch.setattr(embedder_static, "bundled_model_path", lambda: tmp_path / "no-such-model")
     with pytest.raises(EmbedderError, match="distilling the static model") as err:
-        embedders.build_static_model(tmp_path / "static", "cpu")
+        embedder_static.build_static_model(tmp_path / "static", "cpu")
     assert "no-such-model" in str(err.value)  # the child's own error, its last line
     assert not (tmp_path / "static").exists() and not list(tmp_path.glob("static.tmp-*"))

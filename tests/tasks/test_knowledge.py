@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from ctxlake.errors import InputError
-from ctxlake.tasks.embed import EmbeddingCache
+from ctxlake.tasks.embed_cache import EmbeddingCache
 from ctxlake.tasks.embedders import FakeEmbedder
 from ctxlake.tasks.extract import extract_candidates
 from ctxlake.tasks.knowledge import (

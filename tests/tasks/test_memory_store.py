@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from ctxlake.schemas.tables import SESSIONS, with_vector_width
-from ctxlake.tasks.embed import EmbeddingCache
+from ctxlake.tasks.embed_cache import EmbeddingCache
 from ctxlake.tasks.memory_store import (
     RunIds,
     messages_table,

@@ -28,7 +28,7 @@ def test_user_prefixes_and_unknown_models_are_left_alone() -> None:
 
 def test_document_prefix_reaches_the_model_id(tmp_path: Path) -> None:
     """The cache key changes with the document prefix, so e5 vectors never mix with unprefixed ones."""
-    from ctxlake.tasks.embedders import _prefix_tag
+    from ctxlake.tasks.embedder_base import _prefix_tag
 
     e5 = with_profile_defaults(EmbedSettings(model="intfloat/e5-base-v2"))
     assert _prefix_tag(e5) != "" and _prefix_tag(EmbedSettings(model="someone/x")) == ""
