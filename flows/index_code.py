@@ -39,9 +39,10 @@ from ctxlake.tasks.lake import (
     missing_tables,
     reset_lake,
 )
-from ctxlake.tasks.merkle import Diff, Tree, load_snapshot, save_snapshot, scan, unreadable_warning
+from ctxlake.tasks.merkle import Diff, Tree, load_snapshot, save_snapshot
 from ctxlake.tasks.progress import reporter
 from ctxlake.tasks.run_log import record_run
+from ctxlake.tasks.scan import scan, unreadable_warning
 from ctxlake.tasks.store import (
     FTS_TAG,
     append_chunks,

@@ -15,17 +15,11 @@ from ctxlake.tasks import freshness
 from ctxlake.tasks.embedders import make_embedder
 from ctxlake.tasks.graph_store import optimize_graph
 from ctxlake.tasks.lake import IndexState
-from ctxlake.tasks.merkle import (
-    Diff,
-    PathFilter,
-    Tree,
-    diff_trees,
-    load_snapshot,
-    rehash_paths,
-    scan,
-)
+from ctxlake.tasks.merkle import Diff, Tree, diff_trees, load_snapshot
 from ctxlake.tasks.progress import reporter
+from ctxlake.tasks.scan import rehash_paths, scan
 from ctxlake.tasks.store import optimize
+from ctxlake.tasks.walk import PathFilter
 from ctxlake.tasks.watching import STOP, changed_paths, request_stop
 
 from .index_code import IndexReport, Writer, index_code

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from ctxlake.schemas.config import IndexSettings
 from ctxlake.tasks.lake import IndexState, write_atomic
-from ctxlake.tasks.merkle import Diff, Tree, diff_trees, load_snapshot, save_snapshot, scan_tree
+from ctxlake.tasks.merkle import Diff, Tree, diff_trees, load_snapshot, save_snapshot
+from ctxlake.tasks.scan import scan_tree
 
 JOURNAL_FILE = "journal.json"
 

@@ -8,7 +8,9 @@ stream (the service log), so two requests' outputs never mix.
 from __future__ import annotations
 
 import io
+import os
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -79,3 +81,10 @@ def captured(stdout_tty: bool, stderr_tty: bool) -> Iterator[tuple[RequestStream
         yield streams
     finally:
         _current.reset(token)
+
+
+def log(message: str) -> None:
+    """One line in the service log (the real stderr; requests' streams are captured apart)."""
+    stream = getattr(sys.stderr, "_fallback", sys.stderr)
+    stream.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} ctx-service[{os.getpid()}] {message}\n")
+    stream.flush()

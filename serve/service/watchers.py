@@ -88,7 +88,7 @@ class ProjectWatcher(threading.Thread):
         from watchfiles._rust_notify import RustNotify
 
         from ctxlake.schemas.config import load_settings
-        from ctxlake.tasks.merkle import PathFilter
+        from ctxlake.tasks.walk import PathFilter
 
         settings = load_settings(self.root)
         with RustNotify([str(self.root)], False, False, 300, True, False) as notify:
@@ -169,14 +169,9 @@ class ProjectWatcher(threading.Thread):
         from ctxlake.flows.watch_code import RULE_FILES, apply_batch
         from ctxlake.schemas.tables import PROJECT_SOURCE
         from ctxlake.tasks.lake import IndexState, WriterLock
-        from ctxlake.tasks.merkle import (
-            PathFilter,
-            Tree,
-            diff_trees,
-            load_snapshot,
-            rehash_paths,
-            scan,
-        )
+        from ctxlake.tasks.merkle import Tree, diff_trees, load_snapshot
+        from ctxlake.tasks.scan import rehash_paths, scan
+        from ctxlake.tasks.walk import PathFilter
 
         # However long another writer (a forced re-index) holds the lake: giving up would end the
         # watcher, and the paths stay pending (stale to readers) meanwhile. `ctx down` cancels it.

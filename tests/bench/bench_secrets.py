@@ -483,8 +483,10 @@ def report(files: list[Planting], logs: list[Planting], default_pass: dict[int, 
 def tree_cost(tree: Path, index_tree: bool) -> None:
     from ctxlake.schemas.config import IndexSettings
     from ctxlake.tasks.chunk_stage import decode_text
-    from ctxlake.tasks.merkle import INDEXED, ScanStats, hash_file, walk_files
+    from ctxlake.tasks.merkle import INDEXED
+    from ctxlake.tasks.scan import hash_file
     from ctxlake.tasks.secrets import MaskReport, is_secret_file, mask_text
+    from ctxlake.tasks.walk import ScanStats, walk_files
 
     with tempfile.TemporaryDirectory(prefix="ctx-bench-tree-") as tmp:
         if (tree / "HEAD").is_file() and (tree / "objects").is_dir():  # a bare git repository

@@ -31,7 +31,7 @@ KILLER = textwrap.dedent('''
         target, _, nth = spec.partition("#")
         nth, calls = int(nth or 1), [0]
         import lancedb.table, lancedb.merge
-        import ctxlake.tasks.embedders as embedders, ctxlake.tasks.merkle as merkle, ctxlake.tasks.store as store
+        import ctxlake.tasks.embedders as embedders, ctxlake.tasks.scan as scan, ctxlake.tasks.store as store
         owners = {
             "merge_execute": (lancedb.merge.LanceMergeInsertBuilder, "execute"),
             "add": (lancedb.table.LanceTable, "add"),
@@ -40,7 +40,7 @@ KILLER = textwrap.dedent('''
             "encode": (embedders.FakeEmbedder, "embed_documents"),
             "write_vectors": (embed, "write_vectors"),
             "save_snapshot": (index_code, "save_snapshot"),
-            "hash_file": (merkle, "hash_file"),
+            "hash_file": (scan, "hash_file"),
         }
         owner, name = owners[target]
         original = getattr(owner, name)
@@ -50,7 +50,7 @@ KILLER = textwrap.dedent('''
             if calls[0] >= nth:
                 os.kill(os.getpid(), signal.SIGKILL)
             return result
-        setattr(owner, name, staticmethod(wrapper) if owner in (embed, index_code, merkle, store) else wrapper)
+        setattr(owner, name, staticmethod(wrapper) if owner in (embed, index_code, scan, store) else wrapper)
 ''')
 
 # (target, nth call after which the process dies): a spread over every stage of a run.

@@ -13,8 +13,8 @@ import pytest
 from ctxlake.serve.cli.service import service_status
 from ctxlake.serve.service import protocol
 from ctxlake.serve.service.client import forward
-from ctxlake.serve.service.daemon import call_within
 from ctxlake.serve.service.paths import service_paths
+from ctxlake.serve.service.request_handling import call_within
 
 
 def test_a_service_holding_its_lock_without_answering_is_up_but_not_answering(ctx_home: Path) -> None:

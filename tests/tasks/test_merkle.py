@@ -13,8 +13,10 @@ import pytest
 from helpers import permission_bound, write_files
 
 from ctxlake.schemas.config import IndexSettings
-from ctxlake.tasks import merkle, safe_io
-from ctxlake.tasks.merkle import Diff, Tree, diff_trees, load_snapshot, save_snapshot, scan_tree
+from ctxlake.tasks import merkle, safe_io, walk
+from ctxlake.tasks import scan as scan_stage
+from ctxlake.tasks.merkle import Diff, Tree, diff_trees, load_snapshot, save_snapshot
+from ctxlake.tasks.scan import scan_tree
 
 
 def scan(root: Path, index: IndexSettings | None = None, previous: Tree | None = None) -> Tree:
@@ -108,7 +110,9 @@ UNREADABLE_SCENARIO = r"""
 import json, os, sys
 from pathlib import Path
 from ctxlake.schemas.config import IndexSettings
-from ctxlake.tasks.merkle import PathFilter, diff_trees, rehash_paths, scan_tree
+from ctxlake.tasks.merkle import diff_trees
+from ctxlake.tasks.scan import rehash_paths, scan_tree
+from ctxlake.tasks.walk import PathFilter
 
 root, index = Path(sys.argv[1]), IndexSettings()
 keep = PathFilter(root, index)
@@ -201,7 +205,7 @@ def test_fifos_are_skipped_and_counted_never_opened(tmp_path: Path) -> None:
         ("pipe.py", "special"), ("sub/.gitignore", "special")]
     assert diff_trees(tree, scan(tmp_path, previous=tree)) == Diff([], [], [])  # and the same next time
     # A file swapped for a FIFO between the scan's lstat and the read is refused, not waited on.
-    assert merkle.hash_file(tmp_path / "pipe.py", 0, 1000) == ("special:0", "special")
+    assert scan_stage.hash_file(tmp_path / "pipe.py", 0, 1000) == ("special:0", "special")
 
 
 def test_empty_folder_has_the_empty_root_hash(tmp_path: Path) -> None:
@@ -280,10 +284,10 @@ def test_fast_path_reuses_hashes_without_reading(tmp_path: Path, monkeypatch: py
     write_files(tmp_path, {"a.py": "a", "b/c.py": "c"})
     first = scan(tmp_path)
     # Pretend the previous scan ran well after these files were written (outside the racy window).
-    first.scanned_at_ns = time.time_ns() + 10 * merkle.RACY_WINDOW_NS
+    first.scanned_at_ns = time.time_ns() + 10 * scan_stage.RACY_WINDOW_NS
     reads: list[str] = []
-    real = merkle.hash_file
-    monkeypatch.setattr(merkle, "hash_file", lambda p, s, m: reads.append(p.name) or real(p, s, m))
+    real = scan_stage.hash_file
+    monkeypatch.setattr(scan_stage, "hash_file", lambda p, s, m: reads.append(p.name) or real(p, s, m))
     second, stats = scan_tree(tmp_path, IndexSettings(), first)
     assert (stats.reused, stats.hashed, reads) == (2, 0, [])
     assert second.root_hash == first.root_hash
@@ -343,7 +347,7 @@ def test_incremental_update_equals_a_full_rebuild(tmp_path: Path) -> None:
 
 
 def test_path_filter_agrees_with_the_scan(tmp_path: Path) -> None:
-    from ctxlake.tasks.merkle import PathFilter
+    from ctxlake.tasks.walk import PathFilter
 
     write_files(tmp_path, {
         ".gitignore": "*.log\nbuild/\n",
@@ -361,14 +365,14 @@ def test_file_deleted_between_listing_and_hashing_is_counted_not_fatal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     write_files(tmp_path, {"a.py": "a", "b.py": "b", "c.py": "c"})
-    real = merkle.hash_file
+    real = scan_stage.hash_file
 
     def vanishing(path: Path, size: int, max_bytes: int) -> tuple[str, str]:
         if path.name == "b.py":
             path.unlink()  # another process removes it after the folder was listed
         return real(path, size, max_bytes)
 
-    monkeypatch.setattr(merkle, "hash_file", vanishing)
+    monkeypatch.setattr(scan_stage, "hash_file", vanishing)
     tree, stats = scan_tree(tmp_path, IndexSettings())
     assert set(tree.entries) == {"a.py", "c.py"}
     assert stats.vanished == 1
@@ -387,7 +391,7 @@ def test_a_check_that_finds_nothing_changed_hashes_no_folder(tmp_path: Path, mon
     asked for afterwards are right."""
     write_files(tmp_path / "src", {"a.py": "a", "b/c.py": "c", "b/d/e.md": "# e", ".env": "K=v\n"})
     first = scan(tmp_path / "src")
-    first.scanned_at_ns = time.time_ns() + 10 * merkle.RACY_WINDOW_NS  # outside the racy window
+    first.scanned_at_ns = time.time_ns() + 10 * scan_stage.RACY_WINDOW_NS  # outside the racy window
     save_snapshot(tmp_path / "lake", "project", first)
     folders: list[str] = []
     real = merkle._folder_hash
@@ -407,7 +411,7 @@ def test_a_check_that_finds_nothing_changed_hashes_no_folder(tmp_path: Path, mon
 def test_a_removed_file_and_an_added_one_are_not_the_same_tree(tmp_path: Path) -> None:
     write_files(tmp_path, {"a.py": "a", "b.py": "b"})
     first = scan(tmp_path)
-    first.scanned_at_ns = time.time_ns() + 10 * merkle.RACY_WINDOW_NS
+    first.scanned_at_ns = time.time_ns() + 10 * scan_stage.RACY_WINDOW_NS
     (tmp_path / "b.py").unlink()
     (tmp_path / "c.py").write_text("b")  # as many files as before, same content, another name
     second = scan(tmp_path, previous=first)
@@ -486,18 +490,18 @@ def test_a_name_with_a_control_character_is_skipped_as_a_bad_name(tmp_path: Path
 def test_watch_events_for_a_name_that_is_not_utf8_match_a_scan(tmp_path: Path) -> None:
     write_files(tmp_path, {"ok.py": "def ok(): pass\n", "pkg/a.py": "a = 1\n"})
     index = IndexSettings()
-    keep = merkle.PathFilter(tmp_path, index)
+    keep = walk.PathFilter(tmp_path, index)
     before = scan(tmp_path)
     bad = os.fsencode(tmp_path) + b"/pkg/bad\xffname.py"
     with open(bad, "wb") as f:
         f.write(b"def f(): pass\n")
     event = os.fsdecode(b"pkg/bad\xffname.py")  # as watchfiles reports it
-    after = before.update(merkle.rehash_paths(tmp_path, {event}, before, keep, index.max_file_bytes))
+    after = before.update(scan_stage.rehash_paths(tmp_path, {event}, before, keep, index.max_file_bytes))
     assert after.entries == scan(tmp_path).entries
     assert after.root_hash == scan(tmp_path).root_hash
     assert "pkg/bad\\xffname.py" in after.entries
     assert diff_trees(before, after) == Diff([], [], [])
     os.unlink(bad)
     # Deleted, seen through its folder's event: the escaped entry goes, as from a scan.
-    gone = after.update(merkle.rehash_paths(tmp_path, {"pkg"}, after, keep, index.max_file_bytes))
+    gone = after.update(scan_stage.rehash_paths(tmp_path, {"pkg"}, after, keep, index.max_file_bytes))
     assert gone.entries == before.entries
