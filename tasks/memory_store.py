@@ -12,7 +12,7 @@ import xxhash
 
 from ctxlake.errors import LakeError
 from ctxlake.schemas.tables import KNOWLEDGE, MESSAGES, SESSIONS, with_vector_width
-from ctxlake.tasks.embed import cached_vectors, fill_from_cache, with_vectors
+from ctxlake.tasks.embed import ENCODE_GROUP, cached_vectors, fill_from_cache, with_vectors
 from ctxlake.tasks.embed_cache import EmbeddingCache, vector_array
 from ctxlake.tasks.lake import connect, open_table
 from ctxlake.tasks.progress import reporter
@@ -38,7 +38,6 @@ EMBED_WHERE = {
     SESSIONS_TABLE: "vector IS NULL",
     KNOWLEDGE_TABLE: "vector IS NULL",
 }
-ENCODE_GROUP = 256
 WRITE_ROWS = 16_384  # vectors per merge into the table (a crash loses at most these; the cache keeps the rest)
 READ_IDS = 500  # ids per IN (...) filter
 
