@@ -1,4 +1,4 @@
-"""The `ctx` command: parses arguments, calls serve/api/ (code_search.py, index_status.py, ...) or starts a flow, renders the answer."""
+"""The `ctx` command (serve stage): the app its command modules register on, `ctx run index`, `ctx sql`, `ctx trust` and the entry point."""
 
 from __future__ import annotations
 
