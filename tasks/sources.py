@@ -12,6 +12,7 @@ import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
+from urllib.parse import urlsplit
 
 import xxhash
 
@@ -19,7 +20,7 @@ from ctxlake.errors import ConfigError, InputError, SourceError
 from ctxlake.schemas.config import IndexSettings, Settings, SourcesSettings
 from ctxlake.schemas.git import NO_COMMANDS
 from ctxlake.schemas.roots import system_tree
-from ctxlake.schemas.sources import SourceSpec, is_trusted, origin_path
+from ctxlake.schemas.sources import NAME_RE, SourceSpec, is_trusted, origin_path
 from ctxlake.tasks import freshness
 from ctxlake.tasks.stage import stage
 
@@ -102,11 +103,31 @@ def classify_origin(origin: str, docs: bool = False) -> tuple[str, str]:
     )
 
 
+def _origin_slug(origin: str) -> str:
+    """The readable end of an origin: a repository's or folder's own name, without `.git`."""
+    tail = re.sub(r"\.git$", "", origin.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1])
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", tail).strip(".-")
+
+
+def name_for(kind: str, origin: str, docs: bool = False) -> str:
+    """The source name `ctx add ORIGIN` takes when none is given: a repository's or folder's own
+    name, a web source's host (`www.` dropped); `-docs` after it for `ctx add-docs`."""
+    if kind == "web":
+        slug = (urlsplit(origin).hostname or "").removeprefix("www.")
+    else:
+        slug = _origin_slug(origin)
+    if docs and not slug.lower().endswith("docs"):
+        slug += "-docs"
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", slug).strip(".-_")[:64]
+    if not NAME_RE.match(name):
+        raise InputError(f"cannot take a source name from {origin!r}", hint="name it: `ctx add NAME ORIGIN`")
+    return name
+
+
 def storage_key(spec: SourceSpec) -> str:
     """Folder name of a fetched source: readable, and equal for equal (type, origin, ref, paths),
     so two projects that add the same thing share one clone."""
-    tail = re.sub(r"\.git$", "", spec.origin.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1])
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", tail).strip(".-")[:40] or "source"
+    slug = _origin_slug(spec.origin)[:40] or "source"
     identity = "\0".join([spec.type, spec.origin, spec.ref or "", *sorted(spec.paths)])
     return f"{slug}-{xxhash.xxh3_64(identity.encode()).hexdigest()[:12]}"
 

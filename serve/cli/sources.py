@@ -178,15 +178,17 @@ def _print_sources(result: SourceList) -> None:
             typer.echo(f"{s.name}: {s.message}", err=True)
 
 
-def _add(name: str, origin: str, ref: str | None, paths: list[str] | None, exclude: list[str] | None,
+def _add(name: str, origin: str | None, ref: str | None, paths: list[str] | None, exclude: list[str] | None,
          type_: str | None, docs: bool, wait: float, as_json: bool, verbose: bool) -> None:
     from ctxlake.serve.cli.base import ensure_project
-    from ctxlake.tasks.sources import classify_origin, refuse_system_folder
+    from ctxlake.tasks.sources import classify_origin, name_for, refuse_system_folder
 
     root = resolve_root(None, for_write=True)
-    validate_name(name)
-    if name in load_registry(root):
-        raise InputError(f"source {name!r} already exists", hint=f"`ctx update {name}`, or `ctx remove {name}` first")
+    named = origin is not None
+    if origin is None:  # `ctx add ORIGIN`: the name comes from the origin, once it is classified
+        origin = name
+    else:
+        validate_name(name)
     kind, normalised = classify_origin(origin, docs)
     if type_ is not None:
         if type_ not in ("git", "local", "web"):
@@ -195,6 +197,12 @@ def _add(name: str, origin: str, ref: str | None, paths: list[str] | None, exclu
         if kind == "local":
             normalised = str(Path(origin).expanduser().resolve())
             refuse_system_folder(Path(normalised))
+    if not named:
+        name = name_for(kind, normalised, docs)
+    if name in load_registry(root):
+        raise InputError(f"source {name!r} already exists",
+                         hint=f"`ctx update {name}`, or `ctx remove {name}` first"
+                         + ("" if named else "; or give this one another name: `ctx add NAME ORIGIN`"))
     if ref and kind != "git":
         raise InputError("--ref applies to git sources only")
     if paths and kind == "web":
@@ -232,18 +240,23 @@ def register(app: typer.Typer) -> None:
 
     @app.command("add")
     def add(
-        name: Annotated[str, typer.Argument(help="a short name for the source, e.g. langgraph")],
-        origin: Annotated[str, typer.Argument(help="git URL, folder, or llms.txt / llms-full.txt URL")],
+        name: Annotated[str, typer.Argument(help=(
+            "a short name for the source, e.g. langgraph; alone, it is the ORIGIN and the name is "
+            "taken from it (the repository's or folder's name, a site's host)"))],
+        origin: Annotated[str | None, typer.Argument(help="git URL, folder, or llms.txt / llms-full.txt URL")] = None,
         ref: RefOpt = None, paths: PathsOpt = None, exclude: ExcludeOpt = None, type_: TypeOpt = None,
         wait: WaitOpt = 0.0, as_json: JsonOpt = False, verbose: VerboseOpt = False,
     ) -> None:
-        """Add a source (a repository, a folder, or web docs), fetch it and index it."""
+        """Add a source (a repository, a folder, or web docs), fetch it and index it: `ctx add [NAME] ORIGIN`."""
         _add(name, origin, ref, paths, exclude, type_, False, wait, as_json, verbose)
 
     @app.command("add-docs")
     def add_docs(
-        name: Annotated[str, typer.Argument(help="a short name for the docs, e.g. fastapi-docs")],
-        origin: Annotated[str, typer.Argument(help="a docs folder, a docs page URL, an llms.txt URL, or a git URL")],
+        name: Annotated[str, typer.Argument(help=(
+            "a short name for the docs, e.g. fastapi-docs; alone, it is the ORIGIN and the name is "
+            "taken from it, with -docs after it"))],
+        origin: Annotated[str | None, typer.Argument(
+            help="a docs folder, a docs page URL, an llms.txt URL, or a git URL")] = None,
         ref: RefOpt = None, paths: PathsOpt = None, exclude: ExcludeOpt = None, type_: TypeOpt = None,
         wait: WaitOpt = 0.0, as_json: JsonOpt = False, verbose: VerboseOpt = False,
     ) -> None:

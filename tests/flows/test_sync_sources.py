@@ -194,6 +194,21 @@ def test_local_folder_and_docs_folder(project: Path, cli: Callable[..., Any], tm
     assert cli("remove", "notes", cwd=project).exit_code == 0 and (notes / "ideas.md").is_file()
 
 
+def test_add_without_a_name_takes_it_from_the_origin(
+        project: Path, cli: Callable[..., Any], tmp_path: Path, lib_remote: tuple[Path, str]) -> None:
+    notes = tmp_path / "team notes"
+    write_files(notes, {"ideas.md": "# Ideas\n\nA graph of tools.\n"})
+    ok_json(cli("add", str(notes), "--json", cwd=project))
+    ok_json(cli("add-docs", str(notes), "--json", cwd=project))
+    ok_json(cli("add", lib_remote[1], "--json", cwd=project))
+    listed = {s["name"]: s for s in ok_json(cli("list", "--json", cwd=project))["sources"]}
+    assert set(listed) == {"team-notes", "team-notes-docs", "lib"}
+    assert listed["team-notes"]["root"] == str(notes) and listed["team-notes-docs"]["docs"] is True
+    again = cli("add", str(notes), cwd=project)
+    assert again.exit_code == 2 and "source 'team-notes' already exists" in again.stderr
+    assert "ctx add NAME ORIGIN" in again.stderr
+
+
 @pytest.fixture
 def site() -> Iterator[DocSite]:
     with serve(DocSite(pages={

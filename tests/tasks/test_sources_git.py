@@ -23,6 +23,7 @@ from ctxlake.tasks.sources import (
     classify_origin,
     fetch_git,
     fetch_local,
+    name_for,
     release_storage,
     storage_dir,
     storage_key,
@@ -190,6 +191,26 @@ def test_local_source_and_origin_classification(tmp_path: Path) -> None:
     os.rmdir(notes)
     with pytest.raises(SourceError, match="is gone"):
         fetch_local.fn(local, tmp_path)
+
+
+@pytest.mark.parametrize(("kind", "origin", "docs", "name"), [
+    ("git", "https://github.com/pallets/flask", False, "flask"),
+    ("git", "git@github.com:pallets/flask.git", False, "flask"),
+    ("git", "file:///srv/mirrors/django.git", True, "django-docs"),
+    ("local", "/home/me/team notes", False, "team-notes"),
+    ("local", "/home/me/project/docs", True, "docs"),
+    ("web", "https://www.example.org/llms.txt", False, "example.org"),
+    ("web", "http://127.0.0.1:8765/llms.txt", True, "127.0.0.1-docs"),
+])
+def test_a_source_added_without_a_name_is_named_after_its_origin(kind: str, origin: str, docs: bool, name: str) -> None:
+    assert name_for(kind, origin, docs) == name
+    validate_name(name)
+
+
+def test_an_origin_with_no_usable_name_asks_for_one() -> None:
+    with pytest.raises(InputError, match="cannot take a source name") as caught:
+        name_for("git", "https://example.org/...git")
+    assert caught.value.hint is not None and "ctx add NAME ORIGIN" in caught.value.hint
 
 
 @pytest.mark.parametrize("name", ["../x", "a/b", "project", ".hidden", "", "x" * 65, "a b"])
