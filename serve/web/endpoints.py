@@ -201,7 +201,8 @@ def api_source_add(request: Request, body: dict[str, Any]) -> dict[str, Any]:
     ctx = _ctx(request)
     root = _root(request)
     name, origin = str(body.get("name") or "").strip(), str(body.get("origin") or "").strip()
-    validate_name(name)
+    if name:  # without one, `ctx add` names the source after its origin
+        validate_name(name)
     if not origin:
         raise InputError("give the source's origin: a git URL, a folder or a docs URL")
     argv = ["add-docs" if body.get("docs") else "add", "--json"]
@@ -211,7 +212,8 @@ def api_source_add(request: Request, body: dict[str, Any]) -> dict[str, Any]:
     if body.get("ref"):
         argv.append(f"--ref={body['ref']}")
     # After `--`, an origin such as `--help` is the origin, never an option of `ctx add`.
-    job = ctx.jobs.start(f"add {name}", [*argv, "--", name, origin], Path(root), env=_child_env(ctx))
+    named = [name] if name else []
+    job = ctx.jobs.start(f"add {name or origin}", [*argv, "--", *named, origin], Path(root), env=_child_env(ctx))
     return job.as_dict()
 
 

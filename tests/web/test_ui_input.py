@@ -183,3 +183,23 @@ def test_a_source_origin_that_looks_like_an_option_is_the_origin(client: TestCli
         job = client.get(f"/api/jobs/{job['id']}").json()
     assert job["lines"][0] == "$ ctx add --json --ref=--version -- opt --help"
     assert job["state"] == "failed" and "Usage:" not in job["output"]  # `ctx add` tried the origin; no help text
+
+
+def test_a_source_added_without_a_name_is_named_after_its_origin(client: TestClient, tmp_path: Path) -> None:
+    import time
+
+    notes = tmp_path / "team notes"
+    notes.mkdir()
+    (notes / "ideas.md").write_text("# Ideas\n\nA graph of tools.\n")
+    token = re.search(r'name="csrf-token" content="([0-9a-f]+)"', client.get("/sources").text)
+    assert token
+    res = client.post("/api/sources", json={"name": " ", "origin": str(notes)}, headers={"X-CSRF-Token": token.group(1)})
+    assert res.status_code == 200, res.text
+    job = res.json()
+    deadline = time.monotonic() + 180
+    while job["state"] not in ("done", "failed") and time.monotonic() < deadline:
+        time.sleep(0.2)
+        job = client.get(f"/api/jobs/{job['id']}").json()
+    assert job["lines"][0] == f"$ ctx add --json -- {notes}"
+    assert job["state"] == "done", job["output"]
+    assert '<tr data-source="team-notes">' in client.get("/sources").text
