@@ -13,6 +13,8 @@ from ctxlake.tasks.merkle import Diff, Tree, diff_trees, load_snapshot, save_sna
 from ctxlake.tasks.scan import scan_tree
 
 JOURNAL_FILE = "journal.json"
+# The reason of a source with no finished run yet (the project, when only `ctx add` has written the lake).
+NOT_INDEXED = "not indexed yet"
 
 
 @dataclass
@@ -37,7 +39,7 @@ def check(lake_dir: Path, source: str, root: Path, index: IndexSettings) -> Fres
     state = IndexState.read(lake_dir)
     snapshot = load_snapshot(lake_dir, source)
     if state is None or snapshot is None:
-        return Freshness(False, "not indexed yet", seconds=time.perf_counter() - started)
+        return Freshness(False, NOT_INDEXED, seconds=time.perf_counter() - started)
     tree, _ = scan_tree(root, index, snapshot)
     diff = diff_trees(snapshot, tree)
     elapsed = time.perf_counter() - started

@@ -188,8 +188,12 @@ def mark_stale(result: SearchResult | FileRanking | Status, fresh: freshness.Fre
     is behind for another reason (an unfinished run, another model) with no file changed."""
     result.stale = bool(fresh.stale_paths)
     result.stale_paths = fresh.stale_paths[:STALE_SHOWN]
+    behind = fresh.reason if not fresh.up_to_date and not fresh.stale_paths else None
+    if behind == freshness.NOT_INDEXED:
+        # Sources added before the project's first run: their rows are there, the project's are not.
+        behind = "the project's own files are not indexed yet (`ctx run index`); only its sources are"
     if isinstance(result, Status):
         result.stale_count = len(fresh.stale_paths)
-    elif isinstance(result, SearchResult) and not fresh.up_to_date and not fresh.stale_paths \
-            and fresh.reason != "up to date":
-        result.warnings.append(f"index may be behind: {fresh.reason}")
+        result.behind = behind
+    elif isinstance(result, SearchResult) and behind:
+        result.warnings.append(behind if fresh.reason == freshness.NOT_INDEXED else f"index may be behind: {behind}")

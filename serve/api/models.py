@@ -66,6 +66,9 @@ class Status(BaseModel):
     clean: bool = True
     stale: bool = False
     stale_count: int = 0
+    behind: str | None = Field(None, description=(
+        "why the index is behind the project's files when no file changed: not indexed yet, "
+        "the last run did not finish, chunks still to embed"))
     stale_paths: list[str] = Field(default_factory=list)
     lake_bytes: int = 0
     writer: dict[str, Any] | None = Field(None, description="the indexer holding the lake, if one runs")

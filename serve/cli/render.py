@@ -190,7 +190,11 @@ def print_status(st: Status, console: Console) -> None:
         rows.append(("state", "the last run did not finish; the next `ctx run index` repairs it"))
     if st.writer:
         rows.append((_writer_kind(st.writer), f"running: pid {st.writer.get('pid')} since {st.writer.get('since')}"))
-    rows.append(("fresh", "yes" if not st.stale else f"no: {st.stale_count} file(s) changed since the last run"))
+    if st.stale:
+        fresh = f"no: {st.stale_count} file(s) changed since the last run"
+    else:
+        fresh = f"no: {st.behind}" if st.behind else "yes"
+    rows.append(("fresh", fresh))
     if st.config_trust:
         rows.append(("config", st.config_trust.get("summary", "")))
     width = max(len(k) for k, _ in rows)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -207,6 +208,17 @@ def test_add_without_a_name_takes_it_from_the_origin(
     again = cli("add", str(notes), cwd=project)
     assert again.exit_code == 2 and "source 'team-notes' already exists" in again.stderr
     assert "ctx add NAME ORIGIN" in again.stderr
+
+    # Sources came before the project's first run: status and search say the project is missing,
+    # where they said "fresh yes" and "index may be behind: not indexed yet".
+    status = ok_json(cli("status", "--json", cwd=project))
+    assert status["stale"] is False and "project's own files are not indexed yet" in status["behind"]
+    assert re.search(r"^fresh +no: the project's own files are not indexed", cli("status", cwd=project).stdout, re.M)
+    found = ok_json(cli("search", "graph of tools", "--json", cwd=project))
+    assert found["hits"] and any("only its sources" in w for w in found["warnings"])
+    assert cli("run", "index", cwd=project).exit_code == 0
+    assert ok_json(cli("status", "--json", cwd=project))["behind"] is None
+    assert not ok_json(cli("search", "graph of tools", "--json", cwd=project))["warnings"]
 
 
 @pytest.fixture
