@@ -93,6 +93,9 @@ def docs(
             typer.echo(f"{d.path}\t{d.sizeBytes}")
         for warning in pages[0].warnings:
             typer.echo(f"warning: {warning}", err=True)
+        if not documents:
+            where = f"in {source!r}" if source else "in the [docs] paths or at the top level (README, CHANGES ...)"
+            typer.echo(f"No documentation found {where}.", err=True)
         return
     content = reader.content(path, chunk)
     if as_json:

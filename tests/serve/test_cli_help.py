@@ -51,6 +51,14 @@ def test_ctx_docs_hints_name_the_cli_command_not_the_mcp_tool(cli: Callable[...,
         assert "docs_index" not in result.stderr
 
 
+def test_ctx_docs_says_when_it_finds_no_documentation(cli: Callable[..., Any], tmp_path: Path) -> None:
+    (tmp_path / ".ctx").mkdir()
+    (tmp_path / "app.py").write_text("print('hi')\n")
+    result = cli("docs", cwd=tmp_path)
+    assert result.exit_code == 0 and result.stdout == ""
+    assert "No documentation found in the [docs] paths or at the top level" in result.stderr
+
+
 def test_version_flag_answers_in_both_paths(capsys: Any) -> None:
     """`ctx --version` / `-V`, as users of other CLIs type it: the thin client answers without the
     service or the full CLI, and the full CLI (the fallback path) answers the same."""
