@@ -107,7 +107,7 @@ def related(
         typer.echo(f"{r.relation}\t{tag(answer.source)}{r.path}{weight}")
     if not answer.related:
         typer.echo(f"no related files for {tag(answer.source)}{answer.path}: no imports of indexed files, no "
-                   "importers, no files changed in the same commits (co-change needs a git work tree)", err=True)
+                   "importers, no files changed in the same commits of the git history", err=True)
     if answer.unresolved_imports:
         typer.echo(f"(not in the index: {', '.join(answer.unresolved_imports[:10])})", err=True)
 
