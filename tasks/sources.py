@@ -62,6 +62,23 @@ def refuse_system_folder(real: Path) -> None:
                          hint="add the project or docs folder you mean, e.g. ~/code/lib")
 
 
+def overlap_with_project(folder: Path, root: Path) -> str | None:
+    """A local source against its project: InputError when it is the project (whose files are its
+    own index, `ctx run index`); a warning when one holds the other, as their shared files are
+    then indexed twice and found twice (a monorepo's other folders, an ignored vendor folder)."""
+    folder, root = folder.resolve(), root.resolve()
+    if folder == root:
+        raise InputError(f"{folder} is the project itself: its files are indexed as 'project' by `ctx run index`",
+                         hint="add another repository or docs folder; `ctx run index` indexes this one")
+    if folder.is_relative_to(root):
+        return (f"{folder} is inside the project, whose own index already holds its files unless ignored: "
+                "searches will find them under both names")
+    if root.is_relative_to(folder):
+        return (f"{folder} holds the project, whose files it indexes again (--paths or --exclude can leave "
+                "them out): searches will find them under both names")
+    return None
+
+
 def check_access(spec: SourceSpec, root: Path, home: Path) -> None:
     """Before a source is read on this machine: InputError for a system folder, ConfigError for a
     folder outside the project that the project's sources.toml declares and the user never trusted

@@ -181,7 +181,12 @@ def _print_sources(result: SourceList) -> None:
 def _add(name: str, origin: str | None, ref: str | None, paths: list[str] | None, exclude: list[str] | None,
          type_: str | None, docs: bool, wait: float, as_json: bool, verbose: bool) -> None:
     from ctxlake.serve.cli.base import ensure_project
-    from ctxlake.tasks.sources import classify_origin, name_for, refuse_system_folder
+    from ctxlake.tasks.sources import (
+        classify_origin,
+        name_for,
+        overlap_with_project,
+        refuse_system_folder,
+    )
 
     root = resolve_root(None, for_write=True)
     named = origin is not None
@@ -197,6 +202,7 @@ def _add(name: str, origin: str | None, ref: str | None, paths: list[str] | None
         if kind == "local":
             normalised = str(Path(origin).expanduser().resolve())
             refuse_system_folder(Path(normalised))
+    overlap = overlap_with_project(Path(normalised), root) if kind == "local" else None
     if not named:
         name = name_for(kind, normalised, docs)
     if name in load_registry(root):
@@ -216,6 +222,8 @@ def _add(name: str, origin: str | None, ref: str | None, paths: list[str] | None
     # The user named this folder: theirs to read, unlike one a cloned sources.toml declares.
     trust_sources(root, settings.home, [spec])
     typer.echo(f"Adding {name} ({kind}: {normalised}{' @ ' + ref if ref else ''}) …", err=True)
+    if overlap:
+        typer.echo(f"warning: {overlap}", err=True)
     try:
         reports = _sync(settings, [spec], wait, verbose)
     except LockBusyError:

@@ -208,6 +208,8 @@ def test_add_without_a_name_takes_it_from_the_origin(
     again = cli("add", str(notes), cwd=project)
     assert again.exit_code == 2 and "source 'team-notes' already exists" in again.stderr
     assert "ctx add NAME ORIGIN" in again.stderr
+    itself = cli("add", ".", cwd=project)
+    assert itself.exit_code == 2 and "is the project itself" in itself.stderr
 
     # Sources came before the project's first run: status and search say the project is missing,
     # where they said "fresh yes" and "index may be behind: not indexed yet".

@@ -24,6 +24,7 @@ from ctxlake.tasks.sources import (
     fetch_git,
     fetch_local,
     name_for,
+    overlap_with_project,
     release_storage,
     storage_dir,
     storage_key,
@@ -205,6 +206,19 @@ def test_local_source_and_origin_classification(tmp_path: Path) -> None:
 def test_a_source_added_without_a_name_is_named_after_its_origin(kind: str, origin: str, docs: bool, name: str) -> None:
     assert name_for(kind, origin, docs) == name
     validate_name(name)
+
+
+def test_a_local_source_may_not_be_the_project_and_overlapping_it_is_a_warning(tmp_path: Path) -> None:
+    project = tmp_path / "mono" / "service"
+    (project / "vendor").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    with pytest.raises(InputError, match="is the project itself"):
+        overlap_with_project(project / "vendor" / "..", project)
+    inside = overlap_with_project(project / "vendor", project)
+    assert inside is not None and "inside the project" in inside
+    holding = overlap_with_project(tmp_path / "mono", project)
+    assert holding is not None and "holds the project" in holding and "--exclude" in holding
+    assert overlap_with_project(tmp_path / "elsewhere", project) is None
 
 
 def test_an_origin_with_no_usable_name_asks_for_one() -> None:
