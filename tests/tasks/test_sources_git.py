@@ -198,8 +198,8 @@ def test_local_source_and_origin_classification(tmp_path: Path) -> None:
     ("git", "https://github.com/pallets/flask", False, "flask"),
     ("git", "git@github.com:pallets/flask.git", False, "flask"),
     ("git", "file:///srv/mirrors/django.git", True, "django-docs"),
-    ("local", "/home/me/team notes", False, "team-notes"),
-    ("local", "/home/me/project/docs", True, "docs"),
+    ("local", "/srv/shared/team notes", False, "team-notes"),
+    ("local", "/srv/project/docs", True, "docs"),
     ("web", "https://www.example.org/llms.txt", False, "example.org"),
     ("web", "http://127.0.0.1:8765/llms.txt", True, "127.0.0.1-docs"),
 ])
