@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,23 +15,47 @@ from ctxlake.schemas.roots import default_home
 
 # Written by the service (`ctx up`); the one place the CLI learns where its Prefect server listens.
 STATE_FILE = Path("service") / "service.json"
+ORCHESTRATOR_WAIT_S = 90.0  # Prefect's server takes ~10-20 s to start, longer on a loaded machine
 
 schedule_app = typer.Typer(help="The service's scheduled flows (Prefect deployments).", no_args_is_help=True)
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")]
 
 
-def service_api_url(home: Path | None = None) -> str:
-    """The running service's Prefect API, or a CtxError saying to start it."""
+def service_api_url(home: Path | None = None, wait_s: float = ORCHESTRATOR_WAIT_S) -> str:
+    """The running service's Prefect API, or a CtxError saying why there is none. Right after
+    `ctx up` the service answers while its Prefect server still starts (~10-20 s): the command
+    waits for it, up to `wait_s`, rather than call a service that is up "not running"."""
+    from ctxlake.serve.service.lifecycle import ping
     from ctxlake.serve.service.orchestrator import healthy
+    from ctxlake.serve.service.paths import ServicePaths
 
-    state = (home or default_home(dict(os.environ))) / STATE_FILE
-    try:
-        url = json.loads(state.read_text(encoding="utf-8")).get("prefect_api_url")
-    except (OSError, ValueError):
-        url = None
-    if not url or not healthy(str(url)):
-        raise CtxError("the ctx service is not running", hint="start it with `ctx up` first")
-    return str(url)
+    home = home or default_home(dict(os.environ))
+    paths = ServicePaths(home)
+    deadline = time.monotonic() + wait_s
+    waiting = False
+    while True:
+        try:
+            url = json.loads((home / STATE_FILE).read_text(encoding="utf-8")).get("prefect_api_url")
+        except (OSError, ValueError):
+            url = None
+        if url and healthy(str(url)):
+            return str(url)
+        info = ping(paths)
+        if info is None:
+            raise CtxError("the ctx service is not running", hint="start it with `ctx up` first")
+        note = str(info.get("orchestrator") or "")
+        # "not started" while the service warms its imports, then "starting", then "up at URL"
+        # (published just before the state file names it); "off", "failed: ..." and "absent" stay.
+        if not note.startswith(("not started", "starting", "up at")):
+            raise CtxError(f"the service runs no schedules: its orchestrator is {note}",
+                           hint="`ctx status` shows the service; `[service] schedules` in config turns them on")
+        if time.monotonic() >= deadline:
+            raise CtxError(f"the service's Prefect server did not answer within {wait_s:.0f} s ({note})",
+                           hint=f"its log: {paths.log}; `ctx down` then `ctx up` starts it again")
+        if not waiting:
+            typer.echo("Waiting for the service's Prefect server to start …", err=True)
+            waiting = True
+        time.sleep(0.5)
 
 
 def _print(rows: list[dict[str, Any]]) -> None:

@@ -320,6 +320,12 @@ def test_flow_runs_in_a_service_without_schedules_each_find_prefect_up(
         assert "ConnectError" not in ingested.stderr, ingested.stderr[-3000:]
 
 
+def test_schedule_commands_say_the_service_runs_no_schedules(indexed: Path, service: Path) -> None:
+    listed = ctx("schedule", "list", cwd=indexed)
+    assert listed.returncode == 1 and "the service runs no schedules" in listed.stderr, listed.stderr
+    assert "schedules = false" in listed.stderr and "not running" not in listed.stderr
+
+
 def test_thin_client_imports_nothing_heavy(indexed: Path, service: Path) -> None:
     run = subprocess.run([sys.executable, "-X", "importtime", "-m", "ctxlake.serve.service.client", "search",
                           "invoice"], cwd=indexed, capture_output=True, text=True, timeout=60, check=False)
@@ -794,6 +800,11 @@ def test_service_runs_the_schedules_and_stops_them_with_it(
     monkeypatch.setenv("CTX_SERVICE_SCHEDULES", "true")
     assert ctx("up", cwd=indexed).returncode == 0
     try:
+        # Right after `ctx up` the service answers while its Prefect server still starts: the
+        # command waits for it (it said "the ctx service is not running").
+        first = ctx("schedule", "list", "--json", cwd=indexed)
+        assert first.returncode == 0, first.stderr
+        assert {"ingest_conversations", "sync_sources"} <= {row["name"] for row in json.loads(first.stdout)}
         # A project registers (watcher + its periodic index_code deployment) on its first run there.
         assert ctx("run", "index", cwd=indexed).returncode == 0
         # The orchestrator starts in the background: wait for it and for the project's deployment.
