@@ -16,6 +16,8 @@ from ctxlake.serve.service import lifecycle
 from ctxlake.serve.service.paths import service_paths
 from ctxlake.serve.service.protocol import SILENT_SERVICE_ENV
 
+JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")]
+
 
 def service_status() -> dict[str, Any]:
     """What `ctx status` shows about the service: up/down, pid, uptime, RSS, projects, schedules."""
@@ -62,6 +64,7 @@ def _duration(seconds: float) -> str:
 def up(
     foreground: Annotated[bool, typer.Option("--foreground", help="run in this terminal until Ctrl-C")] = False,
     watch: Annotated[list[Path] | None, typer.Option("--watch", help="also watch this project (repeatable)")] = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Start the ctxlake service (idempotent): warm engine, watchers, schedules, on a 0600 Unix socket."""
     folders = [f.resolve() for f in (watch or [])]
@@ -74,6 +77,8 @@ def up(
     except OSError as exc:
         raise LakeError(f"cannot create the service folder {paths.dir}: {exc.strerror}") from exc
     if foreground:
+        if as_json:
+            raise InputError("--json and --foreground do not go together", hint="the foreground service prints a log")
         if lifecycle.ping(paths) is not None:
             typer.echo(f"The service already runs (socket {paths.socket}); not starting another.")
             return
@@ -92,6 +97,12 @@ def up(
         # Nothing in the log: most often it could not be written at all.
         raise LakeError(f"the service did not start, and {paths.log} says nothing" + _disk_note(paths.dir),
                         hint="run `ctx up --foreground` to see its errors in this terminal")
+    if as_json:
+        from ctxlake.serve.cli.render import print_json
+
+        print_json({"started": before is None, "pid": info["pid"], "socket": info["socket"],
+                    "ui_url": info.get("ui_url"), "log": str(paths.log)})
+        return
     started = "already running" if before is not None else "started"
     typer.echo(f"Service {started}: pid {info['pid']}, listening on {info['socket']}")
     if info.get("ui_url"):
@@ -116,11 +127,16 @@ def _tail(path: Path, lines: int = 5) -> str:
         return "(no log)"
 
 
-def down() -> None:
+def down(as_json: JsonOpt = False) -> None:
     """Stop the service: its watchers, flows and the Prefect server it started."""
     paths = service_paths()
     started = time.monotonic()
     pid = lifecycle.stop(paths)
+    if as_json:
+        from ctxlake.serve.cli.render import print_json
+
+        print_json({"stopped": pid is not None, "pid": pid, "seconds": round(time.monotonic() - started, 2)})
+        return
     if pid is None:
         typer.echo("The service is not running.")
         return

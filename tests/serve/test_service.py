@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import anyio
 import psutil
@@ -398,6 +399,21 @@ def test_two_concurrent_ups_start_one_service(indexed: Path, ctx_home: Path) -> 
         assert len(daemons) == 1
     finally:
         ctx("down", cwd=indexed)
+
+
+def test_up_and_down_answer_in_json_for_scripts(indexed: Path, ctx_home: Path) -> None:
+    try:
+        first = json.loads(ctx("up", "--json", cwd=indexed).stdout)
+        again = json.loads(ctx("up", "--json", cwd=indexed).stdout)
+        assert first["started"] is True and again["started"] is False and first["pid"] == again["pid"]
+        assert first["pid"] == service_pid(ctx_home) and Path(first["socket"]).is_socket()
+    finally:
+        stopped = json.loads(ctx("down", "--json", cwd=indexed).stdout)
+    assert stopped["stopped"] is True and stopped["pid"] == first["pid"]
+    assert json.loads(ctx("down", "--json", cwd=indexed).stdout) == {**stopped, "stopped": False, "pid": None,
+                                                                     "seconds": ANY}
+    refused = ctx("up", "--foreground", "--json", cwd=indexed)
+    assert refused.returncode == 2 and json.loads(refused.stdout)["code"] == 2
 
 
 def test_a_served_query_stops_when_its_client_quits(indexed: Path, service: Path) -> None:
