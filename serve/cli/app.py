@@ -361,8 +361,13 @@ def trust(
 
 
 @app.command()
-def version() -> None:
+def version(as_json: JsonOpt = False) -> None:
     """Print the version."""
+    if as_json:
+        from ctxlake.serve.cli.render import print_json
+
+        print_json({"version": __version__})
+        return
     typer.echo(f"ctxlake {__version__}")
 
 

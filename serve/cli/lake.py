@@ -104,25 +104,30 @@ def status(
         raise typer.Exit(4)
 
 
-def clean(yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] = False) -> None:
+def clean(yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] = False, as_json: JsonOpt = False) -> None:
     """Remove this project's lake (.ctx/lake); config.toml and knowledge/ stay."""
     import shutil
 
-    from ctxlake.serve.cli.render import human_bytes
+    from ctxlake.serve.cli.render import human_bytes, print_json
 
     settings = load_settings(resolve_root(None, for_write=False))
     lake = settings.lake_dir
     if not lake.exists():
+        if as_json:
+            print_json({"removed": False, "lake": str(lake), "bytes": 0})
+            return
         typer.echo(f"Nothing to remove: {lake} does not exist.")
         return
     from ctxlake.tasks.lake import WriterLock, reset_lake
     from ctxlake.tasks.run_log import folder_bytes
 
-    size = human_bytes(folder_bytes(lake))
+    size = folder_bytes(lake)
     if not yes:
+        if as_json:  # the question would land in the JSON document
+            raise InputError("--json needs --yes", hint=f"`ctx clean --yes --json` removes {lake}")
         if not sys.stdin.isatty():
             raise InputError(f"refusing to remove {lake} without --yes (no terminal to ask)")
-        if not typer.confirm(f"Remove the index at {lake} ({size})?", default=False):
+        if not typer.confirm(f"Remove the index at {lake} ({human_bytes(size)})?", default=False):
             typer.echo("Kept.")
             return
     lock = WriterLock(lake, purpose="ctx clean").acquire()
@@ -131,7 +136,10 @@ def clean(yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] =
     finally:
         lock.release()
     shutil.rmtree(lake, ignore_errors=True)
-    typer.echo(f"Removed {lake} ({size}).")
+    if as_json:
+        print_json({"removed": True, "lake": str(lake), "bytes": size})
+        return
+    typer.echo(f"Removed {lake} ({human_bytes(size)}).")
 
 
 def register(app: typer.Typer) -> None:

@@ -223,6 +223,18 @@ def test_clean_asks_and_removes_only_the_lake(indexed: Path, cli: Callable[..., 
     assert cli("search", "x", cwd=indexed).exit_code == 4
 
 
+def test_clean_and_version_answer_in_json(indexed: Path, cli: Callable[..., Any]) -> None:
+    lake = indexed / ".ctx" / "lake"
+    asked = cli("clean", "--json", cwd=indexed)  # a question would land in the document
+    assert asked.exit_code == 2 and json.loads(asked.stdout)["error"] == "--json needs --yes" and lake.exists()
+    done = json.loads(cli("clean", "--yes", "--json", cwd=indexed).stdout)
+    assert done["removed"] is True and done["lake"] == str(lake) and done["bytes"] > 0 and not lake.exists()
+    assert json.loads(cli("clean", "--yes", "--json", cwd=indexed).stdout) == {"removed": False, "lake": str(lake), "bytes": 0}
+    from ctxlake import __version__
+
+    assert json.loads(cli("version", "--json", cwd=indexed).stdout) == {"version": __version__}
+
+
 @pytest.mark.model
 def test_real_bundled_model_end_to_end(
     make_repo: Callable[..., Path], cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
