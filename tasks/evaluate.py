@@ -99,7 +99,8 @@ def load_tasks(path: Path, limit: int | None = None, only: Sequence[str] | None 
             out.skipped.append(f"line {number}: not UTF-8 ({exc.reason} at byte {exc.start})")
             continue
         except json.JSONDecodeError as exc:
-            out.skipped.append(f"line {number}: invalid JSON ({exc.msg} at column {exc.colno})")
+            # "Unterminated string starting at" is one of json's messages: no "at at column 2".
+            out.skipped.append(f"line {number}: invalid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})")
             continue
         except ValueError as exc:
             out.skipped.append(f"line {number}: {exc}")

@@ -33,6 +33,7 @@ def test_task_file_lines(tmp_path: Path) -> None:
         '{"repo": "owner/name", "problem_statement": "no commit", "gold_files": ["x.py"]}',
         b"\xff\xfe not utf-8".decode("latin-1"),
         "",
+        '{"repo": "cut off',
     ]
     path = tmp_path / "tasks.jsonl"
     path.write_text("\n".join(lines) + "\n", encoding="latin-1")
@@ -43,6 +44,7 @@ def test_task_file_lines(tmp_path: Path) -> None:
     assert loaded.skipped[0] == "line 3: duplicate instance_id a"
     assert loaded.skipped[1] == "line 4: a remote repository needs a base_commit"
     assert loaded.skipped[2].startswith("line 5: not UTF-8")
+    assert loaded.skipped[3] == "line 7: invalid JSON (Unterminated string starting at column 10)"
     assert [t.instance_id for t in load_tasks(path, only=["checkout"]).tasks] == [second.instance_id]
     assert len(load_tasks(path, limit=1).tasks) == 1
 
