@@ -172,7 +172,7 @@ def read_json_object(path: Path) -> tuple[dict[str, Any] | None, str]:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         # VS Code, Gemini and OpenCode accept comments (JSONC); rewriting would drop them, so we do not.
-        return None, f"it is not plain JSON (comments?): {exc.msg} at line {exc.lineno}"
+        return None, f"it is not plain JSON (comments?): {exc.msg.removesuffix(' at')} at line {exc.lineno}"
     if not isinstance(data, dict):
         return None, "its top level is not a JSON object"
     return data, ""

@@ -114,6 +114,13 @@ def test_a_file_with_comments_is_left_alone(repo: Path, cli: Callable[..., Any])
     assert '"ctx": {' in result.stderr  # the entry to paste by hand
 
 
+def test_a_cut_off_file_is_named_with_its_line(repo: Path, cli: Callable[..., Any]) -> None:
+    write_files(repo, {".vscode/mcp.json": '{\n  "servers": "cut off'})
+    result = cli("init", "--client", "vscode", cwd=repo)
+    assert result.exit_code == 3 and "Unterminated string starting at line 2" in result.stderr, result.stderr
+    assert "at at" not in result.stderr
+
+
 def test_codex_shows_the_change_and_needs_consent(repo: Path, cli: Callable[..., Any], codex_home: Path) -> None:
     codex_home.mkdir()
     config = codex_home / "config.toml"
