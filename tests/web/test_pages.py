@@ -139,13 +139,13 @@ def test_adding_a_local_folder_shows_progress_then_the_source(site: Site, page: 
     folder.mkdir()
     (folder / "tax.py").write_text("def vat_rate(country):\n    return 0.2\n")
     page.goto(site.url + "sources")
-    page.get_by_label("Name").fill("vendored")
+    # No name: the source is named after its folder, as `ctx add ORIGIN` names it.
     page.get_by_label("Origin").fill(str(folder))
     page.get_by_label("Type").select_option("local")
     page.get_by_role("button", name="Add").click()
     job = page.locator("#job")
     expect(job).to_be_visible()
-    expect(page.locator("#job-lines")).to_contain_text("-- vendored")
+    expect(page.locator("#job-lines")).to_contain_text(f"-- {folder}")
     expect(job).to_have_attribute("data-state", "done", timeout=180_000)
     row = page.locator("tr[data-source=vendored]")
     expect(row).to_be_visible(timeout=DEADLINE_MS)  # the page reloads with the new source
