@@ -19,6 +19,7 @@ import xxhash
 from ctxlake.errors import ConfigError, InputError, SourceError
 from ctxlake.schemas.config import IndexSettings, Settings, SourcesSettings
 from ctxlake.schemas.git import NO_COMMANDS
+from ctxlake.schemas.names import PROJECT_SOURCE
 from ctxlake.schemas.roots import system_tree
 from ctxlake.schemas.sources import NAME_RE, SourceSpec, is_trusted, origin_path
 from ctxlake.tasks import freshness
@@ -136,7 +137,7 @@ def name_for(kind: str, origin: str, docs: bool = False) -> str:
     if docs and not slug.lower().endswith("docs"):
         slug += "-docs"
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", slug).strip(".-_")[:64]
-    if not NAME_RE.match(name):
+    if not NAME_RE.match(name) or name == PROJECT_SOURCE:  # `project` is the project's own rows
         raise InputError(f"cannot take a source name from {origin!r}", hint="name it: `ctx add NAME ORIGIN`")
     return name
 

@@ -225,6 +225,8 @@ def test_an_origin_with_no_usable_name_asks_for_one() -> None:
     with pytest.raises(InputError, match="cannot take a source name") as caught:
         name_for("git", "https://example.org/...git")
     assert caught.value.hint is not None and "ctx add NAME ORIGIN" in caught.value.hint
+    with pytest.raises(InputError, match="cannot take a source name"):  # the project's own rows' name
+        name_for("local", "/srv/code/project")
 
 
 @pytest.mark.parametrize("name", ["../x", "a/b", "project", ".hidden", "", "x" * 65, "a b"])
