@@ -11,6 +11,7 @@ import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
@@ -167,39 +168,33 @@ def test_the_knowledge_page_shortens_a_huge_record_with_a_note(client: TestClien
     assert 'data-edit="insight-20260101-00000002"' in res.text
 
 
-def test_a_source_origin_that_looks_like_an_option_is_the_origin(client: TestClient) -> None:
+def add_source(client: TestClient, body: dict[str, str], timeout_s: float = 180) -> dict[str, Any]:
+    """POST /api/sources as the Sources page does, then the job as it ends (done or failed)."""
     import time
 
-    page = client.get("/sources")
-    token = re.search(r'name="csrf-token" content="([0-9a-f]+)"', page.text)
+    token = re.search(r'name="csrf-token" content="([0-9a-f]+)"', client.get("/sources").text)
     assert token
-    res = client.post("/api/sources", json={"name": "opt", "origin": "--help", "ref": "--version"},
-                      headers={"X-CSRF-Token": token.group(1)})
+    res = client.post("/api/sources", json=body, headers={"X-CSRF-Token": token.group(1)})
     assert res.status_code == 200, res.text
-    job = res.json()
-    deadline = time.monotonic() + 120
+    job: dict[str, Any] = res.json()
+    deadline = time.monotonic() + timeout_s
     while job["state"] not in ("done", "failed") and time.monotonic() < deadline:
         time.sleep(0.2)
         job = client.get(f"/api/jobs/{job['id']}").json()
+    return job
+
+
+def test_a_source_origin_that_looks_like_an_option_is_the_origin(client: TestClient) -> None:
+    job = add_source(client, {"name": "opt", "origin": "--help", "ref": "--version"})
     assert job["lines"][0] == "$ ctx add --json --ref=--version -- opt --help"
     assert job["state"] == "failed" and "Usage:" not in job["output"]  # `ctx add` tried the origin; no help text
 
 
 def test_a_source_added_without_a_name_is_named_after_its_origin(client: TestClient, tmp_path: Path) -> None:
-    import time
-
     notes = tmp_path / "team notes"
     notes.mkdir()
     (notes / "ideas.md").write_text("# Ideas\n\nA graph of tools.\n")
-    token = re.search(r'name="csrf-token" content="([0-9a-f]+)"', client.get("/sources").text)
-    assert token
-    res = client.post("/api/sources", json={"name": " ", "origin": str(notes)}, headers={"X-CSRF-Token": token.group(1)})
-    assert res.status_code == 200, res.text
-    job = res.json()
-    deadline = time.monotonic() + 180
-    while job["state"] not in ("done", "failed") and time.monotonic() < deadline:
-        time.sleep(0.2)
-        job = client.get(f"/api/jobs/{job['id']}").json()
+    job = add_source(client, {"name": " ", "origin": str(notes)})
     assert job["lines"][0] == f"$ ctx add --json -- {notes}"
     assert job["state"] == "done", job["output"]
     assert '<tr data-source="team-notes">' in client.get("/sources").text
